@@ -1,0 +1,3 @@
+from rlhf_cli.cli.app import main
+
+main()

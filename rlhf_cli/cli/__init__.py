@@ -1,0 +1,1 @@
+"""The command-line layer: parses flags, calls the config and launch layers, prints."""

@@ -1,0 +1,113 @@
+"""The training subcommands. They only parse flags, hand them to the config layer and print."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+
+from rlhf_cli.cli.output import fail_on_user_errors, print_notes, print_run_human, print_run_json
+
+
+class Offload(str, Enum):
+    none = "none"
+    cpu = "cpu"
+    nvme = "nvme"
+
+
+LAUNCH = "Launch and ZeRO-3"
+SHORTCUTS = "Shortcuts for recipe keys"
+
+RecipeOpt = Annotated[Optional[str], typer.Option(
+    "--recipe", "-r", metavar="PATH", help="YAML recipe (TRL-style flat keys), or a bundled one like rloo/smoke.")]
+GatherOpt = Annotated[Optional[bool], typer.Option(
+    "--gather/--no-gather", rich_help_panel=LAUNCH, show_default=False,
+    help="Gather the whole policy on every GPU to generate (fast, needs memory), or generate from "
+         "ZeRO-3 shards (fits, slower). Default: the recipe's, else TRL's (gather).")]
+OffloadOptimizerOpt = Annotated[Optional[Offload], typer.Option(
+    "--offload-optimizer", rich_help_panel=LAUNCH, show_default=False,
+    help="Keep optimizer states on the GPU (none), in CPU memory or on NVMe.")]
+OffloadParamsOpt = Annotated[Optional[Offload], typer.Option(
+    "--offload-params", rich_help_panel=LAUNCH, show_default=False,
+    help="Keep ZeRO-3 parameter shards on the GPU (none), in CPU memory or on NVMe.")]
+NvmePathOpt = Annotated[Optional[str], typer.Option(
+    "--nvme-path", metavar="DIR", rich_help_panel=LAUNCH, help="Local NVMe directory for nvme offload.")]
+NumProcessesOpt = Annotated[Optional[int], typer.Option(
+    "--num-processes", metavar="N", rich_help_panel=LAUNCH, show_default=False,
+    help="Processes (GPUs) in total. Default: the recipe's, else the accelerate config's.")]
+AccelerateConfigOpt = Annotated[Optional[str], typer.Option(
+    "--accelerate-config", metavar="PATH", rich_help_panel=LAUNCH,
+    help="Start from your accelerate config instead of the bundled ZeRO-3 one; flags still apply.")]
+ModelOpt = Annotated[Optional[str], typer.Option(
+    "--model", metavar="ID|DIR", rich_help_panel=SHORTCUTS, help="Policy model (model_name_or_path).")]
+RewardModelOpt = Annotated[Optional[str], typer.Option(
+    "--reward-model", metavar="ID|DIR", rich_help_panel=SHORTCUTS,
+    help="Reward model, a sequence classifier (reward_model_name_or_path).")]
+DatasetOpt = Annotated[Optional[str], typer.Option(
+    "--dataset", metavar="ID|FILE", rich_help_panel=SHORTCUTS,
+    help="Hub dataset or local .json/.jsonl/.parquet/.csv file (dataset_name).")]
+OutputDirOpt = Annotated[Optional[str], typer.Option(
+    "--output-dir", "-o", metavar="DIR", rich_help_panel=SHORTCUTS,
+    help="Where the run, its record and the model go (output_dir). Default: runs/ALGO-TIME.")]
+MaxStepsOpt = Annotated[Optional[int], typer.Option(
+    "--max-steps", metavar="N", rich_help_panel=SHORTCUTS, show_default=False, help="Training steps (max_steps).")]
+SeedOpt = Annotated[Optional[int], typer.Option(
+    "--seed", metavar="N", rich_help_panel=SHORTCUTS, show_default=False, help="Random seed (seed).")]
+SetOpt = Annotated[Optional[list[str]], typer.Option(
+    "--set", "-s", metavar="KEY=VALUE", show_default=False,
+    help="Any other recipe key; VALUE is read as YAML (3e-6, true, \\[a, b]). Repeatable.")]
+DryRunOpt = Annotated[bool, typer.Option(
+    "--dry-run", help="Print the resolved run (trainer, accelerate config, launch command) and exit.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="With --dry-run: print it as one JSON object.")]
+OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Reuse an output dir that already holds a run.")]
+
+# Flag -> recipe key.
+FLAG_FIELDS = {
+    "--model": "model_name_or_path", "--reward-model": "reward_model_name_or_path", "--dataset": "dataset_name",
+    "--output-dir": "output_dir", "--max-steps": "max_steps", "--seed": "seed",
+    "--gather": "ds3_gather_for_generation", "--offload-optimizer": "offload_optimizer",
+    "--offload-params": "offload_params", "--nvme-path": "nvme_path", "--num-processes": "num_processes",
+    "--accelerate-config": "accelerate_config",
+}
+
+def train(
+    ctx: typer.Context,
+    recipe: RecipeOpt = None,
+    gather: GatherOpt = None,
+    offload_optimizer: OffloadOptimizerOpt = None,
+    offload_params: OffloadParamsOpt = None,
+    nvme_path: NvmePathOpt = None,
+    num_processes: NumProcessesOpt = None,
+    accelerate_config: AccelerateConfigOpt = None,
+    model: ModelOpt = None,
+    reward_model: RewardModelOpt = None,
+    dataset: DatasetOpt = None,
+    output_dir: OutputDirOpt = None,
+    max_steps: MaxStepsOpt = None,
+    seed: SeedOpt = None,
+    set_: SetOpt = None,
+    dry_run: DryRunOpt = False,
+    json_: JsonOpt = False,
+    overwrite: OverwriteOpt = False,
+) -> None:
+    """Shared body of `rlhf rloo`, `rlhf online-dpo` (the command name picks the algorithm)."""
+    from rlhf_cli.config.resolve import RunRequest, resolve
+
+    given = [model, reward_model, dataset, output_dir, max_steps, seed, gather,
+             offload_optimizer and offload_optimizer.value, offload_params and offload_params.value,
+             nvme_path, num_processes, accelerate_config]
+    flags = {name: ("--no-gather" if value is False and flag == "--gather" else flag, value)
+             for (flag, name), value in zip(FLAG_FIELDS.items(), given) if value is not None}
+    algorithm = ctx.info_name.replace("-", "_")
+    with fail_on_user_errors():
+        if json_ and not dry_run:
+            raise typer.BadParameter("--json goes with --dry-run", param_hint="--json")
+        run = resolve(RunRequest(algorithm, recipe, flags, tuple(set_ or ()), overwrite))
+        if dry_run:
+            print_run_json(run) if json_ else print_run_human(run)
+            return
+        print_notes(run)
+        from rlhf_cli.launch.runner import launch
+
+        raise typer.Exit(launch(run))

@@ -1,0 +1,1 @@
+"""Recipe + flags -> a validated, resolved run. Imports nothing heavy."""

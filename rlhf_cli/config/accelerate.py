@@ -1,0 +1,89 @@
+"""The accelerate config a run launches with: the bundled ZeRO-3 file (or the user's), with flags applied.
+
+Pure: takes the choices, returns a new config dict and notes; reading files is the only I/O.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlhf_cli.paths import bundled_dir
+
+BUNDLED_CONFIG = "deepspeed_zero3.yaml"
+
+
+@dataclass(frozen=True)
+class AccelerateChoices:
+    user_config: str | None = None
+    num_processes: int | None = None
+    offload_optimizer: str | None = None  # None: keep what the config file says
+    offload_params: str | None = None
+    nvme_path: str | None = None
+    gather: bool = True
+    zero3: dict[str, int] = field(default_factory=dict)
+    cpu_only: bool = False
+
+
+def _load(path: Path, problems: list[str]) -> dict[str, Any]:
+    try:
+        config = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        problems.append(f"{path}: cannot read accelerate config ({error.__class__.__name__})")
+        return {}
+    if not isinstance(config, dict):
+        problems.append(f"{path}: an accelerate config is a mapping, got {type(config).__name__}")
+        return {}
+    return config
+
+
+def is_zero3(config: dict[str, Any]) -> bool:
+    deepspeed = config.get("deepspeed_config") or {}
+    return config.get("distributed_type") == "DEEPSPEED" and int(deepspeed.get("zero_stage", 0)) == 3
+
+
+def build_accelerate_config(choices: AccelerateChoices, problems: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """Return the accelerate config to write, and notes for the user; append problems."""
+    notes: list[str] = []
+    source = Path(choices.user_config) if choices.user_config else bundled_dir("accelerate_configs") / BUNDLED_CONFIG
+    config = copy.deepcopy(_load(source, problems))
+    deepspeed = config.setdefault("deepspeed_config", {}) if config.get("distributed_type") == "DEEPSPEED" else None
+
+    if choices.num_processes is not None:
+        if choices.num_processes < 1:
+            problems.append(f"--num-processes must be at least 1, got {choices.num_processes}")
+        config["num_processes"] = choices.num_processes
+
+    if not is_zero3(config):
+        what = f"{source} is not a DeepSpeed ZeRO-3 config"
+        if choices.gather is False:
+            notes.append(f"warning: --no-gather has no effect: {what}")
+        if choices.offload_params not in (None, "none"):
+            notes.append(f"warning: --offload-params has no effect: {what}")
+        if choices.zero3:
+            notes.append(f"warning: {', '.join(choices.zero3)} have no effect: {what}")
+    if deepspeed is not None:
+        if "deepspeed_config_file" in deepspeed and (choices.offload_optimizer or choices.offload_params):
+            problems.append(f"{source} points at a deepspeed_config_file; set offload there, not with flags")
+        for device, key, nvme_key in (
+            (choices.offload_optimizer, "offload_optimizer_device", "offload_optimizer_nvme_path"),
+            (choices.offload_params, "offload_param_device", "offload_param_nvme_path"),
+        ):
+            if device is not None:
+                deepspeed[key] = device
+            if deepspeed.get(key) == "nvme":
+                nvme = choices.nvme_path or deepspeed.get(nvme_key)
+                if nvme in (None, "none"):
+                    problems.append(f"{key} is nvme but no --nvme-path DIR is given")
+                deepspeed[nvme_key] = nvme
+    elif choices.offload_optimizer not in (None, "none") or choices.offload_params not in (None, "none"):
+        problems.append(f"{source} does not use DeepSpeed; offloading needs a DeepSpeed config")
+
+    if choices.cpu_only:
+        config["use_cpu"] = True
+        config["mixed_precision"] = "no"
+    return config, notes

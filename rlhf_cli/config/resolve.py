@@ -1,0 +1,269 @@
+"""Flags + recipe -> one resolved run, with every problem found before anything starts.
+
+Precedence: TRL's defaults < the recipe < command-line flags and `--set`. Every value keeps
+the place it came from, so `--dry-run` can say why a value is what it is.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlhf_cli.config.accelerate import AccelerateChoices, build_accelerate_config
+from rlhf_cli.config.fields import Field, FieldTypeError, catalogue, coerce
+from rlhf_cli.config.legacy import IGNORED_BY_TRL, LEGACY_KEYS
+from rlhf_cli.config.recipe import Recipe, load_recipe
+from rlhf_cli.errors import ConfigError
+
+# Short names people type, resolved to the field they stand for.
+ALIASES = {"gather": "ds3_gather_for_generation"}
+MODEL_FIELDS = ("model_name_or_path", "reward_model_name_or_path")
+DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+RECIPE_FILE = "recipe.yaml"
+
+
+@dataclass(frozen=True)
+class Setting:
+    value: Any
+    source: str  # "recipe", "flag --max-steps", "--set", "default", or why rlhf chose it
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What the command line asked for, before anything is checked."""
+
+    algorithm: str
+    recipe: str | None = None
+    flags: dict[str, tuple[str, Any]] = field(default_factory=dict)  # field -> (flag, value), only those given
+    sets: tuple[str, ...] = ()
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    algorithm: str
+    recipe: Path | None
+    settings: dict[str, Setting]
+    accelerate: dict[str, Any]
+    cpu_only: bool
+    notes: tuple[str, ...] = ()
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.settings["output_dir"].value)
+
+    def value(self, name: str) -> Any:
+        setting = self.settings.get(name)
+        return setting.value if setting else catalogue(self.algorithm)[name].default
+
+    def group(self, group: str) -> dict[str, Any]:
+        fields = catalogue(self.algorithm)
+        return {name: s.value for name, s in self.settings.items() if fields[name].group == group}
+
+    def recipe_values(self) -> dict[str, Any]:
+        """The resolved run as a recipe: loading it again gives the same run."""
+        return {name: setting.value for name, setting in self.settings.items()}
+
+
+def _suggest(key: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    return f"; did you mean `{close[0]}`?" if close else ""
+
+
+class _Resolver:
+    def __init__(self, request: RunRequest, cwd: Path) -> None:
+        self.request = request
+        self.cwd = cwd
+        self.fields = catalogue(request.algorithm)
+        self.settings: dict[str, Setting] = {}
+        self.layers: dict[str, str] = {}
+        self.problems: list[str] = []
+        self.notes: list[str] = []
+
+    # -- keys ---------------------------------------------------------------------------
+    def canonical(self, key: str, where: str) -> str | None:
+        """Today's field for `key`, or None after recording why it cannot be used."""
+        algorithm = self.request.algorithm
+        if key in IGNORED_BY_TRL.get(algorithm, ()) or (key not in self.fields and key in LEGACY_KEYS):
+            legacy = LEGACY_KEYS[key]
+            today = legacy.renamed_to.get(algorithm)
+            if today:
+                self.notes.append(f"{where}: `{key}` is the old name of `{today}`; using it as `{today}`")
+                return today
+            self.problems.append(f"{where}: `{key}` has no counterpart in today's TRL {algorithm}; {legacy.instead}")
+            return None
+        if key in ALIASES:
+            return ALIASES[key]
+        if key in self.fields:
+            return key
+        names = sorted(set(self.fields) | set(ALIASES))
+        self.problems.append(f"{where}: unknown key `{key}`{_suggest(key, names)}")
+        return None
+
+    def put(self, key: str, raw: Any, source: str, where: str, base_dirs: tuple[Path, ...]) -> None:
+        """Set one key from one layer (the recipe, or the command line); later layers win."""
+        name = self.canonical(key, where)
+        if name is None:
+            return
+        layer = "recipe" if source == "recipe" else "command line"
+        if self.layers.get(name) == layer:
+            self.problems.append(f"{where}: `{name}` is given twice on the {layer} "
+                                 f"({self.settings[name].source} and {source})")
+            return
+        try:
+            value = coerce(self.fields[name], raw)
+        except FieldTypeError as error:
+            self.problems.append(f"{where}: `{key}`: {error}")
+            return
+        self.layers[name] = layer
+        self.settings[name] = Setting(self.locate(self.fields[name], value, where, base_dirs), source)
+
+    # -- paths --------------------------------------------------------------------------
+    def locate(self, field: Field, value: Any, where: str, base_dirs: tuple[Path, ...]) -> Any:
+        """Make local paths absolute and check they exist; leave hub ids alone."""
+        if value is None:
+            return None
+        if field.name in MODEL_FIELDS or field.name == "dataset_name":
+            return self._local_or_hub(field.name, value, where, base_dirs)
+        if field.name in ("accelerate_config", "nvme_path"):
+            path = self._find(value, base_dirs)
+            if path is None:
+                self.problems.append(f"{where}: `{field.name}`: {value} does not exist")
+                return value
+            return str(path)
+        if field.name == "output_dir":
+            return str((self.cwd / Path(value).expanduser()).resolve())
+        if field.name == "reward_funcs":
+            return [self._reward_func(spec, where, base_dirs) for spec in value]
+        return value
+
+    @staticmethod
+    def _find(value: str, base_dirs: tuple[Path, ...]) -> Path | None:
+        path = Path(value).expanduser()
+        candidates = [path] if path.is_absolute() else [base / path for base in base_dirs]
+        return next((c.resolve() for c in candidates if c.exists()), None)
+
+    def _local_or_hub(self, name: str, value: str, where: str, base_dirs: tuple[Path, ...]) -> str:
+        found = self._find(value, base_dirs)
+        looks_local = value.startswith((".", "/", "~")) or Path(value).suffix in DATA_SUFFIXES
+        if found is None:
+            if looks_local:
+                kind = "dataset" if name == "dataset_name" else "model directory"
+                self.problems.append(f"{where}: `{name}`: {kind} {value} not found")
+            return value  # a hub id
+        if name == "dataset_name" and found.is_file() and found.suffix not in DATA_SUFFIXES:
+            self.problems.append(f"{where}: `{name}`: {value} is not a .json, .jsonl, .parquet or .csv file")
+        if name in MODEL_FIELDS and not (found / "config.json").is_file():
+            self.problems.append(f"{where}: `{name}`: {value} has no config.json; is it a saved model directory?")
+        return str(found)
+
+    def _reward_func(self, spec: Any, where: str, base_dirs: tuple[Path, ...]) -> Any:
+        """`module:function` or `path/to/file.py:function`; file paths made absolute."""
+        if not isinstance(spec, str):
+            self.problems.append(f"{where}: `reward_funcs`: {spec!r} is not a string like module:function")
+            return spec
+        target, _, function = spec.rpartition(":")
+        if not target.endswith(".py"):
+            return spec
+        found = self._find(target, base_dirs)
+        if found is None:
+            self.problems.append(f"{where}: `reward_funcs`: file {target} not found")
+            return spec
+        return f"{found}:{function}"
+
+    # -- layers -------------------------------------------------------------------------
+    def apply_recipe(self, recipe: Recipe) -> None:
+        bases = (recipe.path.parent, self.cwd)
+        for key, value in recipe.values.items():
+            self.put(key, value, "recipe", recipe.where(key), bases)
+
+    def apply_command_line(self) -> None:
+        bases = (self.cwd,)
+        for name, (flag, value) in self.request.flags.items():
+            self.put(name, value, f"flag {flag}", flag, bases)
+        for pair in self.request.sets:
+            key, sep, text = pair.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                self.problems.append(f"--set {pair}: expected KEY=VALUE")
+                continue
+            try:
+                value = yaml.safe_load(text) if text.strip() else None
+            except yaml.YAMLError:
+                value = text
+            self.put(key, value, "--set", f"--set {key}", bases)
+
+    # -- whole-run checks ---------------------------------------------------------------
+    def check_required(self) -> None:
+        if "model_name_or_path" not in self.settings:
+            self.problems.append("no policy model: set `model_name_or_path` in the recipe or pass --model")
+        if "dataset_name" not in self.settings:
+            self.problems.append("no dataset: set `dataset_name` in the recipe or pass --dataset")
+        if not self.value("reward_model_name_or_path") and not self.value("reward_funcs"):
+            self.problems.append(
+                "no reward: set `reward_model_name_or_path` (or --reward-model) and/or `reward_funcs`")
+
+    def value(self, name: str) -> Any:
+        setting = self.settings.get(name)
+        return setting.value if setting else self.fields[name].default
+
+    def default_output_dir(self) -> None:
+        if "output_dir" not in self.settings:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            path = self.cwd / "runs" / f"{self.request.algorithm.replace('_', '-')}-{stamp}"
+            self.settings["output_dir"] = Setting(str(path), "default")
+
+    def check_output_dir(self) -> None:
+        output_dir = Path(self.value("output_dir"))
+        if (output_dir / RECIPE_FILE).exists() and not self.request.overwrite:
+            self.problems.append(
+                f"output dir {output_dir} already holds a run; choose another --output-dir or pass --overwrite")
+
+
+def _cuda_present() -> bool:
+    """Whether this machine has an NVIDIA GPU, asked without importing torch."""
+    return any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia/version"))
+
+
+def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None = None) -> ResolvedRun:
+    """Validate everything; raise ConfigError listing every problem at once."""
+    resolver = _Resolver(request, (cwd or Path.cwd()).resolve())
+    recipe = load_recipe(request.recipe) if request.recipe else None
+    if recipe is not None:
+        resolver.apply_recipe(recipe)
+    resolver.apply_command_line()
+    resolver.check_required()
+    resolver.default_output_dir()
+    resolver.check_output_dir()
+    cpu_only = not (_cuda_present() if cuda is None else cuda) or os.environ.get("DS_ACCELERATOR") == "cpu"
+    accelerate, accelerate_notes = build_accelerate_config(
+        AccelerateChoices(
+            user_config=resolver.value("accelerate_config"),
+            num_processes=resolver.value("num_processes"),
+            offload_optimizer=resolver.settings.get("offload_optimizer") and resolver.value("offload_optimizer"),
+            offload_params=resolver.settings.get("offload_params") and resolver.value("offload_params"),
+            nvme_path=resolver.value("nvme_path"),
+            gather=resolver.value("ds3_gather_for_generation"),
+            zero3={name: s.value for name, s in resolver.settings.items()
+                   if resolver.fields[name].group == "zero3" and s.value is not None},
+            cpu_only=cpu_only,
+        ),
+        resolver.problems,
+    )
+    if resolver.problems:
+        raise ConfigError(*resolver.problems)
+    settings = dict(resolver.settings)
+    settings.setdefault("ds3_gather_for_generation",
+                        Setting(resolver.fields["ds3_gather_for_generation"].default, "default"))
+    if cpu_only:  # DeepSpeed's CPU path: fp32 (TRL turns bf16 on by default) over gloo
+        reason = "rlhf: no CUDA on this machine"
+        for name, value in (("bf16", False), ("fp16", False), ("ddp_backend", "gloo")):
+            settings.setdefault(name, Setting(value, reason))
+    return ResolvedRun(request.algorithm, recipe.path if recipe else None, settings, accelerate, cpu_only,
+                       tuple(resolver.notes + accelerate_notes))

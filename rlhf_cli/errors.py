@@ -1,0 +1,19 @@
+"""The errors the CLI turns into one-line messages and exit codes."""
+
+from __future__ import annotations
+
+EXIT_USAGE = 2
+
+
+class RlhfError(Exception):
+    """A problem the user can fix; shown as `Error: ...` without a traceback."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(RlhfError):
+    """One or more problems in a recipe or in flags, found before anything is launched."""
+
+    def __init__(self, *problems: str) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(problems))

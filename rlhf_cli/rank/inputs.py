@@ -1,0 +1,100 @@
+"""What every trainer builder needs from a resolved recipe: its groups, the dataset, the rewards."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlhf_cli.config.fields import catalogue
+from rlhf_cli.config.resolve import DATA_SUFFIXES
+
+
+@dataclass(frozen=True)
+class RankInputs:
+    """The resolved recipe, split by who consumes each key."""
+
+    algorithm: str
+    script: dict[str, Any]
+    model: dict[str, Any]
+    trainer: dict[str, Any]
+    zero3: dict[str, Any]
+
+    @classmethod
+    def read(cls, algorithm: str, recipe_path: Path) -> RankInputs:
+        values = yaml.safe_load(recipe_path.read_text()) or {}
+        fields = catalogue(algorithm)
+        groups: dict[str, dict[str, Any]] = {"script": {}, "model": {}, "trainer": {}, "zero3": {}, "launch": {}}
+        for name, value in values.items():
+            groups[fields[name].group][name] = value
+        return cls(algorithm, groups["script"], groups["model"], groups["trainer"], groups["zero3"])
+
+    def script_value(self, name: str) -> Any:
+        return self.script.get(name, catalogue(self.algorithm)[name].default)
+
+    def model_value(self, name: str) -> Any:
+        return self.model.get(name, catalogue(self.algorithm)[name].default)
+
+    def model_init_kwargs(self) -> dict[str, Any]:
+        """How TRL's own scripts load models, from the recipe's model keys."""
+        kwargs = {
+            "revision": self.model_value("model_revision"),
+            "attn_implementation": self.model_value("attn_implementation"),
+            "dtype": self.model_value("dtype"),
+        }
+        kwargs.update(self.trainer.get("model_init_kwargs") or {})
+        return kwargs
+
+
+def load_prompts(inputs: RankInputs):
+    """The train split (and test split when evaluating), with the prompt column named `prompt`."""
+    from datasets import load_dataset
+
+    name = inputs.script_value("dataset_name")
+    path = Path(name)
+    if path.is_file():
+        dataset = load_dataset(DATA_SUFFIXES[path.suffix], data_files={"train": str(path)})
+        train_split = "train"
+    else:
+        dataset = load_dataset(name, name=inputs.script_value("dataset_config"),
+                               streaming=inputs.script_value("dataset_streaming"))
+        train_split = inputs.script_value("dataset_train_split")
+    column = inputs.script_value("dataset_prompt_column")
+    if column != "prompt":
+        dataset = dataset.rename_column(column, "prompt")
+    test_split = inputs.script_value("dataset_test_split")
+    evaluate = inputs.trainer.get("eval_strategy", "no") != "no"
+    return dataset[train_split], dataset[test_split] if evaluate else None
+
+
+def _load_function(spec: str) -> Callable:
+    """`module:function`, `path/to/file.py:function`, or TRL's `module.function`."""
+    target, sep, function = spec.rpartition(":")
+    if not sep:
+        target, _, function = spec.rpartition(".")
+    if target.endswith(".py"):
+        module_spec = importlib.util.spec_from_file_location(Path(target).stem, target)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_spec.name] = module
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    return getattr(module, function)
+
+
+def reward_funcs(inputs: RankInputs) -> list[Any]:
+    """The reward model path (TRL loads it as a sequence classifier) and the reward functions."""
+    from trl import rewards
+
+    funcs: list[Any] = []
+    if inputs.script_value("reward_model_name_or_path"):
+        funcs.append(inputs.script_value("reward_model_name_or_path"))
+    for spec in inputs.script_value("reward_funcs") or []:
+        funcs.append(getattr(rewards, spec) if hasattr(rewards, spec) else _load_function(spec))
+    return funcs
