@@ -82,7 +82,7 @@ class _Resolver:
         self.cwd = cwd
         self.fields = catalogue(request.algorithm)
         self.settings: dict[str, Setting] = {}
-        self.layers: dict[str, str] = {}
+        self.layers: dict[str, tuple[str, str]] = {}  # field -> (layer, where) of the value it holds
         self.problems: list[str] = []
         self.notes: list[str] = []
 
@@ -112,16 +112,16 @@ class _Resolver:
         if name is None:
             return
         layer = "recipe" if source == "recipe" else "command line"
-        if self.layers.get(name) == layer:
-            self.problems.append(f"{where}: `{name}` is given twice on the {layer} "
-                                 f"({self.settings[name].source} and {source})")
+        if name in self.layers and self.layers[name][0] == layer:
+            what = f"`{name}` is set" if key == name else f"`{key}` sets `{name}`"
+            self.problems.append(f"{where}: {what} again (already set by {self.layers[name][1]}); keep one")
             return
         try:
             value = coerce(self.fields[name], raw)
         except FieldTypeError as error:
             self.problems.append(f"{where}: `{key}`: {error}")
             return
-        self.layers[name] = layer
+        self.layers[name] = (layer, where)
         self.settings[name] = Setting(self.locate(self.fields[name], value, where, base_dirs), source)
 
     # -- paths --------------------------------------------------------------------------

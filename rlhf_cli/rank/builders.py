@@ -28,7 +28,7 @@ def build_rloo(inputs: RankInputs) -> Any:
 
 
 def build_online_dpo(inputs: RankInputs) -> Any:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 
     # The trainer loads the policy with device_map="auto" unless told otherwise, which ZeRO-3 refuses.
@@ -39,8 +39,9 @@ def build_online_dpo(inputs: RankInputs) -> Any:
     # config exists, so that it is partitioned at load time like the policy.
     reference = AutoModelForCausalLM.from_pretrained(model_path, **init_kwargs)
     train, evaluation = load_prompts(inputs)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, revision=init_kwargs.get("revision"))
     return OnlineDPOTrainer(model=model_path, ref_model=reference, reward_funcs=reward_funcs(inputs), args=config,
-                            train_dataset=train, eval_dataset=evaluation)
+                            train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer)
 
 
 BUILDERS: dict[str, Callable[[RankInputs], Any]] = {"rloo": build_rloo, "online_dpo": build_online_dpo}

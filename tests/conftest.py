@@ -1,0 +1,41 @@
+"""Shared fixtures: an isolated home and hub cache, the repo's paths, and a CLI runner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "recipes"
+
+
+@pytest.fixture(autouse=True)
+def isolated_environment(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reads the user's caches or reaches a hub."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HF_HOME", str(home / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.delenv("RLHF_DEBUG", raising=False)
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """Run `rlhf ARGS` in-process from a fresh working directory; returns the click Result."""
+    from rlhf_cli.cli.app import app
+
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+
+    def invoke(*args: str):
+        return runner.invoke(app, [str(a) for a in args])
+
+    return invoke
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path

@@ -1,0 +1,185 @@
+"""Recipe + flags -> resolved run: precedence, sources, types, legacy keys, paths, all problems at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, write
+from rlhf_cli.config.resolve import RunRequest, resolve
+from rlhf_cli.errors import ConfigError
+
+SMOKE_MODELS = f"""
+model_name_or_path: {RECIPES}/smoke/policy
+reward_model_name_or_path: {RECIPES}/smoke/reward
+dataset_name: {RECIPES}/smoke/prompts.jsonl
+"""
+
+
+def recipe(tmp_path: Path, body: str, name: str = "recipe.yaml") -> str:
+    return str(write(tmp_path / name, SMOKE_MODELS + body))
+
+
+def problems(request: RunRequest, tmp_path: Path) -> list[str]:
+    with pytest.raises(ConfigError) as raised:
+        resolve(request, cwd=tmp_path, cuda=False)
+    return raised.value.problems
+
+
+def test_precedence_default_recipe_flag_and_set(tmp_path: Path) -> None:
+    path = recipe(tmp_path, "learning_rate: 2.0e-5\nmax_steps: 10\nseed: 1\n")
+    run = resolve(RunRequest("rloo", path, flags={"max_steps": ("--max-steps", 3)}, sets=("seed=7",)),
+                  cwd=tmp_path, cuda=False)
+    assert run.settings["learning_rate"].value == 2.0e-5 and run.settings["learning_rate"].source == "recipe"
+    assert run.settings["max_steps"].value == 3 and run.settings["max_steps"].source == "flag --max-steps"
+    assert run.settings["seed"].value == 7 and run.settings["seed"].source == "--set"
+    assert "beta" not in run.settings  # untouched fields keep TRL's default and are not listed
+    assert run.value("beta") == 0.05
+
+
+def test_gather_flag_beats_recipe_and_defaults_to_trl(tmp_path: Path) -> None:
+    path = recipe(tmp_path, "gather: true\n")
+    run = resolve(RunRequest("rloo", path, flags={"ds3_gather_for_generation": ("--no-gather", False)}),
+                  cwd=tmp_path, cuda=False)
+    assert run.group("trainer")["ds3_gather_for_generation"] is False
+    assert run.settings["ds3_gather_for_generation"].source == "flag --no-gather"
+    unset = resolve(RunRequest("rloo", recipe(tmp_path, "", "plain.yaml")), cwd=tmp_path, cuda=False)
+    assert unset.settings["ds3_gather_for_generation"].value is True
+    assert unset.settings["ds3_gather_for_generation"].source == "default"
+
+
+def test_trl_style_recipe_with_ds3_key_works_unchanged(tmp_path: Path) -> None:
+    path = recipe(tmp_path, "ds3_gather_for_generation: false\ndataset_train_split: train\n"
+                            "reward_funcs: [think_format_reward]\nlearning_rate: 3e-6\n")
+    run = resolve(RunRequest("rloo", path), cwd=tmp_path, cuda=False)
+    assert run.value("ds3_gather_for_generation") is False
+    assert run.value("learning_rate") == 3e-6  # YAML 1.1 reads 3e-6 as a string; we accept it as a number
+
+
+def test_set_values_are_yaml_scalars_checked_against_the_field(tmp_path: Path) -> None:
+    path = recipe(tmp_path, "")
+    run = resolve(RunRequest("rloo", path, sets=("report_to=[tensorboard]", "temperature=0.7",
+                                                 "stage3_prefetch_bucket_size=2000")), cwd=tmp_path, cuda=False)
+    assert run.value("report_to") == ["tensorboard"]
+    assert run.value("temperature") == 0.7
+    assert run.group("zero3") == {"stage3_prefetch_bucket_size": 2000}
+    found = problems(RunRequest("rloo", path, sets=("max_steps=two",)), tmp_path)
+    assert found == ["--set max_steps: `max_steps`: expected an integer, got 'two' (str)"]
+
+
+def test_every_problem_is_reported_at_once_with_place_and_fix(tmp_path: Path) -> None:
+    path = recipe(tmp_path, "learning_rat: 1.0e-5\nmax_steps: many\nlr_scheduler_type: cosin\n")
+    found = problems(RunRequest("rloo", path, sets=("bogus",)), tmp_path)
+    assert f"{path}:5: unknown key `learning_rat`; did you mean `learning_rate`?" in found
+    assert f"{path}:6: `max_steps`: expected an integer, got 'many' (str)" in found
+    assert any(p.startswith(f"{path}:7: `lr_scheduler_type`: expected one of linear, cosine") for p in found)
+    assert "--set bogus: expected KEY=VALUE" in found
+    assert len(found) == 4
+
+
+def test_legacy_names_are_mapped_with_a_note_or_refused_with_todays_field(tmp_path: Path) -> None:
+    path = recipe(tmp_path, "rloo_k: 4\nsft_model_path: ./other-policy\n", "legacy.yaml")
+    found = problems(RunRequest("rloo", path), tmp_path)
+    assert found == [f"{path}:6: `sft_model_path` sets `model_name_or_path` again (already set by {path}:2); keep one"]
+    ok = write(tmp_path / "legacy2.yaml", f"rloo_k: 4\nsft_model_path: {RECIPES}/smoke/policy\n"
+                                          f"reward_model_path: {RECIPES}/smoke/reward\n"
+                                          f"dataset_name: {RECIPES}/smoke/prompts.jsonl\n")
+    run = resolve(RunRequest("rloo", str(ok)), cwd=tmp_path, cuda=False)
+    assert run.value("num_generations") == 4
+    assert run.value("model_name_or_path") == str(RECIPES / "smoke" / "policy")
+    assert f"{ok}:1: `rloo_k` is the old name of `num_generations`; using it as `num_generations`" in run.notes
+    ok = str(ok)
+    refused = problems(RunRequest("rloo", ok, sets=("total_episodes=200",)), tmp_path)
+    assert refused == ["--set total_episodes: `total_episodes` has no counterpart in today's TRL rloo; set "
+                       "`max_steps` (one step consumes per_device_train_batch_size x gradient_accumulation_steps "
+                       "x processes completions)"]
+
+
+def test_online_dpo_reward_model_path_is_never_silently_ignored(tmp_path: Path) -> None:
+    path = write(tmp_path / "odpo.yaml", f"model_name_or_path: {RECIPES}/smoke/policy\n"
+                                        f"reward_model_path: {RECIPES}/smoke/reward\n"
+                                        f"dataset_name: {RECIPES}/smoke/prompts.jsonl\n")
+    run = resolve(RunRequest("online_dpo", str(path)), cwd=tmp_path, cuda=False)
+    assert run.value("reward_model_name_or_path") == str(RECIPES / "smoke" / "reward")
+    assert "reward_model_path" not in run.settings
+
+
+def test_relative_paths_resolve_from_the_recipe_then_the_working_dir(tmp_path: Path) -> None:
+    run = resolve(RunRequest("rloo", str(RECIPES / "rloo" / "smoke.yaml")), cwd=tmp_path, cuda=False)
+    assert run.value("model_name_or_path") == str(RECIPES / "smoke" / "policy")
+    write(tmp_path / "data" / "prompts.csv", "prompt\nhello\n")
+    run = resolve(RunRequest("rloo", str(RECIPES / "rloo" / "smoke.yaml"),
+                             flags={"dataset_name": ("--dataset", "data/prompts.csv")}), cwd=tmp_path, cuda=False)
+    assert run.value("dataset_name") == str(tmp_path / "data" / "prompts.csv")
+    assert run.value("output_dir").startswith(str(tmp_path / "runs" / "rloo-"))
+
+
+def test_missing_things_are_named(tmp_path: Path) -> None:
+    write(tmp_path / "notes.txt", "x")
+    write(tmp_path / "empty-model" / "weights.bin", "")
+    found = problems(RunRequest("rloo", None, flags={
+        "model_name_or_path": ("--model", "./empty-model"), "dataset_name": ("--dataset", "notes.txt"),
+        "reward_model_name_or_path": ("--reward-model", "./no-such-reward"),
+    }), tmp_path)
+    assert found == [
+        "--model: `model_name_or_path`: ./empty-model has no config.json; is it a saved model directory?",
+        "--dataset: `dataset_name`: notes.txt is not a .json, .jsonl, .parquet or .csv file",
+        "--reward-model: `reward_model_name_or_path`: model directory ./no-such-reward not found",
+    ]
+    assert problems(RunRequest("rloo"), tmp_path) == [
+        "no policy model: set `model_name_or_path` in the recipe or pass --model",
+        "no dataset: set `dataset_name` in the recipe or pass --dataset",
+        "no reward: set `reward_model_name_or_path` (or --reward-model) and/or `reward_funcs`",
+    ]
+
+
+def test_reward_functions_from_files_and_modules(tmp_path: Path) -> None:
+    write(tmp_path / "rewards.py", "def length(completions, **kw):\n    return [len(c) for c in completions]\n")
+    path = write(tmp_path / "r.yaml", SMOKE_MODELS + "reward_funcs: [rewards.py:length, my_pkg.scores:fn]\n")
+    run = resolve(RunRequest("rloo", str(path)), cwd=tmp_path, cuda=False)
+    assert run.value("reward_funcs") == [f"{tmp_path}/rewards.py:length", "my_pkg.scores:fn"]
+    bad = write(tmp_path / "bad.yaml", SMOKE_MODELS + "reward_funcs: [missing.py:length]\n")
+    assert problems(RunRequest("rloo", str(bad)), tmp_path) == [
+        f"{bad}:5: `reward_funcs`: file missing.py not found"]
+
+
+def test_nvme_offload_needs_a_path(tmp_path: Path) -> None:
+    path = recipe(tmp_path, "")
+    found = problems(RunRequest("rloo", path, flags={"offload_optimizer": ("--offload-optimizer", "nvme")}), tmp_path)
+    assert found == ["offload_optimizer_device is nvme but no --nvme-path DIR is given"]
+
+
+def test_flag_and_set_for_the_same_key_is_an_error(tmp_path: Path) -> None:
+    path = recipe(tmp_path, "")
+    found = problems(RunRequest("rloo", path, flags={"max_steps": ("--max-steps", 3)}, sets=("max_steps=4",)),
+                     tmp_path)
+    assert found == ["--set max_steps: `max_steps` is set again (already set by --max-steps); keep one"]
+
+
+def test_an_existing_run_is_not_overwritten(tmp_path: Path) -> None:
+    write(tmp_path / "out" / "recipe.yaml", "")
+    path = recipe(tmp_path, "output_dir: out\n")
+    assert problems(RunRequest("rloo", path), tmp_path) == [
+        f"output dir {tmp_path / 'out'} already holds a run; choose another --output-dir or pass --overwrite"]
+    assert resolve(RunRequest("rloo", path, overwrite=True), cwd=tmp_path, cuda=False).output_dir == tmp_path / "out"
+
+
+def test_cpu_machines_get_deepspeeds_cpu_path_unless_the_recipe_says_otherwise(tmp_path: Path) -> None:
+    path = recipe(tmp_path, "bf16: true\n")
+    cpu = resolve(RunRequest("rloo", path), cwd=tmp_path, cuda=False)
+    assert cpu.accelerate["use_cpu"] is True and cpu.accelerate["mixed_precision"] == "no"
+    assert cpu.value("ddp_backend") == "gloo" and cpu.value("fp16") is False
+    assert cpu.settings["bf16"].source == "recipe"  # what the user wrote stands
+    gpu = resolve(RunRequest("rloo", path), cwd=tmp_path, cuda=True)
+    assert gpu.accelerate["use_cpu"] is False and "ddp_backend" not in gpu.settings
+
+
+def test_resolved_recipe_round_trips(tmp_path: Path) -> None:
+    import yaml
+
+    run = resolve(RunRequest("rloo", str(RECIPES / "rloo" / "smoke.yaml"), sets=("beta=0.1",)),
+                  cwd=tmp_path, cuda=False)
+    again_path = write(tmp_path / "again.yaml", yaml.safe_dump(run.recipe_values()))
+    again = resolve(RunRequest("rloo", str(again_path)), cwd=tmp_path, cuda=False)
+    assert again.recipe_values() == run.recipe_values()
