@@ -1,0 +1,152 @@
+"""The command line as a user meets it: help, dry runs, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, REPO, write
+from rlhf_cli.launch import runner
+
+TRAIN_COMMANDS = ("rloo", "online-dpo")
+BUNDLED = sorted(RECIPES.glob("*/*.yaml"))
+
+
+@pytest.fixture(autouse=True)
+def nothing_launches(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Any launch in these tests is recorded instead of started."""
+    launched: list = []
+    monkeypatch.setattr(runner, "launch", lambda run: launched.append(run) or 0)
+    return launched
+
+
+def test_help_of_every_command(cli) -> None:
+    result = cli("--help")
+    assert result.exit_code == 0
+    for command in TRAIN_COMMANDS:
+        assert command in result.output
+        sub = cli(command, "--help")
+        assert sub.exit_code == 0
+        for option in ("--recipe", "--gather", "--no-gather", "--offload-optimizer", "--offload-params",
+                       "--nvme-path", "--num-processes", "--accelerate-config", "--model", "--reward-model",
+                       "--dataset", "--output-dir", "--max-steps", "--seed", "--set", "--dry-run", "--json"):
+            assert option in sub.output, (command, option)
+        assert "Example: rlhf" in sub.output
+
+
+def test_version(cli) -> None:
+    from rlhf_cli import __version__
+
+    assert cli("--version").output.strip() == f"rlhf {__version__}"
+
+
+def test_done_when_dry_run_json(cli, nothing_launches) -> None:
+    result = cli("rloo", "-r", RECIPES / "rloo" / "smoke.yaml", "--no-gather", "--offload-optimizer", "cpu",
+                 "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert {"trainer", "accelerate", "launch"} <= plan.keys()
+    assert plan["trainer"]["ds3_gather_for_generation"] is False
+    assert plan["accelerate"]["deepspeed_config"]["offload_optimizer_device"] == "cpu"
+    assert plan["launch"]["argv"][1:4] == ["-m", "accelerate.commands.launch", "--config_file"]
+    assert plan["sources"]["ds3_gather_for_generation"] == "flag --no-gather"
+    assert nothing_launches == []
+    assert not Path(plan["trainer"]["output_dir"]).exists()  # a dry run writes nothing
+
+
+def test_human_dry_run_shows_values_and_where_they_came_from(cli) -> None:
+    result = cli("online-dpo", "-r", "online_dpo/smoke", "--max-steps", "9", "--set", "beta=0.2", "--dry-run")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert any("max_steps" in line and "9" in line and "flag --max-steps" in line for line in lines)
+    assert any("beta" in line and "0.2" in line and "--set" in line for line in lines)
+    assert any("learning_rate" in line and "recipe" in line for line in lines)
+    assert "accelerate.commands.launch" in result.stdout
+
+
+@pytest.mark.parametrize("recipe", BUNDLED, ids=[f"{p.parent.name}/{p.stem}" for p in BUNDLED])
+def test_every_bundled_recipe_passes_dry_run(cli, recipe: Path) -> None:
+    command = recipe.parent.name.replace("_", "-")
+    if command not in TRAIN_COMMANDS:
+        pytest.skip(f"no `rlhf {command}` command")
+    result = cli(command, "-r", recipe, "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["algorithm"] == recipe.parent.name
+
+
+def test_a_run_writes_nothing_before_validation_passes(cli, nothing_launches, tmp_path: Path) -> None:
+    result = cli("rloo", "-r", RECIPES / "rloo" / "smoke.yaml", "--set", "max_stepz=3", "-o", tmp_path / "out")
+    assert result.exit_code == 2
+    assert not (tmp_path / "out").exists() and nothing_launches == []
+
+
+BAD_INPUT = [
+    (["-r", "missing.yaml"], "Error: missing.yaml: recipe not found; give a YAML file or a bundled recipe"),
+    (["-r", "rloo/smoke", "--set", "learning_rat=1e-5"],
+     "Error: --set learning_rat: unknown key `learning_rat`; did you mean `learning_rate`?"),
+    (["-r", "rloo/smoke", "--set", "max_steps=lots"],
+     "Error: --set max_steps: `max_steps`: expected an integer, got 'lots' (str)"),
+    (["-r", "rloo/smoke", "--offload-params", "nvme"],
+     "Error: offload_param_device is nvme but no --nvme-path DIR is given"),
+    (["-r", "rloo/smoke", "--model", "./no-model"],
+     "Error: --model: `model_name_or_path`: model directory ./no-model not found"),
+    (["-r", "rloo/smoke", "--dataset", "./prompts.jsonl"],
+     "Error: --dataset: `dataset_name`: dataset ./prompts.jsonl not found"),
+    (["-r", "rloo/smoke", "--offload-optimizer", "disk"], "Invalid value for '--offload-optimizer'"),
+    (["-r", "rloo/smoke", "--json"], "--json goes with --dry-run"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUT, ids=[" ".join(a) for a, _ in BAD_INPUT])
+def test_bad_input_is_one_line_exit_2_and_launches_nothing(cli, nothing_launches, args, message) -> None:
+    result = cli("rloo", *args)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split()), result.output
+    assert "Traceback" not in result.output
+    assert nothing_launches == []
+
+
+def test_bad_yaml_names_file_and_line(cli, tmp_path: Path) -> None:
+    recipe = write(tmp_path / "broken.yaml", "model_name_or_path: x\nlearning_rate: [1e-5\n")
+    result = cli("rloo", "-r", recipe)
+    assert result.exit_code == 2
+    assert f"Error: {recipe}:3: not valid YAML" in result.output
+
+
+def test_no_gather_with_a_non_zero3_config_warns(cli, tmp_path: Path) -> None:
+    config = write(tmp_path / "ddp.yaml", "distributed_type: MULTI_GPU\nnum_processes: 2\n")
+    result = cli("rloo", "-r", "rloo/smoke", "--no-gather", "--accelerate-config", config, "--dry-run")
+    assert result.exit_code == 0
+    assert f"warning: --no-gather has no effect: {config} is not a DeepSpeed ZeRO-3 config" in result.stderr
+
+
+def test_a_real_invocation_launches_with_the_notes_printed(cli, nothing_launches, tmp_path: Path) -> None:
+    recipe = write(tmp_path / "old.yaml", f"sft_model_path: {RECIPES}/smoke/policy\n"
+                                          f"reward_model_path: {RECIPES}/smoke/reward\n"
+                                          f"dataset_name: {RECIPES}/smoke/prompts.jsonl\nrloo_k: 4\n")
+    result = cli("rloo", "-r", recipe, "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert "`rloo_k` is the old name of `num_generations`" in result.stderr
+    assert len(nothing_launches) == 1 and nothing_launches[0].value("num_generations") == 4
+
+
+HEAVY = ("torch", "transformers", "trl", "deepspeed", "datasets", "accelerate")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["rloo", "--help"],
+                                  ["rloo", "-r", "rloo/smoke", "--no-gather", "--dry-run", "--json"]])
+def test_help_and_dry_run_import_nothing_heavy(args: list[str], tmp_path: Path) -> None:
+    probe = ("import sys\nfrom rlhf_cli.cli.app import app\n"
+             "try:\n    app(%r)\nexcept SystemExit:\n    pass\n"
+             "print('HEAVY', [m for m in %r if m in sys.modules])" % (args, HEAVY))
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
+    assert "HEAVY []" in done.stdout, done.stdout[-500:] + done.stderr[-2000:]
+
+
+def test_console_script_is_installed() -> None:
+    done = subprocess.run(["rlhf", "--version"], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0 and done.stdout.startswith("rlhf ")

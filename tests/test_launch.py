@@ -1,0 +1,89 @@
+"""The launch command is built without launching; the runner writes the run record and passes signals on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import RECIPES
+from rlhf_cli.config.resolve import RunRequest, resolve
+from rlhf_cli.launch import runner
+from rlhf_cli.launch.command import Launch, launch_command
+
+
+def smoke_run(tmp_path: Path, **flags):
+    return resolve(RunRequest("rloo", str(RECIPES / "rloo" / "smoke.yaml"),
+                              flags={"output_dir": ("--output-dir", str(tmp_path / "out")), **flags}),
+                   cwd=tmp_path, cuda=False)
+
+
+def test_launch_command_is_accelerate_starting_the_rank_module(tmp_path: Path) -> None:
+    launch = launch_command(smoke_run(tmp_path), python="/usr/bin/python3")
+    out = tmp_path / "out"
+    assert launch.argv == ["/usr/bin/python3", "-m", "accelerate.commands.launch",
+                           "--config_file", f"{out}/accelerate_config.yaml",
+                           "-m", "rlhf_cli.rank", "rloo", f"{out}/recipe.yaml"]
+    assert launch.env["DS_ACCELERATOR"] == "cpu"
+
+
+def test_gpu_machines_keep_deepspeeds_accelerator_choice(tmp_path: Path) -> None:
+    run = resolve(RunRequest("rloo", str(RECIPES / "rloo" / "smoke.yaml")), cwd=tmp_path, cuda=True)
+    assert "DS_ACCELERATOR" not in launch_command(run).env
+
+
+def test_run_files_are_written_and_launch_sh_reruns_the_same_argv(tmp_path: Path) -> None:
+    run = smoke_run(tmp_path, offload_optimizer=("--offload-optimizer", "cpu"))
+    runner.write_run_files(run, run.accelerate)
+    out = tmp_path / "out"
+    recipe = yaml.safe_load((out / "recipe.yaml").read_text())
+    assert recipe["offload_optimizer"] == "cpu" and recipe["model_name_or_path"] == str(RECIPES / "smoke" / "policy")
+    accelerate = yaml.safe_load((out / "accelerate_config.yaml").read_text())
+    assert accelerate["deepspeed_config"]["offload_optimizer_device"] == "cpu"
+    script = (out / "launch.sh").read_text()
+    assert os.access(out / "launch.sh", os.X_OK)
+    assert "export DS_ACCELERATOR=cpu" in script
+    assert script.rstrip().endswith(launch_command(run).shell().split("TRL_EXPERIMENTAL_SILENCE=1 ")[1])
+    # The resolved recipe is itself a recipe that resolves to the same run.
+    again = resolve(RunRequest("rloo", str(out / "recipe.yaml"), overwrite=True), cwd=tmp_path, cuda=False)
+    assert again.recipe_values() == run.recipe_values()
+
+
+def test_sigterm_reaches_the_ranks_and_their_status_is_returned(tmp_path: Path, monkeypatch) -> None:
+    marker = tmp_path / "got-term"
+    rank = f"""
+import signal, sys, time
+def stop(*_):
+    open({str(marker)!r}, "w").write("term")
+    sys.exit(7)
+signal.signal(signal.SIGTERM, stop)
+time.sleep(60)
+"""
+    monkeypatch.setattr(runner, "launch_command", lambda run: Launch([sys.executable, "-c", rank], {}))
+    run = smoke_run(tmp_path)
+    threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    started = time.monotonic()
+    code = runner.launch(run)
+    assert code == 7 and marker.read_text() == "term"
+    assert time.monotonic() - started < 30
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # our handler is gone again
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL])
+def test_a_rank_killed_by_a_signal_gives_128_plus_signal(tmp_path: Path, monkeypatch, signum: int) -> None:
+    rank = f"import os; os.kill(os.getpid(), {int(signum)})"
+    monkeypatch.setattr(runner, "launch_command", lambda run: Launch([sys.executable, "-c", rank], {}))
+    assert runner.launch(smoke_run(tmp_path)) == 128 + signum
+
+
+def test_launch_sh_is_runnable_bash(tmp_path: Path) -> None:
+    run = smoke_run(tmp_path)
+    runner.write_run_files(run, run.accelerate)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "out" / "launch.sh")]).returncode == 0
