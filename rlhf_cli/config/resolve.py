@@ -265,5 +265,6 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         reason = "rlhf: no CUDA on this machine"
         for name, value in (("bf16", False), ("fp16", False), ("ddp_backend", "gloo")):
             settings.setdefault(name, Setting(value, reason))
+        resolver.notes.append("no CUDA here: the ranks run on DeepSpeed's CPU path (DS_ACCELERATOR=cpu, gloo)")
     return ResolvedRun(request.algorithm, recipe.path if recipe else None, settings, accelerate, cpu_only,
                        tuple(resolver.notes + accelerate_notes))
