@@ -183,3 +183,10 @@ def test_resolved_recipe_round_trips(tmp_path: Path) -> None:
     again_path = write(tmp_path / "again.yaml", yaml.safe_dump(run.recipe_values()))
     again = resolve(RunRequest("rloo", str(again_path)), cwd=tmp_path, cuda=False)
     assert again.recipe_values() == run.recipe_values()
+
+
+def test_bare_reward_names_must_be_trls(tmp_path: Path) -> None:
+    path = recipe(tmp_path, "reward_funcs: [think_format_reward, lenght]\n")
+    assert problems(RunRequest("rloo", path), tmp_path) == [
+        f"{path}:5: `reward_funcs`: 'lenght' is not one of TRL's (accuracy_reward, reasoning_accuracy_reward, "
+        "think_format_reward); write module:function or file.py:function"]

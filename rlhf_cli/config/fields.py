@@ -62,9 +62,18 @@ OWN_FIELDS = (
 
 
 @cache
+def _snapshot(algorithm: str) -> dict[str, Any]:
+    return json.loads(resources.files("rlhf_cli.schema").joinpath(f"{algorithm}.json").read_text())
+
+
+def trl_reward_functions(algorithm: str) -> tuple[str, ...]:
+    return tuple(_snapshot(algorithm)["reward_functions"])
+
+
+@cache
 def catalogue(algorithm: str) -> dict[str, Field]:
     """All recipe keys for one algorithm, TRL's and ours."""
-    snapshot = json.loads(resources.files("rlhf_cli.schema").joinpath(f"{algorithm}.json").read_text())
+    snapshot = _snapshot(algorithm)
     fields = {
         name: Field(name, spec["group"], tuple(spec["kinds"]), spec["default"], spec["help"],
                     tuple(spec["choices"]) if "choices" in spec else None)
@@ -72,10 +81,6 @@ def catalogue(algorithm: str) -> dict[str, Field]:
     }
     fields.update({field.name: field for field in OWN_FIELDS})
     return fields
-
-
-def trl_version_of_snapshot(algorithm: str) -> str:
-    return json.loads(resources.files("rlhf_cli.schema").joinpath(f"{algorithm}.json").read_text())["trl_version"]
 
 
 class FieldTypeError(ValueError):

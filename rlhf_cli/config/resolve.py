@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from rlhf_cli.config.accelerate import AccelerateChoices, build_accelerate_config
-from rlhf_cli.config.fields import Field, FieldTypeError, catalogue, coerce
+from rlhf_cli.config.fields import Field, FieldTypeError, catalogue, coerce, trl_reward_functions
 from rlhf_cli.config.legacy import IGNORED_BY_TRL, LEGACY_KEYS
 from rlhf_cli.config.recipe import Recipe, load_recipe
 from rlhf_cli.errors import ConfigError
@@ -169,6 +169,11 @@ class _Resolver:
             self.problems.append(f"{where}: `reward_funcs`: {spec!r} is not a string like module:function")
             return spec
         target, _, function = spec.rpartition(":")
+        if not target and "." not in spec and spec not in trl_reward_functions(self.request.algorithm):
+            names = ", ".join(trl_reward_functions(self.request.algorithm))
+            self.problems.append(f"{where}: `reward_funcs`: {spec!r} is not one of TRL's ({names}); "
+                                 "write module:function or file.py:function")
+            return spec
         if not target.endswith(".py"):
             return spec
         found = self._find(target, base_dirs)

@@ -114,11 +114,18 @@ def describe(groups: dict[str, type]) -> dict[str, dict[str, Any]]:
     return fields
 
 
+def _reward_functions() -> list[str]:
+    """TRL's ready-made reward functions, usable by bare name in `reward_funcs` (not its factories)."""
+    import trl.rewards
+
+    return sorted(name for name in trl.rewards.__all__ if not name.startswith("get_") and not name.endswith("s"))
+
+
 def build() -> dict[str, dict[str, Any]]:
     import trl
 
     return {
-        algorithm: {"trl_version": trl.__version__, "fields": describe(groups)}
+        algorithm: {"trl_version": trl.__version__, "fields": describe(groups), "reward_functions": _reward_functions()}
         for algorithm, groups in _algorithm_dataclasses().items()
     }
 
