@@ -1,0 +1,81 @@
+"""PPO's math against values worked out by hand on short sequences."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlhf_cli.rank.ppo import core
+
+T = torch.tensor
+
+
+def test_eos_truncation_and_padding_masks() -> None:
+    responses = T([[5, 2, 7, 8], [5, 6, 7, 8]])
+    truncated = core.truncate_after_stop(responses, stop_token_id=2, pad_token_id=0)
+    assert truncated.tolist() == [[5, 2, 0, 0], [5, 6, 7, 8]]
+    lengths = core.first_true_indices(truncated == 0) - 1
+    assert lengths.tolist() == [1, 3]
+    logprob_mask, value_mask = core.response_masks(lengths, width=4)
+    assert logprob_mask.tolist() == [[False, False, True, True], [False, False, False, False]]
+    assert value_mask.tolist() == [[False, False, False, True], [False, False, False, False]]
+
+
+def test_missing_eos_penalty() -> None:
+    scores = core.penalise_missing_eos(T([2.0, 3.0]), T([[5, 2, 0], [5, 6, 7]]), eos_token_id=2, penalty=1.0)
+    assert scores.tolist() == [2.0, 2.0]
+    assert core.penalise_missing_eos(T([3.0]), T([[5]]), 2, None).tolist() == [3.0]
+
+
+def test_kl_estimators() -> None:
+    logprobs, ref = T([-1.0]), T([-1.5])
+    assert core.kl_estimate(logprobs, ref, "k1").item() == pytest.approx(0.5)
+    assert core.kl_estimate(logprobs, ref, "k3").item() == pytest.approx(math.exp(-0.5) - 1 + 0.5)
+    assert core.kl_estimate(ref, logprobs, "k3").item() >= 0
+    with pytest.raises(ValueError):
+        core.kl_estimate(logprobs, ref, "k2")
+
+
+def test_score_lands_after_the_last_real_token() -> None:
+    rewards, non_score = core.token_rewards(T([2.0, 3.0]), torch.full((2, 4), 0.1), kl_coef=0.5,
+                                            sequence_lengths=T([1, 3]))
+    assert torch.allclose(non_score, torch.full((2, 4), -0.05))
+    assert torch.allclose(rewards, T([[-0.05, -0.05, 1.95, -0.05], [-0.05, -0.05, -0.05, 2.95]]))
+
+
+def test_gae_and_returns() -> None:
+    rewards, values = T([[0.0, 1.0]]), T([[0.5, 0.25]])
+    advantages, returns = core.gae(rewards, values, gamma=1.0, lam=0.5)
+    assert advantages[0].tolist() == pytest.approx([0.125, 0.75])
+    assert returns[0].tolist() == pytest.approx([0.625, 1.0])
+    advantages, _ = core.gae(rewards, values, gamma=0.9, lam=1.0)
+    assert advantages[0].tolist() == pytest.approx([0.4, 0.75])
+
+
+def test_whitening_ignores_padding() -> None:
+    whitened = core.masked_whiten(T([1.0, 2.0, 3.0, 100.0]), T([True, True, True, False]))
+    assert whitened[:3].tolist() == pytest.approx([-1.0, 0.0, 1.0], abs=1e-6)
+    kept_mean = core.masked_whiten(T([1.0, 2.0, 3.0, 100.0]), T([True, True, True, False]), shift_mean=False)
+    assert kept_mean[:3].tolist() == pytest.approx([1.0, 2.0, 3.0], abs=1e-6)
+
+
+def test_clipped_policy_loss_with_padding_masked() -> None:
+    new = T([[math.log(1.5), math.log(1.5), 50.0]])
+    old = T([[0.0, 0.0, 0.0]])
+    advantages = T([[1.0, -1.0, 1e6]])
+    mask = T([[True, True, False]])
+    loss, clipfrac, approxkl = core.policy_loss(new, old, advantages, cliprange=0.2, mask=mask)
+    # +1 advantage: max(-1.5, -1.2) = -1.2 (clipped); -1 advantage: max(1.5, 1.2) = 1.5 (not clipped)
+    assert loss.item() == pytest.approx((-1.2 + 1.5) / 2)
+    assert clipfrac.item() == pytest.approx(0.5)
+    assert approxkl.item() == pytest.approx(0.5 * math.log(1.5) ** 2)
+
+
+def test_clipped_value_loss() -> None:
+    predicted, old, returns = T([[1.0, 0.1, 9.0]]), T([[0.0, 0.0, 0.0]]), T([[2.0, 1.0, 0.0]])
+    loss, clipfrac = core.value_loss(predicted, old, returns, cliprange_value=0.2, mask=T([[True, True, False]]))
+    # token 1: clip(1.0) = 0.2 -> max(1.0, 3.24) = 3.24; token 2: inside the range -> 0.81
+    assert loss.item() == pytest.approx(0.5 * (3.24 + 0.81) / 2)
+    assert clipfrac.item() == pytest.approx(0.5)
