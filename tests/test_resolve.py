@@ -91,7 +91,7 @@ def test_legacy_names_are_mapped_with_a_note_or_refused_with_todays_field(tmp_pa
     assert f"{ok}:1: `rloo_k` is the old name of `num_generations`; using it as `num_generations`" in run.notes
     ok = str(ok)
     refused = problems(RunRequest("rloo", ok, sets=("total_episodes=200",)), tmp_path)
-    assert refused == ["--set total_episodes: `total_episodes` has no counterpart in today's TRL rloo; set "
+    assert refused == ["--set total_episodes: `total_episodes` has no counterpart in today's rloo: set "
                        "`max_steps` (one step consumes per_device_train_batch_size x gradient_accumulation_steps "
                        "x processes completions)"]
 

@@ -34,6 +34,8 @@ def root(
 
 
 TRAIN_COMMANDS = {
+    "ppo": ("Train with PPO (rlhf's own trainer): a value model, GAE and a per-token KL penalty.",
+            "rlhf ppo -r ppo/smoke --no-gather"),
     "rloo": ("Train with RLOO (TRL's RLOOTrainer): several completions per prompt, leave-one-out baseline.",
              "rlhf rloo -r rloo/smoke --no-gather"),
     "online-dpo": ("Train with online DPO (TRL's OnlineDPOTrainer): two completions per prompt, ranked by the reward.",

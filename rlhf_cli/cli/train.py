@@ -61,6 +61,9 @@ DryRunOpt = Annotated[bool, typer.Option(
     "--dry-run", help="Print the resolved run (trainer, accelerate config, launch command) and exit.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="With --dry-run: print it as one JSON object.")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Reuse an output dir that already holds a run.")]
+ResumeOpt = Annotated[Optional[str], typer.Option(
+    "--resume", metavar="CHECKPOINT", rich_help_panel=SHORTCUTS,
+    help="Continue from a checkpoint directory (resume_from_checkpoint).")]
 
 # Flag -> recipe key.
 FLAG_FIELDS = {
@@ -68,7 +71,7 @@ FLAG_FIELDS = {
     "--output-dir": "output_dir", "--max-steps": "max_steps", "--seed": "seed",
     "--gather": "ds3_gather_for_generation", "--offload-optimizer": "offload_optimizer",
     "--offload-params": "offload_params", "--nvme-path": "nvme_path", "--num-processes": "num_processes",
-    "--accelerate-config": "accelerate_config",
+    "--accelerate-config": "accelerate_config", "--resume": "resume_from_checkpoint",
 }
 
 def train(
@@ -90,13 +93,14 @@ def train(
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
     overwrite: OverwriteOpt = False,
+    resume: ResumeOpt = None,
 ) -> None:
-    """Shared body of `rlhf rloo`, `rlhf online-dpo` (the command name picks the algorithm)."""
+    """Shared body of `rlhf ppo`, `rlhf rloo`, `rlhf online-dpo` (the command name picks the algorithm)."""
     from rlhf_cli.config.resolve import RunRequest, resolve
 
     given = [model, reward_model, dataset, output_dir, max_steps, seed, gather,
              offload_optimizer and offload_optimizer.value, offload_params and offload_params.value,
-             nvme_path, num_processes, accelerate_config]
+             nvme_path, num_processes, accelerate_config, resume]
     flags = {name: ("--no-gather" if value is False and flag == "--gather" else flag, value)
              for (flag, name), value in zip(FLAG_FIELDS.items(), given) if value is not None}
     algorithm = ctx.info_name.replace("-", "_")

@@ -12,7 +12,6 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-ALGORITHMS = ("rloo", "online_dpo")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 

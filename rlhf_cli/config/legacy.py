@@ -15,18 +15,19 @@ class Legacy:
     instead: str = ""  # what to do when the algorithm has no counterpart
 
 
-_BOTH = ("rloo", "online_dpo")
+_ALL = ("rloo", "online_dpo", "ppo")
 
 LEGACY_KEYS: dict[str, Legacy] = {
-    "sft_model_path": Legacy(dict.fromkeys(_BOTH, "model_name_or_path")),
-    "reward_model_path": Legacy(dict.fromkeys(_BOTH, "reward_model_name_or_path")),
+    "sft_model_path": Legacy(dict.fromkeys(_ALL, "model_name_or_path")),
+    "reward_model_path": Legacy(dict.fromkeys(_ALL, "reward_model_name_or_path")),
     "rloo_k": Legacy({"rloo": "num_generations"}),
     "response_length": Legacy({"rloo": "max_completion_length", "online_dpo": "max_new_tokens"}),
-    "kl_coef": Legacy(dict.fromkeys(_BOTH, "beta")),
+    "num_sample_generations": Legacy(instead="remove it"),
+    "kl_coef": Legacy({"rloo": "beta", "online_dpo": "beta"}),
     "num_ppo_epochs": Legacy({"rloo": "num_iterations"}),
     "cliprange": Legacy({"rloo": "epsilon"}),
     "normalize_advantage": Legacy({"rloo": "normalize_advantages"}),
-    "exp_name": Legacy(dict.fromkeys(_BOTH, "run_name")),
+    "exp_name": Legacy(dict.fromkeys(_ALL, "run_name")),
     "total_episodes": Legacy(instead="set `max_steps` (one step consumes per_device_train_batch_size x "
                              "gradient_accumulation_steps x processes completions)"),
     "num_mini_batches": Legacy(instead="set `steps_per_generation` (RLOO) or remove it"),

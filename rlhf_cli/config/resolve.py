@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from rlhf_cli.config.accelerate import AccelerateChoices, build_accelerate_config
+from rlhf_cli.config.checks import check_ppo, check_reward_models
 from rlhf_cli.config.fields import Field, FieldTypeError, catalogue, coerce, trl_reward_functions
 from rlhf_cli.config.legacy import IGNORED_BY_TRL, LEGACY_KEYS
 from rlhf_cli.config.recipe import Recipe, load_recipe
@@ -23,7 +24,7 @@ from rlhf_cli.errors import ConfigError
 
 # Short names people type, resolved to the field they stand for.
 ALIASES = {"gather": "ds3_gather_for_generation"}
-MODEL_FIELDS = ("model_name_or_path", "reward_model_name_or_path")
+MODEL_FIELDS = ("model_name_or_path", "reward_model_name_or_path", "value_model_name_or_path")
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 RECIPE_FILE = "recipe.yaml"
 
@@ -96,7 +97,8 @@ class _Resolver:
             if today:
                 self.notes.append(f"{where}: `{key}` is the old name of `{today}`; using it as `{today}`")
                 return today
-            self.problems.append(f"{where}: `{key}` has no counterpart in today's TRL {algorithm}; {legacy.instead}")
+            self.problems.append(f"{where}: `{key}` has no counterpart in today's {algorithm.replace('_', '-')}: "
+                                 f"{legacy.instead or 'remove it'}")
             return None
         if key in ALIASES:
             return ALIASES[key]
@@ -135,6 +137,12 @@ class _Resolver:
             path = self._find(value, base_dirs)
             if path is None:
                 self.problems.append(f"{where}: `{field.name}`: {value} does not exist")
+                return value
+            return str(path)
+        if field.name == "resume_from_checkpoint":
+            path = self._find(value, base_dirs)
+            if path is None or not path.is_dir():
+                self.problems.append(f"{where}: `{field.name}`: checkpoint directory {value} not found")
                 return value
             return str(path)
         if field.name == "output_dir":
@@ -226,7 +234,8 @@ class _Resolver:
 
     def check_output_dir(self) -> None:
         output_dir = Path(self.value("output_dir"))
-        if (output_dir / RECIPE_FILE).exists() and not self.request.overwrite:
+        resuming = self.value("resume_from_checkpoint") is not None
+        if (output_dir / RECIPE_FILE).exists() and not (self.request.overwrite or resuming):
             self.problems.append(
                 f"output dir {output_dir} already holds a run; choose another --output-dir or pass --overwrite")
 
@@ -244,6 +253,8 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         resolver.apply_recipe(recipe)
     resolver.apply_command_line()
     resolver.check_required()
+    check_reward_models({key: resolver.value(key) for key in MODEL_FIELDS[1:] if key in resolver.fields},
+                        resolver.problems)
     resolver.default_output_dir()
     resolver.check_output_dir()
     cpu_only = not (_cuda_present() if cuda is None else cuda) or os.environ.get("DS_ACCELERATOR") == "cpu"
@@ -261,6 +272,8 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         ),
         resolver.problems,
     )
+    if request.algorithm == "ppo":
+        check_ppo(resolver.value, int(accelerate.get("num_processes") or 1), resolver.problems)
     if resolver.problems:
         raise ConfigError(*resolver.problems)
     settings = dict(resolver.settings)

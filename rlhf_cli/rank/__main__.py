@@ -21,7 +21,7 @@ def main(argv: list[str]) -> None:
 
     install_no_gather_fix()
     trainer = BUILDERS[algorithm](inputs)
-    trainer.train()
+    trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
     trainer.save_model(trainer.args.output_dir)
     trainer.save_state()  # trainer_state.json: the logged metrics of every step
     write_rank_record(trainer)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rlhf_cli.rank.inputs import RankInputs, load_prompts, reward_funcs
+from rlhf_cli.rank.inputs import RankInputs, load_prompts, reward_funcs, reward_functions
 from rlhf_cli.rank.zero3 import apply_zero3_settings
 
 
@@ -44,4 +44,41 @@ def build_online_dpo(inputs: RankInputs) -> Any:
                             train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer)
 
 
-BUILDERS: dict[str, Callable[[RankInputs], Any]] = {"rloo": build_rloo, "online_dpo": build_online_dpo}
+def _tokenize_prompts(dataset: Any, tokenizer: Any) -> Any:
+    """Prompt token ids; chat-formatted prompts go through the tokenizer's chat template."""
+    def encode(row: dict[str, Any]) -> dict[str, Any]:
+        prompt = row["prompt"]
+        if isinstance(prompt, list):
+            return {"input_ids": tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
+                                                               return_dict=False)}
+        return {"input_ids": tokenizer(prompt, add_special_tokens=False).input_ids}
+
+    return dataset.map(encode, remove_columns=dataset.column_names)
+
+
+def build_ppo(inputs: RankInputs) -> Any:
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    from rlhf_cli.rank.ppo.config import PPOConfig
+    from rlhf_cli.rank.ppo.trainer import PPOTrainer
+
+    config = _config(PPOConfig, inputs)
+    init_kwargs = {k: v for k, v in config.model_init_kwargs.items() if v is not None}
+    policy_path = inputs.model_value("model_name_or_path")
+    reward_path = inputs.script_value("reward_model_name_or_path")
+    # Loaded after the config exists, so that ZeRO-3 partitions each model as it loads.
+    tokenizer = AutoTokenizer.from_pretrained(policy_path, padding_side="left", revision=init_kwargs.get("revision"))
+    policy = AutoModelForCausalLM.from_pretrained(policy_path, **init_kwargs)
+    reference = AutoModelForCausalLM.from_pretrained(policy_path, **init_kwargs)
+    reward = AutoModelForSequenceClassification.from_pretrained(reward_path, num_labels=1, **init_kwargs) \
+        if reward_path else None
+    value = AutoModelForSequenceClassification.from_pretrained(
+        config.value_model_name_or_path or reward_path or policy_path, num_labels=1, **init_kwargs)
+    train, _ = load_prompts(inputs)
+    return PPOTrainer(args=config, processing_class=tokenizer, policy=policy, ref_policy=reference,
+                      value_model=value, reward_model=reward, reward_funcs=reward_functions(inputs),
+                      train_dataset=_tokenize_prompts(train, tokenizer))
+
+
+BUILDERS: dict[str, Callable[[RankInputs], Any]] = {
+    "rloo": build_rloo, "online_dpo": build_online_dpo, "ppo": build_ppo}

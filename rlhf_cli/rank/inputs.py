@@ -88,13 +88,15 @@ def _load_function(spec: str) -> Callable:
     return getattr(module, function)
 
 
-def reward_funcs(inputs: RankInputs) -> list[Any]:
-    """The reward model path (TRL loads it as a sequence classifier) and the reward functions."""
+def reward_functions(inputs: RankInputs) -> list[Callable]:
+    """The recipe's Python reward functions: TRL's by name, or module:function / file.py:function."""
     from trl import rewards
 
-    funcs: list[Any] = []
-    if inputs.script_value("reward_model_name_or_path"):
-        funcs.append(inputs.script_value("reward_model_name_or_path"))
-    for spec in inputs.script_value("reward_funcs") or []:
-        funcs.append(getattr(rewards, spec) if hasattr(rewards, spec) else _load_function(spec))
-    return funcs
+    return [getattr(rewards, spec) if hasattr(rewards, spec) else _load_function(spec)
+            for spec in inputs.script_value("reward_funcs") or []]
+
+
+def reward_funcs(inputs: RankInputs) -> list[Any]:
+    """TRL's `reward_funcs`: the reward model's path (loaded as a sequence classifier), then the functions."""
+    model = inputs.script_value("reward_model_name_or_path")
+    return ([model] if model else []) + reward_functions(inputs)

@@ -30,7 +30,10 @@ def _algorithm_dataclasses() -> dict[str, dict[str, type]]:
     from trl.experimental.online_dpo import OnlineDPOConfig
     from trl.scripts.rloo import RLOOScriptArguments
 
+    from rlhf_cli.rank.ppo.config import PPOConfig
+
     return {
+        "ppo": {"script": RLOOScriptArguments, "model": ModelConfig, "trainer": PPOConfig},
         "rloo": {"script": RLOOScriptArguments, "model": ModelConfig, "trainer": RLOOConfig},
         "online_dpo": {"script": RLOOScriptArguments, "model": ModelConfig, "trainer": OnlineDPOConfig},
     }

@@ -1,0 +1,45 @@
+"""PPO's settings: TRL's former PPOConfig field names, so old command lines translate one to one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from transformers import TrainingArguments
+
+
+@dataclass
+class PPOConfig(TrainingArguments):
+    """Settings of rlhf's PPO trainer (RLHF PPO as in Huang et al., 2024)."""
+
+    value_model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Value model to start from; default: the reward model."})
+    total_episodes: int | None = field(
+        default=None, metadata={"help": "Responses to train on in total; default: num_train_epochs x dataset size."})
+    num_ppo_epochs: int = field(default=4, metadata={"help": "Passes over each batch of rollouts."})
+    num_mini_batches: int = field(default=1, metadata={"help": "Mini-batches each batch of rollouts is split into."})
+    local_rollout_forward_batch_size: int = field(
+        default=64, metadata={"help": "Sequences per generation and scoring forward pass on each process."})
+    response_length: int = field(default=53, metadata={"help": "Most tokens generated per response."})
+    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature of rollouts."})
+    stop_token: Literal["eos"] | None = field(
+        default=None, metadata={"help": "`eos` to cut responses after the first EOS token."})
+    stop_token_id: int | None = field(default=None, metadata={"help": "Cut responses after this token."})
+    missing_eos_penalty: float | None = field(
+        default=None, metadata={"help": "Subtracted from the score of responses without an EOS token."})
+    kl_coef: float = field(default=0.05, metadata={"help": "Weight of the per-token KL penalty."})
+    kl_estimator: Literal["k1", "k3"] = field(
+        default="k1", metadata={"help": "KL estimator: k1 (log-ratio) or k3 (unbiased, non-negative)."})
+    whiten_rewards: bool = field(default=False, metadata={"help": "Whiten the per-token rewards."})
+    cliprange: float = field(default=0.2, metadata={"help": "Clip range of the policy ratio."})
+    cliprange_value: float = field(default=0.2, metadata={"help": "Clip range of the value prediction."})
+    vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss."})
+    gamma: float = field(default=1.0, metadata={"help": "Discount factor of GAE."})
+    lam: float = field(default=0.95, metadata={"help": "Lambda of GAE."})
+    ds3_gather_for_generation: bool = field(
+        default=True, metadata={"help": "Under ZeRO-3, gather the whole policy on every rank to generate."})
+    model_init_kwargs: dict[str, Any] | None = field(
+        default=None, metadata={"help": "Keyword arguments for `from_pretrained` of the models."})
+    trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})
+    learning_rate: float = field(default=3e-6, metadata={"help": "The initial learning rate for AdamW."})
+    logging_steps: float = field(default=1, metadata={"help": "Log every this many PPO updates."})

@@ -1,0 +1,286 @@
+"""RLHF PPO on transformers' Trainer machinery (optimizer, scheduler, DeepSpeed, checkpoints, logging).
+
+TRL deleted its PPOTrainer in 1.13; this is the same algorithm, written against today's
+transformers, accelerate, DeepSpeed and TRL helpers, with ZeRO-3 gather/no-gather generation,
+reward functions, and checkpoints that resume.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader
+from transformers import GenerationConfig, PreTrainedTokenizerBase, Trainer, TrainerState
+from trl.models import prepare_deepspeed, unwrap_model_for_generation
+
+from rlhf_cli.rank.ppo import core
+from rlhf_cli.rank.ppo.config import PPOConfig
+
+
+class PolicyAndValue(nn.Module):
+    """One module for DeepSpeed to shard and optimise: the policy and the value model."""
+
+    def __init__(self, policy: nn.Module, value_model: nn.Module) -> None:
+        super().__init__()
+        self.policy = policy
+        self.value_model = value_model
+        self.config = policy.config  # DeepSpeed sizes its buckets from this
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        return self.policy.is_gradient_checkpointing
+
+    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
+        self.policy.gradient_checkpointing_enable(**kwargs)
+        self.value_model.gradient_checkpointing_enable(**kwargs)
+
+    def gradient_checkpointing_disable(self) -> None:
+        self.policy.gradient_checkpointing_disable()
+        self.value_model.gradient_checkpointing_disable()
+
+    def forward(self, **kwargs: Any) -> tuple[Any, torch.Tensor]:
+        backbone = getattr(self.value_model, self.value_model.base_model_prefix)
+        hidden = backbone(**kwargs).last_hidden_state
+        return self.policy(**kwargs), self.value_model.score(hidden)
+
+
+def _inputs(query_responses: torch.Tensor, pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Forward inputs for left-padded prompts followed by right-padded responses."""
+    attention_mask = query_responses != pad_token_id
+    position_ids = attention_mask.cumsum(1) - attention_mask.long()
+    return {"input_ids": torch.masked_fill(query_responses, ~attention_mask, 0), "attention_mask": attention_mask,
+            "position_ids": position_ids, "use_cache": False}
+
+
+def sequence_scores(reward_model: nn.Module, query_responses: torch.Tensor, pad_token_id: int,
+                    context_length: int) -> torch.Tensor:
+    """The reward model's score at the last real token of each response."""
+    backbone = getattr(reward_model, reward_model.base_model_prefix)
+    hidden = backbone(**_inputs(query_responses, pad_token_id)).last_hidden_state
+    logits = reward_model.score(hidden).squeeze(-1)
+    last = core.first_true_indices(query_responses[:, context_length:] == pad_token_id) - 1 + context_length
+    return logits[torch.arange(logits.size(0), device=logits.device), last]
+
+
+class PPOTrainer(Trainer):
+    def __init__(self, args: PPOConfig, processing_class: PreTrainedTokenizerBase, policy: nn.Module,
+                 ref_policy: nn.Module, value_model: nn.Module, reward_model: nn.Module | None,
+                 reward_funcs: list[Callable], train_dataset: Any) -> None:
+        self.policy_and_value = PolicyAndValue(policy, value_model)
+        super().__init__(model=self.policy_and_value, args=args, train_dataset=train_dataset,
+                         processing_class=processing_class)
+        world = self.accelerator.num_processes
+        self.local_batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.num_mini_batches
+        self.batch_size = self.local_batch_size * world
+        self.local_mini_batch_size = self.local_batch_size // args.num_mini_batches
+        total = args.total_episodes or int(args.num_train_epochs * len(train_dataset))
+        self.num_updates = max(1, math.ceil(total / self.batch_size))
+        self.stop_token_id = processing_class.eos_token_id if args.stop_token == "eos" else args.stop_token_id
+        self.reward_funcs = reward_funcs
+        self.ref_policy = prepare_deepspeed(ref_policy, self.accelerator) if self.is_deepspeed_enabled \
+            else ref_policy.to(self.accelerator.device)
+        self.reward_model = None
+        if reward_model is not None:
+            self.reward_model = prepare_deepspeed(reward_model, self.accelerator) if self.is_deepspeed_enabled \
+                else reward_model.to(self.accelerator.device)
+        for frozen in (self.ref_policy, self.reward_model):
+            if frozen is not None:
+                frozen.eval()
+
+    # -- data ---------------------------------------------------------------------------------
+    def _prompt_loader(self) -> DataLoader:
+        tokenizer = self.processing_class
+
+        def collate(rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+            return tokenizer.pad([{"input_ids": row["input_ids"]} for row in rows], return_tensors="pt")
+
+        generator = torch.Generator().manual_seed(self.args.seed)
+        loader = DataLoader(self.train_dataset, batch_size=self.local_batch_size, shuffle=True, drop_last=True,
+                            collate_fn=collate, generator=generator)
+        return self.accelerator.prepare(loader)
+
+    def _batches(self, loader: DataLoader, skip: int):
+        """Endless prompt batches, starting after the `skip` already trained on."""
+        seen = 0
+        while True:
+            for batch in loader:
+                if seen >= skip:
+                    yield batch
+                seen += 1
+
+    # -- rollouts -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _rollout(self, queries: torch.Tensor) -> dict[str, torch.Tensor]:
+        args, tokenizer = self.args, self.processing_class
+        pad_id = tokenizer.pad_token_id
+        context_length = queries.size(1)
+        generation_config = GenerationConfig(
+            max_new_tokens=args.response_length, temperature=args.temperature + 1e-7, top_k=0, top_p=1.0,
+            do_sample=True, pad_token_id=pad_id, eos_token_id=None)  # fixed length; cut at the stop token later
+        chunk = args.local_rollout_forward_batch_size
+        responses = []
+        with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                         gather_deepspeed3_params=args.ds3_gather_for_generation) as unwrapped:
+            for start in range(0, queries.size(0), chunk):
+                query = queries[start:start + chunk]
+                out = unwrapped.policy.generate(input_ids=query, attention_mask=query != pad_id,
+                                                generation_config=generation_config)
+                responses.append(out[:, context_length:])
+        responses = torch.cat(responses)
+        query_responses = torch.cat([queries, responses], 1)
+
+        logprobs, ref_logprobs, values, scores = [], [], [], []
+        postprocessed = responses if self.stop_token_id is None else \
+            core.truncate_after_stop(responses, self.stop_token_id, pad_id)
+        for start in range(0, queries.size(0), chunk):
+            part = slice(start, start + chunk)
+            output, value = self.model_wrapped(**_inputs(query_responses[part], pad_id))
+            logits = output.logits[:, context_length - 1:-1] / (args.temperature + 1e-7)
+            logprobs.append(torch.gather(logits.log_softmax(-1), 2, responses[part].unsqueeze(-1)).squeeze(-1))
+            values.append(value[:, context_length - 1:-1].squeeze(-1))
+            ref_logits = self.ref_policy(**_inputs(query_responses[part], pad_id)).logits
+            ref_logits = ref_logits[:, context_length - 1:-1] / (args.temperature + 1e-7)
+            ref_logprobs.append(torch.gather(ref_logits.log_softmax(-1), 2,
+                                             responses[part].unsqueeze(-1)).squeeze(-1))
+            scored = torch.cat([queries[part], postprocessed[part]], 1)
+            scores.append(self._score(scored, postprocessed[part], context_length))
+        return {"queries": queries, "responses": responses, "query_responses": query_responses,
+                "postprocessed": postprocessed, "logprobs": torch.cat(logprobs), "ref_logprobs": torch.cat(ref_logprobs),
+                "values": torch.cat(values), "scores": torch.cat(scores), "context_length": context_length}
+
+    def _score(self, query_responses: torch.Tensor, responses: torch.Tensor, context_length: int) -> torch.Tensor:
+        """Reward model score plus every reward function's, per response."""
+        tokenizer = self.processing_class
+        score = torch.zeros(responses.size(0), device=responses.device)
+        if self.reward_model is not None:
+            score = score + sequence_scores(self.reward_model, query_responses, tokenizer.pad_token_id,
+                                            context_length).float()
+        if self.reward_funcs:
+            prompts = tokenizer.batch_decode(query_responses[:, :context_length], skip_special_tokens=True)
+            completions = tokenizer.batch_decode(responses, skip_special_tokens=True)
+            for func in self.reward_funcs:
+                values = func(prompts=prompts, completions=completions, completion_ids=responses.tolist())
+                score = score + torch.tensor([float("nan") if v is None else v for v in values],
+                                             device=responses.device, dtype=score.dtype)
+        return score
+
+    # -- training -------------------------------------------------------------------------------
+    def train(self, resume_from_checkpoint: str | None = None, **_: Any) -> None:
+        args = self.args
+        loader = self._prompt_loader()
+        self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(),
+                                  is_world_process_zero=self.is_world_process_zero())
+        model, loader = self._prepare_for_training(self.num_updates, loader, resume_from_checkpoint)
+        if resume_from_checkpoint:
+            self.state = TrainerState.load_from_json(f"{resume_from_checkpoint}/trainer_state.json")
+            self._load_rng_state(resume_from_checkpoint)
+        self.state.max_steps = self.num_updates
+        self.state.logging_steps, self.state.save_steps = args.logging_steps, args.save_steps
+        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+        batches = self._batches(loader, skip=self.state.global_step)
+        started = time.time()
+        while self.state.global_step < self.num_updates:
+            queries = next(batches)["input_ids"]
+            rollout = self._rollout(queries)
+            stats = self._optimise(model, rollout)
+            self.lr_scheduler.step()
+            self.state.global_step += 1
+            self.state.epoch = self.state.global_step * self.batch_size / len(self.train_dataset)
+            self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+            if self.control.should_log:
+                stats["lr"] = self.lr_scheduler.get_last_lr()[0]
+                stats["episode"] = self.state.global_step * self.batch_size
+                stats["eps"] = int(stats["episode"] / (time.time() - started))
+                self.log(stats)
+            if self.control.should_save:
+                self._save_checkpoint(model, trial=None)
+                self.control = self.callback_handler.on_save(args, self.state, self.control)
+        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
+
+    def _optimise(self, model: nn.Module, rollout: dict[str, torch.Tensor]) -> dict[str, float]:
+        args = self.args
+        tokenizer = self.processing_class
+        context_length = rollout["context_length"]
+        responses, postprocessed = rollout["responses"], rollout["postprocessed"]
+        with torch.no_grad():
+            scores = core.penalise_missing_eos(rollout["scores"], postprocessed, tokenizer.eos_token_id,
+                                               args.missing_eos_penalty)
+            lengths = core.first_true_indices(postprocessed == tokenizer.pad_token_id) - 1
+            padding, padding_p1 = core.response_masks(lengths, responses.size(1))
+            logprobs = torch.masked_fill(rollout["logprobs"], padding, core.INVALID_LOGPROB)
+            ref_logprobs = torch.masked_fill(rollout["ref_logprobs"], padding, core.INVALID_LOGPROB)
+            values = torch.masked_fill(rollout["values"], padding_p1, 0)
+            kl = core.kl_estimate(logprobs, ref_logprobs, args.kl_estimator)
+            rewards, non_score = core.token_rewards(scores, kl, args.kl_coef, lengths)
+            if args.whiten_rewards:
+                rewards = torch.masked_fill(core.masked_whiten(rewards, ~padding_p1, shift_mean=False), padding_p1, 0)
+            advantages, returns = core.gae(rewards, values, args.gamma, args.lam)
+            advantages = torch.masked_fill(core.masked_whiten(advantages, ~padding), padding, 0)
+
+        collected: dict[str, list[torch.Tensor]] = defaultdict(list)
+        model.train()
+        for _ in range(args.num_ppo_epochs):
+            order = torch.randperm(self.local_batch_size, device=responses.device)
+            for mini_start in range(0, self.local_batch_size, self.local_mini_batch_size):
+                mini = order[mini_start:mini_start + self.local_mini_batch_size]
+                for micro_start in range(0, self.local_mini_batch_size, args.per_device_train_batch_size):
+                    micro = mini[micro_start:micro_start + args.per_device_train_batch_size]
+                    with self.accelerator.accumulate(model):
+                        output, predicted = model(**_inputs(rollout["query_responses"][micro],
+                                                            tokenizer.pad_token_id))
+                        logits = output.logits[:, context_length - 1:-1] / (args.temperature + 1e-7)
+                        all_logprobs = logits.log_softmax(-1)
+                        new_logprobs = torch.gather(all_logprobs, 2, responses[micro].unsqueeze(-1)).squeeze(-1)
+                        new_logprobs = torch.masked_fill(new_logprobs, padding[micro], core.INVALID_LOGPROB)
+                        predicted = torch.masked_fill(predicted[:, context_length - 1:-1].squeeze(-1),
+                                                      padding_p1[micro], 0)
+                        vf_loss, vf_clipfrac = core.value_loss(predicted, values[micro], returns[micro],
+                                                               args.cliprange_value, ~padding_p1[micro])
+                        pg_loss, pg_clipfrac, approxkl = core.policy_loss(
+                            new_logprobs, logprobs[micro], advantages[micro], args.cliprange, ~padding[micro])
+                        loss = pg_loss + args.vf_coef * vf_loss
+                        self.accelerator.backward(loss)
+                        self.optimizer.step()
+                        self.optimizer.zero_grad()
+                    with torch.no_grad():
+                        entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
+                        collected["policy/approxkl_avg"].append(approxkl)
+                        collected["policy/clipfrac_avg"].append(pg_clipfrac)
+                        collected["loss/policy_avg"].append(pg_loss)
+                        collected["loss/value_avg"].append(vf_loss)
+                        collected["val/clipfrac_avg"].append(vf_clipfrac)
+                        collected["policy/entropy_avg"].append(core.masked_mean(entropy, ~padding[micro]))
+                        collected["val/ratio"].append(
+                            core.masked_mean((new_logprobs - logprobs[micro]).exp(), ~padding[micro]))
+
+        with torch.no_grad():
+            gather = self.accelerator.gather_for_metrics
+            mean_kl = (kl * ~padding).sum(1)
+            stats = {
+                "objective/kl": gather(mean_kl).mean(),
+                "objective/entropy": gather((-logprobs * ~padding).sum(1)).mean(),
+                "objective/non_score_reward": gather((non_score * ~padding).sum(1)).mean(),
+                "objective/rlhf_reward": gather(scores - args.kl_coef * mean_kl).mean(),
+                "objective/scores": gather(scores).mean(),
+                "val/num_eos_tokens": (postprocessed == tokenizer.eos_token_id).sum().float(),
+            }
+            stats.update({name: gather(torch.stack(values_)).mean() for name, values_ in collected.items()})
+        return {name: value.item() for name, value in stats.items()}
+
+    # -- saving ---------------------------------------------------------------------------------
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Only the policy, whole (consolidated from ZeRO-3 shards), loadable with from_pretrained."""
+        output_dir = output_dir or self.args.output_dir
+        engine = self.model_wrapped
+        state = self.accelerator.get_state_dict(engine)
+        if self.accelerator.is_main_process:
+            policy_state = {key.removeprefix("policy."): value for key, value in state.items()
+                            if key.startswith("policy.")}
+            self.policy_and_value.policy.save_pretrained(output_dir, state_dict=policy_state)
+            self.processing_class.save_pretrained(output_dir)
