@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader
 from transformers import GenerationConfig, PreTrainedTokenizerBase, Trainer, TrainerState
+from transformers.trainer_callback import ExportableState
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 
 from rlhf_cli.rank.ppo import core
@@ -174,8 +175,10 @@ class PPOTrainer(Trainer):
     def train(self, resume_from_checkpoint: str | None = None, **_: Any) -> None:
         args = self.args
         loader = self._prompt_loader()
-        self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(),
-                                  is_world_process_zero=self.is_world_process_zero())
+        self.state = TrainerState(
+            is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero(),
+            stateful_callbacks=[cb for cb in [*self.callback_handler.callbacks, self.control]
+                                if isinstance(cb, ExportableState)])
         model, loader = self._prepare_for_training(self.num_updates, loader, resume_from_checkpoint)
         if resume_from_checkpoint:
             self.state = TrainerState.load_from_json(f"{resume_from_checkpoint}/trainer_state.json")
