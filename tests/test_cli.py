@@ -12,7 +12,7 @@ import pytest
 from conftest import RECIPES, REPO, write
 from rlhf_cli.launch import runner
 
-TRAIN_COMMANDS = ("rloo", "online-dpo")
+TRAIN_COMMANDS = ("ppo", "rloo", "online-dpo")
 BUNDLED = sorted(RECIPES.glob("*/*.yaml"))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -190,3 +191,56 @@ def test_bare_reward_names_must_be_trls(tmp_path: Path) -> None:
     assert problems(RunRequest("rloo", path), tmp_path) == [
         f"{path}:5: `reward_funcs`: 'lenght' is not one of TRL's (accuracy_reward, reasoning_accuracy_reward, "
         "think_format_reward); write module:function or file.py:function"]
+
+
+def ppo_problems(tmp_path: Path, *sets: str) -> list[str]:
+    return problems(RunRequest("ppo", str(RECIPES / "ppo" / "smoke.yaml"), sets=sets), tmp_path)
+
+
+def test_ppo_seed_recipe_keeps_the_seeds_values(tmp_path: Path) -> None:
+    run = resolve(RunRequest("ppo", str(RECIPES / "ppo" / "pythia-12b-descriptiveness.yaml")), cwd=tmp_path,
+                  cuda=True)
+    seed = {"num_ppo_epochs": 1, "num_mini_batches": 1, "learning_rate": 3e-6, "per_device_train_batch_size": 1,
+            "gradient_accumulation_steps": 16, "total_episodes": 200, "local_rollout_forward_batch_size": 16,
+            "missing_eos_penalty": 1.0, "model_name_or_path": "EleutherAI/pythia-12b",
+            "reward_model_name_or_path": "EleutherAI/pythia-70m"}
+    assert {key: run.value(key) for key in seed} == seed
+    assert run.accelerate["num_processes"] == 4
+    assert run.accelerate["deepspeed_config"]["offload_optimizer_device"] == "cpu"
+
+
+def test_ppo_seed_command_line_translates_one_to_one(tmp_path: Path) -> None:
+    run = resolve(RunRequest("ppo", None, sets=(
+        f"sft_model_path={RECIPES}/smoke/policy", f"reward_model_path={RECIPES}/smoke/reward",
+        f"dataset_name={RECIPES}/smoke/prompts.jsonl", "num_ppo_epochs=1", "num_mini_batches=1",
+        "total_episodes=200", "local_rollout_forward_batch_size=16", "missing_eos_penalty=1.0",
+        "gradient_accumulation_steps=16", "per_device_train_batch_size=1")), cwd=tmp_path, cuda=False)
+    assert run.value("total_episodes") == 200 and run.value("model_name_or_path") == str(RECIPES / "smoke" / "policy")
+
+
+def test_ppo_batch_sizes_must_tile(tmp_path: Path) -> None:
+    assert ppo_problems(tmp_path, "local_rollout_forward_batch_size=3") == [
+        "`local_rollout_forward_batch_size` (3) must divide the rollouts per process (per_device_train_batch_size x "
+        "gradient_accumulation_steps x num_mini_batches = 4)"]
+    assert ppo_problems(tmp_path, "total_episodes=4") == [
+        "`total_episodes` (4) is less than one batch of rollouts (4 per process x 2 processes = 8)"]
+    assert ppo_problems(tmp_path, "num_mini_batches=0") == ["`num_mini_batches` must be at least 1, got 0"]
+
+
+def test_ppo_reward_model_must_be_a_sequence_classifier(tmp_path: Path) -> None:
+    assert ppo_problems(tmp_path, f"reward_model_name_or_path={RECIPES}/smoke/policy") == [
+        f"`reward_model_name_or_path`: {RECIPES}/smoke/policy is a LlamaForCausalLM, not a sequence classifier "
+        "(save it with AutoModelForSequenceClassification, num_labels=1)"]
+
+
+def test_ppo_tokenizer_needs_pad_and_eos_and_stop_token_in_vocab(tmp_path: Path) -> None:
+    import shutil
+
+    model = tmp_path / "policy"
+    shutil.copytree(RECIPES / "smoke" / "policy", model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("pad_token", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    found = ppo_problems(tmp_path, f"model_name_or_path={model}", "stop_token_id=100000")
+    assert found == [f"`model_name_or_path`: the tokenizer in {model} has no pad_token; PPO needs both",
+                     f"`stop_token_id` 100000 is not in the vocabulary of {model} (0..499)"]
