@@ -84,6 +84,8 @@ def build_accelerate_config(choices: AccelerateChoices, problems: list[str]) -> 
         problems.append(f"{source} does not use DeepSpeed; offloading needs a DeepSpeed config")
 
     if choices.cpu_only:
+        # Records the intent; DeepSpeed's launcher path ignores it. What makes the ranks run on the CPU
+        # is DS_ACCELERATOR=cpu (launch) and ddp_backend=gloo, bf16=false (resolve).
         config["use_cpu"] = True
         config["mixed_precision"] = "no"
     return config, notes

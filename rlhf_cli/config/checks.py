@@ -18,14 +18,13 @@ def _local(path: Any) -> Path | None:
     return Path(path) if isinstance(path, str) and Path(path, "config.json").is_file() else None
 
 
-def check_reward_models(paths: dict[str, Any], problems: list[str]) -> None:
-    """Local reward and value models must be sequence classifiers (hub ids are checked when loaded)."""
-    for key, value in paths.items():
-        path = _local(value)
-        architectures = _json(path / "config.json").get("architectures") or [] if path else []
-        if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
-            problems.append(f"`{key}`: {path} is a {architectures[0]}, not a sequence classifier "
-                            "(save it with AutoModelForSequenceClassification, num_labels=1)")
+def check_reward_model(value: Any, problems: list[str]) -> None:
+    """A local reward model must be a sequence classifier (hub ids are checked when loaded)."""
+    path = _local(value)
+    architectures = (_json(path / "config.json").get("architectures") or []) if path else []
+    if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
+        problems.append(f"`reward_model_name_or_path`: {path} is a {architectures[0]}, not a sequence classifier "
+                        "(save it with AutoModelForSequenceClassification, num_labels=1)")
 
 
 def check_ppo(value: Callable[[str], Any], num_processes: int, problems: list[str]) -> None:

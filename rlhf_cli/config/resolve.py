@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from rlhf_cli.config.accelerate import AccelerateChoices, build_accelerate_config
-from rlhf_cli.config.checks import check_ppo, check_reward_models
+from rlhf_cli.config.checks import check_ppo, check_reward_model
 from rlhf_cli.config.fields import Field, FieldTypeError, catalogue, coerce, trl_reward_functions
 from rlhf_cli.config.legacy import IGNORED_BY_TRL, LEGACY_KEYS
 from rlhf_cli.config.recipe import Recipe, load_recipe
@@ -253,8 +253,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         resolver.apply_recipe(recipe)
     resolver.apply_command_line()
     resolver.check_required()
-    check_reward_models({key: resolver.value(key) for key in MODEL_FIELDS[1:] if key in resolver.fields},
-                        resolver.problems)
+    check_reward_model(resolver.value("reward_model_name_or_path"), resolver.problems)
     resolver.default_output_dir()
     resolver.check_output_dir()
     cpu_only = not (_cuda_present() if cuda is None else cuda) or os.environ.get("DS_ACCELERATOR") == "cpu"
