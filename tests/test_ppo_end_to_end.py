@@ -91,3 +91,11 @@ def test_checkpoint_loads_and_resume_continues_episodes_and_schedule(tmp_path: P
     assert [e["objective/scores"] for e in resumed[2:]] == pytest.approx([e["objective/scores"] for e in full[2:]])
     assert json.loads((resumed_dir / "trainer_state.json").read_text())["global_step"] == 4
     assert "Traceback" not in done.stderr
+
+
+def test_ppo_trains_with_optimizer_and_parameters_offloaded_to_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    ppo(out, "--no-gather", "--offload-optimizer", "cpu", "--offload-params", "cpu")
+    accelerate = (out / "accelerate_config.yaml").read_text()
+    assert "offload_optimizer_device: cpu" in accelerate and "offload_param_device: cpu" in accelerate
+    assert len(logged(out)) == 4 and (out / "model.safetensors").is_file()
