@@ -65,14 +65,6 @@ ResumeOpt = Annotated[Optional[str], typer.Option(
     "--resume", metavar="CHECKPOINT", rich_help_panel=SHORTCUTS,
     help="Continue from a checkpoint directory (resume_from_checkpoint).")]
 
-# Flag -> recipe key.
-FLAG_FIELDS = {
-    "--model": "model_name_or_path", "--reward-model": "reward_model_name_or_path", "--dataset": "dataset_name",
-    "--output-dir": "output_dir", "--max-steps": "max_steps", "--seed": "seed",
-    "--gather": "ds3_gather_for_generation", "--offload-optimizer": "offload_optimizer",
-    "--offload-params": "offload_params", "--nvme-path": "nvme_path", "--num-processes": "num_processes",
-    "--accelerate-config": "accelerate_config", "--resume": "resume_from_checkpoint",
-}
 
 def train(
     ctx: typer.Context,
@@ -98,11 +90,18 @@ def train(
     """Shared body of `rlhf ppo`, `rlhf rloo`, `rlhf online-dpo` (the command name picks the algorithm)."""
     from rlhf_cli.config.resolve import RunRequest, resolve
 
-    given = [model, reward_model, dataset, output_dir, max_steps, seed, gather,
-             offload_optimizer and offload_optimizer.value, offload_params and offload_params.value,
-             nvme_path, num_processes, accelerate_config, resume]
-    flags = {name: ("--no-gather" if value is False and flag == "--gather" else flag, value)
-             for (flag, name), value in zip(FLAG_FIELDS.items(), given) if value is not None}
+    given = {  # recipe key -> (the flag as typed, its value)
+        "model_name_or_path": ("--model", model), "reward_model_name_or_path": ("--reward-model", reward_model),
+        "dataset_name": ("--dataset", dataset), "output_dir": ("--output-dir", output_dir),
+        "max_steps": ("--max-steps", max_steps), "seed": ("--seed", seed),
+        "ds3_gather_for_generation": ("--gather" if gather else "--no-gather", gather),
+        "offload_optimizer": ("--offload-optimizer", offload_optimizer and offload_optimizer.value),
+        "offload_params": ("--offload-params", offload_params and offload_params.value),
+        "nvme_path": ("--nvme-path", nvme_path), "num_processes": ("--num-processes", num_processes),
+        "accelerate_config": ("--accelerate-config", accelerate_config),
+        "resume_from_checkpoint": ("--resume", resume),
+    }
+    flags = {name: (flag, value) for name, (flag, value) in given.items() if value is not None}
     algorithm = ctx.info_name.replace("-", "_")
     with fail_on_user_errors():
         if json_ and not dry_run:

@@ -226,6 +226,11 @@ class _Resolver:
         setting = self.settings.get(name)
         return setting.value if setting else self.fields[name].default
 
+    def explicit(self, name: str) -> Any:
+        """The value the recipe or a flag gave, or None: the accelerate config's own value then stands."""
+        setting = self.settings.get(name)
+        return setting.value if setting else None
+
     def default_output_dir(self) -> None:
         if "output_dir" not in self.settings:
             stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -261,8 +266,8 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         AccelerateChoices(
             user_config=resolver.value("accelerate_config"),
             num_processes=resolver.value("num_processes"),
-            offload_optimizer=resolver.settings.get("offload_optimizer") and resolver.value("offload_optimizer"),
-            offload_params=resolver.settings.get("offload_params") and resolver.value("offload_params"),
+            offload_optimizer=resolver.explicit("offload_optimizer"),
+            offload_params=resolver.explicit("offload_params"),
             nvme_path=resolver.value("nvme_path"),
             gather=resolver.value("ds3_gather_for_generation"),
             zero3={name: s.value for name, s in resolver.settings.items()
