@@ -19,7 +19,7 @@ def main(argv: list[str]) -> None:
     from rlhf_cli.rank.record import write_rank_record
     from rlhf_cli.rank.zero3 import install_no_gather_fix
 
-    install_no_gather_fix()
+    install_no_gather_fix(required=inputs.trainer.get("ds3_gather_for_generation") is False)
     trainer = BUILDERS[algorithm](inputs)
     trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
     trainer.save_model(trainer.args.output_dir)

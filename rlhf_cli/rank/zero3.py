@@ -47,27 +47,30 @@ def param_coordinator(engine: Any) -> Any | None:
     return getter() if getter is not None else None
 
 
-def invalidate_trace(engine: Any) -> bool:
-    """Make the next forward re-record its fetch trace; True if there was a trace to drop."""
+def invalidate_trace(engine: Any) -> None:
+    """Make the next forward re-record its fetch trace."""
     coordinator = param_coordinator(engine)
     if coordinator is None:
-        return False
+        return
     if not (hasattr(coordinator, "is_invalid_trace") and hasattr(coordinator, "_invalidate_trace")):
         raise Zero3InternalsChanged(
             f"DeepSpeed's ZeRO-3 parameter coordinator changed ({_versions()}); rlhf's --no-gather fix was "
             f"written for {TESTED_WITH}. Use --gather, or install the tested versions.")
-    if coordinator.is_invalid_trace():
-        return False
-    coordinator._invalidate_trace()
-    return True
+    if not coordinator.is_invalid_trace():  # invalidating twice raises
+        coordinator._invalidate_trace()
 
 
-def install_no_gather_fix() -> None:
-    """Wrap TRL's generation context so that no-gather generation leaves no stale trace behind."""
+def install_no_gather_fix(required: bool) -> None:
+    """Wrap TRL's generation context so that no-gather generation leaves no stale trace behind.
+
+    `required`: the run generates without gathering, so a TRL without the wrapped function is an error.
+    """
     import trl.models.utils as trl_model_utils
 
     original = getattr(trl_model_utils, "_unwrap_model_for_generation", None)
     if original is None:
+        if not required:
+            return
         raise Zero3InternalsChanged(
             f"trl.models.utils._unwrap_model_for_generation is gone ({_versions()}); rlhf's --no-gather fix was "
             f"written for {TESTED_WITH}. Use --gather, or install the tested versions.")
