@@ -27,6 +27,9 @@ ALIASES = {"gather": "ds3_gather_for_generation"}
 MODEL_FIELDS = ("model_name_or_path", "reward_model_name_or_path", "value_model_name_or_path")
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 RECIPE_FILE = "recipe.yaml"
+# Keys naming something that must already exist: what it is, and whether it is a directory.
+EXISTING_PATHS = {"accelerate_config": ("file", False), "nvme_path": ("directory", True),
+                  "resume_from_checkpoint": ("checkpoint directory", True)}
 
 
 @dataclass(frozen=True)
@@ -133,16 +136,11 @@ class _Resolver:
             return None
         if field.name in MODEL_FIELDS or field.name == "dataset_name":
             return self._local_or_hub(field.name, value, where, base_dirs)
-        if field.name in ("accelerate_config", "nvme_path"):
+        if field.name in EXISTING_PATHS:
             path = self._find(value, base_dirs)
-            if path is None:
-                self.problems.append(f"{where}: `{field.name}`: {value} does not exist")
-                return value
-            return str(path)
-        if field.name == "resume_from_checkpoint":
-            path = self._find(value, base_dirs)
-            if path is None or not path.is_dir():
-                self.problems.append(f"{where}: `{field.name}`: checkpoint directory {value} not found")
+            kind, must_be_dir = EXISTING_PATHS[field.name]
+            if path is None or (must_be_dir and not path.is_dir()):
+                self.problems.append(f"{where}: `{field.name}`: {kind} {value} not found")
                 return value
             return str(path)
         if field.name == "output_dir":

@@ -93,9 +93,9 @@ def install_no_gather_fix(required: bool) -> None:
 def apply_zero3_settings(config: Any, knobs: dict[str, int]) -> None:
     """Put the recipe's stage3_* values into the DeepSpeed config the trainer will build its engine from."""
     plugin = getattr(config, "deepspeed_plugin", None)
-    if not knobs or plugin is None:
-        return
-    plugin.deepspeed_config.setdefault("zero_optimization", {}).update(knobs)
+    given = {name: value for name, value in knobs.items() if value is not None}  # null: DeepSpeed's default
+    if given and plugin is not None:
+        plugin.deepspeed_config.setdefault("zero_optimization", {}).update(given)
 
 
 # -- probe ------------------------------------------------------------------------------------------
