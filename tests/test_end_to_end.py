@@ -29,8 +29,10 @@ def rlhf(command: str, out: Path, *args: str, env: dict[str, str] | None = None)
     argv = [sys.executable, "-m", "rlhf_cli", command, "-r", str(recipe), "-o", str(out), *args]
     for pair in SMALL_BUCKETS:
         argv += ["--set", pair]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=480,
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=480,
                           env={**os.environ, "RLHF_PROBE_GENERATION": "1", **(env or {})})
+    print(done.stdout[-4000:], done.stderr[-8000:], sep="\n")  # shown by pytest when a later assertion fails
+    return done
 
 
 @pytest.mark.parametrize("gather", [True, False], ids=["gather", "no-gather"])

@@ -30,6 +30,7 @@ def ppo(out: Path, *args: str, sets: tuple[str, ...] = SMALL_BUCKETS) -> subproc
         argv += ["--set", pair]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=480,
                           env={**os.environ, "RLHF_PROBE_GENERATION": "1"})
+    print(done.stdout[-4000:], done.stderr[-8000:], sep="\n")  # shown by pytest when a later assertion fails
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return done
 
