@@ -36,6 +36,18 @@ NvmePathOpt = Annotated[Optional[str], typer.Option(
 NumProcessesOpt = Annotated[Optional[int], typer.Option(
     "--num-processes", metavar="N", rich_help_panel=LAUNCH, show_default=False,
     help="Processes (GPUs) in total. Default: the recipe's, else the accelerate config's.")]
+NumMachinesOpt = Annotated[Optional[int], typer.Option(
+    "--num-machines", metavar="N", rich_help_panel=LAUNCH, show_default=False,
+    help="Machines in the job. Default: the recipe's, SLURM's or torchrun's, else 1.")]
+MachineRankOpt = Annotated[Optional[int], typer.Option(
+    "--machine-rank", metavar="N", rich_help_panel=LAUNCH, show_default=False,
+    help="This machine's rank (0 starts the rendezvous). Default: from SLURM or torchrun.")]
+MainProcessIpOpt = Annotated[Optional[str], typer.Option(
+    "--main-process-ip", metavar="HOST", rich_help_panel=LAUNCH,
+    help="Address of machine rank 0. Default: the first SLURM host, or MASTER_ADDR.")]
+MainProcessPortOpt = Annotated[Optional[int], typer.Option(
+    "--main-process-port", metavar="PORT", rich_help_panel=LAUNCH, show_default=False,
+    help="Rendezvous port on machine rank 0. Default: MASTER_PORT, else free (1 machine) or 29500.")]
 AccelerateConfigOpt = Annotated[Optional[str], typer.Option(
     "--accelerate-config", metavar="PATH", rich_help_panel=LAUNCH,
     help="Start from your accelerate config instead of the bundled ZeRO-3 one; flags still apply.")]
@@ -74,6 +86,10 @@ def train(
     offload_params: OffloadParamsOpt = None,
     nvme_path: NvmePathOpt = None,
     num_processes: NumProcessesOpt = None,
+    num_machines: NumMachinesOpt = None,
+    machine_rank: MachineRankOpt = None,
+    main_process_ip: MainProcessIpOpt = None,
+    main_process_port: MainProcessPortOpt = None,
     accelerate_config: AccelerateConfigOpt = None,
     model: ModelOpt = None,
     reward_model: RewardModelOpt = None,
@@ -98,6 +114,9 @@ def train(
         "offload_optimizer": ("--offload-optimizer", offload_optimizer and offload_optimizer.value),
         "offload_params": ("--offload-params", offload_params and offload_params.value),
         "nvme_path": ("--nvme-path", nvme_path), "num_processes": ("--num-processes", num_processes),
+        "num_machines": ("--num-machines", num_machines), "machine_rank": ("--machine-rank", machine_rank),
+        "main_process_ip": ("--main-process-ip", main_process_ip),
+        "main_process_port": ("--main-process-port", main_process_port),
         "accelerate_config": ("--accelerate-config", accelerate_config),
         "resume_from_checkpoint": ("--resume", resume),
     }

@@ -21,6 +21,7 @@ BUNDLED_CONFIG = "deepspeed_zero3.yaml"
 class AccelerateChoices:
     user_config: str | None = None
     num_processes: int | None = None
+    machines: dict[str, Any] = field(default_factory=dict)  # num_machines, machine_rank, main_process_ip/port
     offload_optimizer: str | None = None  # None: keep what the config file says
     offload_params: str | None = None
     nvme_path: str | None = None
@@ -46,6 +47,23 @@ def is_zero3(config: dict[str, Any]) -> bool:
     return config.get("distributed_type") == "DEEPSPEED" and int(deepspeed.get("zero_stage", 0)) == 3
 
 
+def _check_machines(config: dict[str, Any], problems: list[str]) -> None:
+    """A layout accelerate can start: whole processes per machine, a valid rank, a reachable rank 0."""
+    machines = int(config.get("num_machines") or 1)
+    processes = int(config.get("num_processes") or 1)
+    rank = int(config.get("machine_rank") or 0)
+    if machines < 1:
+        problems.append(f"--num-machines must be at least 1, got {machines}")
+        return
+    if processes % machines:
+        problems.append(f"--num-processes {processes} is not a multiple of --num-machines {machines}; "
+                        "num_processes counts processes on all machines together")
+    if not 0 <= rank < machines:
+        problems.append(f"--machine-rank {rank} is outside 0..{machines - 1} for {machines} machine(s)")
+    if machines > 1 and not config.get("main_process_ip"):
+        problems.append(f"{machines} machines need --main-process-ip: the address of machine rank 0")
+
+
 def build_accelerate_config(choices: AccelerateChoices, problems: list[str]) -> tuple[dict[str, Any], list[str]]:
     """Return the accelerate config to write, and notes for the user; append problems."""
     notes: list[str] = []
@@ -57,6 +75,8 @@ def build_accelerate_config(choices: AccelerateChoices, problems: list[str]) -> 
         if choices.num_processes < 1:
             problems.append(f"--num-processes must be at least 1, got {choices.num_processes}")
         config["num_processes"] = choices.num_processes
+    config.update(choices.machines)
+    _check_machines(config, problems)
 
     if not is_zero3(config):
         what = f"{source} is not a DeepSpeed ZeRO-3 config"

@@ -26,6 +26,7 @@ from rlhf_cli.errors import ConfigError
 ALIASES = {"gather": "ds3_gather_for_generation"}
 MODEL_FIELDS = ("model_name_or_path", "reward_model_name_or_path", "value_model_name_or_path")
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+MACHINE_FIELDS = ("num_machines", "machine_rank", "main_process_ip", "main_process_port")
 RECIPE_FILE = "recipe.yaml"
 # Keys naming something that must already exist: what it is, and whether it is a directory.
 EXISTING_PATHS = {"accelerate_config": ("file", False), "nvme_path": ("directory", True),
@@ -264,6 +265,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         AccelerateChoices(
             user_config=resolver.value("accelerate_config"),
             num_processes=resolver.value("num_processes"),
+            machines={name: resolver.explicit(name) for name in MACHINE_FIELDS if resolver.explicit(name) is not None},
             offload_optimizer=resolver.explicit("offload_optimizer"),
             offload_params=resolver.explicit("offload_params"),
             nvme_path=resolver.value("nvme_path"),
