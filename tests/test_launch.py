@@ -28,8 +28,8 @@ def smoke_run(tmp_path: Path, **flags):
 def test_launch_command_is_accelerate_starting_the_rank_module(tmp_path: Path) -> None:
     launch = launch_command(smoke_run(tmp_path), python="/usr/bin/python3")
     out = tmp_path / "out"
-    assert launch.argv == ["/usr/bin/python3", "-m", "accelerate.commands.launch",
-                           "--config_file", f"{out}/accelerate_config.yaml",
+    assert launch.argv == ["/usr/bin/python3", "-m", "rlhf_cli.launch.agent",
+                           "--config_file", f"{out}/accelerate_config.yaml", "--machine_rank", "0",
                            "-m", "rlhf_cli.rank", "rloo", f"{out}/recipe.yaml"]
     assert launch.env["DS_ACCELERATOR"] == "cpu"
 
@@ -66,12 +66,12 @@ def stop(*_):
 signal.signal(signal.SIGTERM, stop)
 time.sleep(60)
 """
-    monkeypatch.setattr(runner, "launch_command", lambda run: Launch([sys.executable, "-c", rank], {}))
+    monkeypatch.setattr(runner, "launch_command", lambda run, verbosity: Launch([sys.executable, "-c", rank], {}))
     run = smoke_run(tmp_path)
     threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
     started = time.monotonic()
-    code = runner.launch(run)
-    assert code == 7 and marker.read_text() == "term"
+    outcome = runner.launch(run)
+    assert outcome.exit_code == 7 and outcome.status == "interrupted" and marker.read_text() == "term"
     assert time.monotonic() - started < 30
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # our handler is gone again
 
@@ -79,8 +79,9 @@ time.sleep(60)
 @pytest.mark.parametrize("signum", [signal.SIGKILL])
 def test_a_rank_killed_by_a_signal_gives_128_plus_signal(tmp_path: Path, monkeypatch, signum: int) -> None:
     rank = f"import os; os.kill(os.getpid(), {int(signum)})"
-    monkeypatch.setattr(runner, "launch_command", lambda run: Launch([sys.executable, "-c", rank], {}))
-    assert runner.launch(smoke_run(tmp_path)) == 128 + signum
+    monkeypatch.setattr(runner, "launch_command", lambda run, verbosity: Launch([sys.executable, "-c", rank], {}))
+    outcome = runner.launch(smoke_run(tmp_path))
+    assert outcome.exit_code == 128 + signum and outcome.status == "failed" and outcome.failure is None
 
 
 def test_launch_sh_is_runnable_bash(tmp_path: Path) -> None:

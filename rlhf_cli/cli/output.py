@@ -10,10 +10,13 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.panel import Panel
 from rich.table import Table
 
 from rlhf_cli.config.resolve import ResolvedRun
 from rlhf_cli.errors import RlhfError
+from rlhf_cli.launch.runner import Outcome
+from rlhf_cli.metrics import headline
 
 stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)
@@ -77,6 +80,7 @@ def _accelerate_table(run: ResolvedRun) -> Table:
     table.add_column("value")
     deepspeed = run.accelerate.get("deepspeed_config") or {}
     rows = {key: run.accelerate.get(key) for key in ("distributed_type", "num_processes", "num_machines",
+                                                      "machine_rank", "main_process_ip", "main_process_port",
                                                       "mixed_precision", "use_cpu")}
     rows.update({f"deepspeed_config.{key}": value for key, value in deepspeed.items()})
     for key, value in rows.items():
@@ -93,3 +97,69 @@ def print_run_human(run: ResolvedRun) -> None:
     stdout.print("[bold]launch[/]")
     stdout.print(launch_command(run).shell(), highlight=False, markup=False)
     print_notes(run)
+
+
+def _precision(run: ResolvedRun) -> str:
+    return "bf16" if run.value("bf16") else "fp16" if run.value("fp16") else "fp32"
+
+
+def print_header(run: ResolvedRun) -> None:
+    """The run at a glance, before the ranks start talking."""
+    deepspeed = run.accelerate.get("deepspeed_config") or {}
+    rows = {
+        "policy": run.value("model_name_or_path"),
+        "reward": ", ".join(filter(None, [run.value("reward_model_name_or_path"), *(run.value("reward_funcs") or [])])),
+        "value model": run.value("value_model_name_or_path") if run.algorithm == "ppo" else None,
+        "dataset": run.value("dataset_name"),
+        "processes": f"{run.accelerate.get('num_processes')} on {run.accelerate.get('num_machines') or 1} machine(s)",
+        "ZeRO": f"stage {deepspeed.get('zero_stage', '-')}, "
+                + ("gather to generate" if run.value("ds3_gather_for_generation") else "generate from shards")
+                + f", offload optimizer: {deepspeed.get('offload_optimizer_device', 'none')}"
+                + f", params: {deepspeed.get('offload_param_device', 'none')}",
+        "precision": _precision(run) + (" (CPU)" if run.cpu_only else ""),
+        "steps": run.value("max_steps") if (run.value("max_steps") or 0) > 0 else None,
+        "resume": run.value("resume_from_checkpoint"),
+        "output": str(run.output_dir),
+    }
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="cyan", no_wrap=True)
+    grid.add_column(overflow="fold")
+    for key, value in rows.items():
+        if value not in (None, ""):
+            grid.add_row(key, str(value))
+    stderr.print(Panel(grid, title=f"rlhf {run.algorithm.replace('_', '-')}", title_align="left", expand=False))
+
+
+def _summary_table(outcome: Outcome) -> Table:
+    summary = outcome.summary or {}
+    table = Table(title=f"run {outcome.status}", title_justify="left", show_header=False)
+    table.add_column(style="cyan", no_wrap=True)
+    table.add_column()
+    table.add_row("steps", f"{summary.get('global_step')}/{summary.get('max_steps')}")
+    table.add_row("wall time", f"{outcome.wall_seconds:.0f} s")
+    if summary.get("steps_per_second"):
+        table.add_row("steps/s", f"{summary['steps_per_second']:.3g} (loading and saving included)")
+    for label, value in headline(outcome.summary["algorithm"], summary.get("final_metrics") or {}):
+        table.add_row(label, f"{value:.4g}")
+    table.add_row("saved", str(summary.get("saved")))
+    return table
+
+
+def print_outcome(outcome: Outcome, run: ResolvedRun, quiet: bool) -> None:
+    """How the ranks ended: the summary, what to do after a preemption, or the failing rank's error once."""
+    if outcome.status in ("finished", "preempted") and outcome.summary and not quiet:
+        stderr.print(_summary_table(outcome))
+    if outcome.status == "preempted":
+        stderr.print(f"Preempted: checkpoint {outcome.preempted['checkpoint']} is complete; continue with "
+                     f"--resume auto --output-dir {run.output_dir} (exit code {outcome.exit_code})",
+                     style="yellow", highlight=False, markup=False)
+    elif outcome.status == "failed":
+        failure = outcome.failure
+        where = run.output_dir / "ranks"
+        message = (f"rank {failure['rank']} on {failure['hostname']} failed: {failure['type']}: {failure['message']} "
+                   f"(traceback above and in {where}/rank-{failure['rank']}.error.json)" if failure else
+                   f"the ranks exited with code {outcome.exit_code} without recording an error (killed?); "
+                   "see the output above")
+        stderr.print(f"[bold red]Error:[/] {message}", highlight=False)
+    elif outcome.status == "interrupted":
+        stderr.print(f"Interrupted (exit code {outcome.exit_code})", style="yellow")

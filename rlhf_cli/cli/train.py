@@ -7,7 +7,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from rlhf_cli.cli.output import fail_on_user_errors, print_notes, print_run_human, print_run_json
+from rlhf_cli.cli.output import (
+    fail_on_user_errors,
+    print_header,
+    print_notes,
+    print_outcome,
+    print_run_human,
+    print_run_json,
+)
 
 
 class Offload(str, Enum):
@@ -72,10 +79,14 @@ SetOpt = Annotated[Optional[list[str]], typer.Option(
 DryRunOpt = Annotated[bool, typer.Option(
     "--dry-run", help="Print the resolved run (trainer, accelerate config, launch command) and exit.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="With --dry-run: print it as one JSON object.")]
+QuietOpt = Annotated[bool, typer.Option(
+    "--quiet", "-q", help="Errors only: no header, progress or summary; other ranks silent.")]
+VerboseOpt = Annotated[bool, typer.Option(
+    "--verbose", "-v", help="Everything every rank and library prints, as well as rlhf's own output.")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Reuse an output dir that already holds a run.")]
 ResumeOpt = Annotated[Optional[str], typer.Option(
-    "--resume", metavar="CHECKPOINT", rich_help_panel=SHORTCUTS,
-    help="Continue from a checkpoint directory (resume_from_checkpoint).")]
+    "--resume", metavar="CHECKPOINT|auto", rich_help_panel=SHORTCUTS,
+    help="Continue from a checkpoint directory, or `auto`: the newest complete one in --output-dir, if any.")]
 
 
 def train(
@@ -101,6 +112,8 @@ def train(
     dry_run: DryRunOpt = False,
     json_: JsonOpt = False,
     overwrite: OverwriteOpt = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
     resume: ResumeOpt = None,
 ) -> None:
     """Shared body of `rlhf ppo`, `rlhf rloo`, `rlhf online-dpo` (the command name picks the algorithm)."""
@@ -125,11 +138,17 @@ def train(
     with fail_on_user_errors():
         if json_ and not dry_run:
             raise typer.BadParameter("--json goes with --dry-run", param_hint="--json")
+        if quiet and verbose:
+            raise typer.BadParameter("--quiet and --verbose contradict each other; keep one", param_hint="--quiet")
         run = resolve(RunRequest(algorithm, recipe, flags, tuple(set_ or ()), overwrite))
         if dry_run:
             print_run_json(run) if json_ else print_run_human(run)
             return
+    if not quiet:
         print_notes(run)
-        from rlhf_cli.launch.runner import launch
+        print_header(run)
+    from rlhf_cli.launch.runner import launch
 
-        raise typer.Exit(launch(run))
+    outcome = launch(run, verbosity="quiet" if quiet else "verbose" if verbose else "normal")
+    print_outcome(outcome, run, quiet)
+    raise typer.Exit(outcome.exit_code)

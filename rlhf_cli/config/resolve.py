@@ -9,14 +9,17 @@ from __future__ import annotations
 import difflib
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from rlhf_cli.checkpoints import incomplete_reason, newest_complete_checkpoint
 from rlhf_cli.config.accelerate import AccelerateChoices, build_accelerate_config
 from rlhf_cli.config.checks import check_ppo, check_reward_model
+from rlhf_cli.config.cluster import detect_layout
 from rlhf_cli.config.fields import Field, FieldTypeError, catalogue, coerce, trl_reward_functions
 from rlhf_cli.config.legacy import IGNORED_BY_TRL, LEGACY_KEYS
 from rlhf_cli.config.recipe import Recipe, load_recipe
@@ -28,6 +31,7 @@ MODEL_FIELDS = ("model_name_or_path", "reward_model_name_or_path", "value_model_
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 MACHINE_FIELDS = ("num_machines", "machine_rank", "main_process_ip", "main_process_port")
 RECIPE_FILE = "recipe.yaml"
+RESUME_AUTO = "auto"
 # Keys naming something that must already exist: what it is, and whether it is a directory.
 EXISTING_PATHS = {"accelerate_config": ("file", False), "nvme_path": ("directory", True),
                   "resume_from_checkpoint": ("checkpoint directory", True)}
@@ -137,6 +141,8 @@ class _Resolver:
             return None
         if field.name in MODEL_FIELDS or field.name == "dataset_name":
             return self._local_or_hub(field.name, value, where, base_dirs)
+        if field.name == "resume_from_checkpoint" and value == RESUME_AUTO:
+            return value  # found once the output dir is known
         if field.name in EXISTING_PATHS:
             path = self._find(value, base_dirs)
             kind, must_be_dir = EXISTING_PATHS[field.name]
@@ -195,6 +201,13 @@ class _Resolver:
         for key, value in recipe.values.items():
             self.put(key, value, "recipe", recipe.where(key), bases)
 
+    def apply_environment(self, environ: Mapping[str, str]) -> None:
+        """A scheduler's layout (SLURM, torchrun-style) beats the recipe's; flags still beat it."""
+        layout = detect_layout(environ)
+        for name, (value, variable) in layout.values.items():
+            self.settings[name] = Setting(value, f"env {variable}")
+        self.notes.extend(layout.notes)
+
     def apply_command_line(self) -> None:
         bases = (self.cwd,)
         for name, (flag, value) in self.request.flags.items():
@@ -231,14 +244,42 @@ class _Resolver:
         return setting.value if setting else None
 
     def default_output_dir(self) -> None:
-        if "output_dir" not in self.settings:
+        if self.value("output_dir") is None:  # unset, or `output_dir: null`
             stamp = time.strftime("%Y%m%d-%H%M%S")
             path = self.cwd / "runs" / f"{self.request.algorithm.replace('_', '-')}-{stamp}"
             self.settings["output_dir"] = Setting(str(path), "default")
 
+    def find_resume_point(self) -> None:
+        """`auto`: the newest whole checkpoint in the output dir; a given one: check that it is whole."""
+        setting = self.settings.get("resume_from_checkpoint")
+        if setting is None or setting.value is None:
+            return
+        if setting.value != RESUME_AUTO:
+            reason = incomplete_reason(Path(setting.value))
+            if reason and "manifest" not in reason:
+                self.problems.append(f"--resume {setting.value}: {reason}; pass an earlier checkpoint")
+            elif reason:
+                self.notes.append(f"warning: --resume {setting.value}: {reason}; resuming from it as given")
+            return
+        if self.settings["output_dir"].source == "default":
+            self.problems.append("--resume auto looks for checkpoints in the output dir, and the default "
+                                 "runs/ALGO-TIME is new every time: pass --output-dir DIR")
+            return
+        output_dir = Path(self.value("output_dir"))
+        point = newest_complete_checkpoint(output_dir)
+        self.notes.extend(f"warning: --resume auto: skipping {line}" for line in point.skipped)
+        if point.checkpoint is None:
+            self.notes.append(f"--resume auto: no complete checkpoint in {output_dir}; starting from the beginning")
+            self.settings["resume_from_checkpoint"] = Setting(None, f"{setting.source} auto: nothing to resume")
+        else:
+            self.notes.append(f"--resume auto: continuing from {point.checkpoint}")
+            self.settings["resume_from_checkpoint"] = Setting(str(point.checkpoint), f"{setting.source} auto")
+
     def check_output_dir(self) -> None:
         output_dir = Path(self.value("output_dir"))
-        resuming = self.value("resume_from_checkpoint") is not None
+        resuming = "resume_from_checkpoint" in self.settings  # also `--resume auto` with nothing to resume yet
+        if (self.value("machine_rank") or 0) > 0:
+            return  # machine rank 0 owns the output dir; the others join its run
         if (output_dir / RECIPE_FILE).exists() and not (self.request.overwrite or resuming):
             self.problems.append(
                 f"output dir {output_dir} already holds a run; choose another --output-dir or pass --overwrite")
@@ -249,18 +290,22 @@ def _cuda_present() -> bool:
     return any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia/version"))
 
 
-def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None = None) -> ResolvedRun:
+def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None = None,
+            environ: Mapping[str, str] | None = None) -> ResolvedRun:
     """Validate everything; raise ConfigError listing every problem at once."""
+    environ = os.environ if environ is None else environ
     resolver = _Resolver(request, (cwd or Path.cwd()).resolve())
     recipe = load_recipe(request.recipe) if request.recipe else None
     if recipe is not None:
         resolver.apply_recipe(recipe)
+    resolver.apply_environment(environ)
     resolver.apply_command_line()
     resolver.check_required()
     check_reward_model(resolver.value("reward_model_name_or_path"), resolver.problems)
     resolver.default_output_dir()
+    resolver.find_resume_point()
     resolver.check_output_dir()
-    cpu_only = not (_cuda_present() if cuda is None else cuda) or os.environ.get("DS_ACCELERATOR") == "cpu"
+    cpu_only = not (_cuda_present() if cuda is None else cuda) or environ.get("DS_ACCELERATOR") == "cpu"
     accelerate, accelerate_notes = build_accelerate_config(
         AccelerateChoices(
             user_config=resolver.value("accelerate_config"),

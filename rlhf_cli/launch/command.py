@@ -11,6 +11,9 @@ from rlhf_cli.config.resolve import RECIPE_FILE, ResolvedRun
 
 ACCELERATE_FILE = "accelerate_config.yaml"
 LAUNCH_SCRIPT = "launch.sh"
+# Seconds the ranks get to checkpoint after a preemption signal before torch's agent kills them.
+PREEMPTION_GRACE_SECONDS = 300
+VERBOSITIES = ("quiet", "normal", "verbose")
 
 
 @dataclass(frozen=True)
@@ -23,15 +26,36 @@ class Launch:
         return " ".join(assignments + [shlex.join(self.argv)])
 
 
-def launch_command(run: ResolvedRun, python: str = sys.executable) -> Launch:
-    """accelerate's launcher starting `python -m rlhf_cli.rank ALGORITHM RECIPE` on every rank."""
-    run_dir = run.output_dir
+def machine_rank(run: ResolvedRun) -> int:
+    return int(run.accelerate.get("machine_rank") or 0)
+
+
+def run_files_dir(run: ResolvedRun) -> Path:
+    """Where this machine's launch files go: the output dir on machine 0, which owns it; machines of a
+    multi-node job share the output dir, so the others keep theirs apart (and never look like a run)."""
+    rank = machine_rank(run)
+    return run.output_dir if rank == 0 else run.output_dir / "machines" / f"machine-{rank}"
+
+
+def launch_command(run: ResolvedRun, python: str = sys.executable, verbosity: str = "normal") -> Launch:
+    """accelerate's launcher starting `python -m rlhf_cli.rank ALGORITHM RECIPE` on every rank of this machine."""
+    run_dir = run_files_dir(run)
     argv = [
-        python, "-m", "accelerate.commands.launch",
+        python, "-m", "rlhf_cli.launch.agent",  # accelerate launch, without its own failure traceback
         "--config_file", str(run_dir / ACCELERATE_FILE),
+        # The shared config file holds the job's layout; which machine this is goes on the command line.
+        "--machine_rank", str(machine_rank(run)),
         "-m", "rlhf_cli.rank", run.algorithm, str(run_dir / RECIPE_FILE),
     ]
-    env = {"TRL_EXPERIMENTAL_SILENCE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        "TRL_EXPERIMENTAL_SILENCE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "RLHF_OUTPUT": verbosity,
+        # torch's agent passes SIGTERM on to the ranks, which checkpoint; SIGUSR1 (SLURM's usual warning)
+        # would kill the agent itself unless it handles it too.
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(PREEMPTION_GRACE_SECONDS),
+    }
     if run.cpu_only:
         env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed would otherwise look for CUDA and fail
     return Launch(argv, env)

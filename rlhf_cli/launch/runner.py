@@ -1,18 +1,41 @@
-"""Start a resolved run: write its record, start the ranks, forward signals, return their exit code."""
+"""Start a resolved run: write its record, start the ranks, pass signals on, and say how it ended."""
 
 from __future__ import annotations
 
+import json
 import os
+import platform
 import signal
 import socket
 import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from rlhf_cli.config.resolve import RECIPE_FILE, ResolvedRun
-from rlhf_cli.launch.command import ACCELERATE_FILE, LAUNCH_SCRIPT, launch_command, launch_script
+from rlhf_cli.launch.command import (ACCELERATE_FILE, LAUNCH_SCRIPT, launch_command, launch_script, machine_rank,
+                                     run_files_dir)
+from rlhf_cli.run_dir import EXIT_PREEMPTED, FIRST_FAILURE_FILE, PREEMPTED_FILE, RANKS_DIR, RUN_FILE, SUMMARY_FILE
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+VERSIONED = ("torch", "transformers", "trl", "deepspeed", "accelerate", "datasets", "rlhf")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the ranks ended, read from what they left in the output dir."""
+
+    exit_code: int
+    status: str  # finished | preempted | failed | interrupted
+    summary: dict[str, Any] | None = None  # summary.json
+    failure: dict[str, Any] | None = None  # the first failing rank's error record
+    preempted: dict[str, Any] | None = None  # preempted.json
+    wall_seconds: float = 0.0
 
 
 def _free_port() -> int:
@@ -21,38 +44,114 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def write_run_files(run: ResolvedRun, accelerate: dict[str, Any]) -> None:
+def _write_atomic(path: Path, text: str) -> None:
+    """Machines of one job may write the same file at once: each writes its own temporary, then renames."""
+    temporary = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+def _versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in VERSIONED:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def write_run_files(run: ResolvedRun, accelerate: dict[str, Any], verbosity: str = "normal") -> None:
     """The resolved recipe, the accelerate config and launch.sh, in the output dir, before any rank starts."""
-    run_dir = run.output_dir
+    run_dir = run_files_dir(run)
     run_dir.mkdir(parents=True, exist_ok=True)
     header = f"# Resolved by rlhf from {run.recipe or 'flags'}; a valid recipe for `rlhf {run.algorithm}`.\n"
-    (run_dir / RECIPE_FILE).write_text(header + yaml.safe_dump(run.recipe_values(), sort_keys=True))
-    (run_dir / ACCELERATE_FILE).write_text(yaml.safe_dump(accelerate, sort_keys=True))
+    _write_atomic(run_dir / RECIPE_FILE, header + yaml.safe_dump(run.recipe_values(), sort_keys=True))
+    shared = {key: value for key, value in accelerate.items() if key != "machine_rank"}
+    _write_atomic(run_dir / ACCELERATE_FILE, yaml.safe_dump(shared, sort_keys=True))
     script = run_dir / LAUNCH_SCRIPT
-    script.write_text(launch_script(launch_command(run), Path.cwd()))
+    _write_atomic(script, launch_script(launch_command(run, verbosity=verbosity), Path.cwd()))
     script.chmod(0o755)
 
 
-def launch(run: ResolvedRun) -> int:
-    """Run the ranks to the end; Ctrl-C or SIGTERM is passed on to them. Returns their exit code."""
+def _run_record(run: ResolvedRun, accelerate: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
+        "cwd": str(Path.cwd()),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "launcher_host": socket.gethostname(),
+        "versions": _versions(),
+        "layout": {key: accelerate.get(key) for key in
+                   ("num_machines", "num_processes", "main_process_ip", "main_process_port")},
+    }
+
+
+def _clear_previous_outcome(run_dir: Path) -> None:
+    """A resumed run reuses the output dir: the last attempt's ending must not be read as this one's."""
+    for stale in (run_dir / PREEMPTED_FILE, run_dir / SUMMARY_FILE, run_dir / FIRST_FAILURE_FILE,
+                  *(run_dir / RANKS_DIR).glob("rank-*.error.json")):
+        stale.unlink(missing_ok=True)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _first_failure(run_dir: Path) -> dict[str, Any] | None:
+    records = [record for path in sorted((run_dir / RANKS_DIR).glob("rank-*.error.json"))
+               if (record := _read_json(path))]
+    return min(records, key=lambda record: (not record.get("first"), record.get("time", 0)), default=None)
+
+
+def outcome(run_dir: Path, code: int, signals: list[int], wall_seconds: float) -> Outcome:
+    summary, preempted = _read_json(run_dir / SUMMARY_FILE), _read_json(run_dir / PREEMPTED_FILE)
+    if preempted is not None:
+        return Outcome(EXIT_PREEMPTED, "preempted", summary, None, preempted, wall_seconds)
+    if code == 0:
+        return Outcome(0, "finished", summary, None, None, wall_seconds)
+    failure = _first_failure(run_dir)
+    status = "interrupted" if signals and failure is None else "failed"
+    return Outcome(code, status, summary, failure, None, wall_seconds)
+
+
+def launch(run: ResolvedRun, verbosity: str = "normal") -> Outcome:
+    """Run this machine's ranks to the end; signals are passed on to them. Says how they ended."""
     accelerate = dict(run.accelerate)
-    if accelerate.get("num_machines", 1) == 1 and "main_process_port" not in accelerate:
+    if int(accelerate.get("num_machines") or 1) == 1 and not accelerate.get("main_process_port"):
         accelerate["main_process_port"] = _free_port()  # two runs on one node must not collide
-    write_run_files(run, accelerate)
-    command = launch_command(run)
+    run_dir = run.output_dir
+    write_run_files(run, accelerate, verbosity)
+    if machine_rank(run) == 0:
+        _clear_previous_outcome(run_dir)
+        _write_atomic(run_dir / RUN_FILE, json.dumps(_run_record(run, accelerate), indent=2) + "\n")
+    command = launch_command(run, verbosity=verbosity)
+    started = time.monotonic()
     # The ranks get their own process group, so a terminal's Ctrl-C reaches them once, through us.
     ranks = subprocess.Popen(command.argv, env={**os.environ, **command.env}, start_new_session=True)
-    forwarded: list[int] = []
+    received: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:
-        forwarded.append(signum)
-        # A second interrupt means "stop now".
-        os.killpg(ranks.pid, signal.SIGKILL if len(forwarded) > 1 else signum)
+        received.append(signum)
+        # A second Ctrl-C means "stop now"; SIGTERM and SIGUSR1 ask the ranks to checkpoint and stop.
+        interrupts = received.count(signal.SIGINT)
+        os.killpg(ranks.pid, signal.SIGKILL if signum == signal.SIGINT and interrupts > 1 else signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
         code = ranks.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return 128 - code if code < 0 else code
+    code = 128 - code if code < 0 else code
+    result = outcome(run_dir, code, received, time.monotonic() - started)
+    if machine_rank(run) == 0:
+        record = _read_json(run_dir / RUN_FILE) or {}
+        record.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), status=result.status,
+                      exit_code=result.exit_code, wall_seconds=round(result.wall_seconds, 1),
+                      ranks=[_read_json(path) for path in sorted((run_dir / RANKS_DIR).glob("rank-[0-9]*.json"))
+                             if not path.name.endswith(".error.json")])
+        _write_atomic(run_dir / RUN_FILE, json.dumps(record, indent=2) + "\n")
+    return result

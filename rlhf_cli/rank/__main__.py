@@ -6,27 +6,57 @@ It reads the resolved recipe the launcher wrote and never sees the user's comman
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from rlhf_cli.rank.inputs import RankInputs
+from rlhf_cli.run_dir import EXIT_PREEMPTED
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str]) -> int:
+    started = time.monotonic()
     algorithm, recipe_path = argv
     inputs = RankInputs.read(algorithm, Path(recipe_path))
+    output_dir = Path(inputs.trainer["output_dir"])
 
-    from rlhf_cli.rank.builders import BUILDERS
-    from rlhf_cli.rank.record import write_rank_record
-    from rlhf_cli.rank.zero3 import install_no_gather_fix
+    from rlhf_cli.rank.lifecycle import (
+        CheckpointAndStop,
+        CompleteCheckpoints,
+        StopRequest,
+        failures_recorded,
+        global_rank,
+        write_preempted,
+    )
+    from rlhf_cli.rank.progress import output_mode, quiet_libraries, use_progress
 
-    install_no_gather_fix(required=inputs.trainer.get("ds3_gather_for_generation") is False)
-    trainer = BUILDERS[algorithm](inputs)
-    trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
-    trainer.save_model(trainer.args.output_dir)
-    trainer.save_state()  # trainer_state.json: the logged metrics of every step
-    write_rank_record(trainer)
-    trainer.accelerator.wait_for_everyone()
+    stop = StopRequest(output_dir)
+    stop.install()  # before loading models: a job can be preempted while it loads
+    with failures_recorded(output_dir):
+        quiet_libraries(output_mode(), is_rank_zero=global_rank() == 0)
+        from rlhf_cli.rank.builders import BUILDERS
+        from rlhf_cli.rank.record import write_rank_record, write_summary
+        from rlhf_cli.rank.zero3 import install_no_gather_fix
+
+        install_no_gather_fix(required=inputs.trainer.get("ds3_gather_for_generation") is False)
+        trainer = BUILDERS[algorithm](inputs)
+        use_progress(trainer, algorithm)
+        stopper = CheckpointAndStop(stop, trainer.accelerator)
+        trainer.add_callback(stopper)
+        trainer.add_callback(CompleteCheckpoints(trainer.accelerator))
+        trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
+        write_rank_record(trainer)
+        if stopper.stopped_at is not None:
+            if trainer.accelerator.is_main_process:
+                write_preempted(output_dir, stopper.stopped_at, stop.signal_name)
+            write_summary(trainer, algorithm, "preempted", time.monotonic() - started)
+            trainer.accelerator.wait_for_everyone()
+            return EXIT_PREEMPTED
+        trainer.save_model(trainer.args.output_dir)
+        trainer.save_state()  # trainer_state.json: the logged metrics of every step
+        write_summary(trainer, algorithm, "finished", time.monotonic() - started)
+        trainer.accelerator.wait_for_everyone()
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

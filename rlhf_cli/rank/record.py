@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 from pathlib import Path
 from typing import Any
 
 from rlhf_cli.rank.zero3 import GenerationProbe
-
-RANKS_DIR = "ranks"
+from rlhf_cli.run_dir import RANKS_DIR, SUMMARY_FILE
 
 
 def write_rank_record(trainer: Any) -> Path:
@@ -18,6 +18,8 @@ def write_rank_record(trainer: Any) -> Path:
     calls = GenerationProbe.calls
     record = {
         "rank": accelerator.process_index,
+        "local_rank": accelerator.local_process_index,
+        "machine_rank": int(os.environ.get("GROUP_RANK", "0")),  # set by torch's elastic launcher
         "world_size": accelerator.num_processes,
         "hostname": socket.gethostname(),
         "ds3_gather_for_generation": trainer.args.ds3_gather_for_generation,
@@ -32,3 +34,28 @@ def write_rank_record(trainer: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path
+
+
+
+def write_summary(trainer: Any, algorithm: str, status: str, wall_seconds: float) -> None:
+    """`summary.json` (rank 0): how the run ended, its pace and its last logged metrics."""
+    if not trainer.accelerator.is_main_process:
+        return
+    state = trainer.state
+    step_logs = [entry for entry in state.log_history if "train_runtime" not in entry]
+    output_dir = Path(trainer.args.output_dir)
+    resumed = trainer.args.resume_from_checkpoint
+    first_step = int(Path(resumed).name.rpartition("-")[2]) if resumed else 0
+    summary = {
+        "algorithm": algorithm,
+        "status": status,
+        "global_step": state.global_step,
+        "max_steps": state.max_steps,
+        "resumed_from_step": first_step,
+        "wall_seconds": round(wall_seconds, 1),  # this launch: loading, training and saving
+        "steps_per_second": round((state.global_step - first_step) / wall_seconds, 4) if wall_seconds else None,
+        "final_metrics": {key: value for key, value in (step_logs[-1] if step_logs else {}).items()
+                          if isinstance(value, (int, float))},
+        "saved": str(output_dir if status == "finished" else output_dir / f"checkpoint-{state.global_step}"),
+    }
+    (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")

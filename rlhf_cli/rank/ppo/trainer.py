@@ -204,6 +204,8 @@ class PPOTrainer(Trainer):
             if self.control.should_save:
                 self._save_checkpoint(model, trial=None)
                 self.control = self.callback_handler.on_save(args, self.state, self.control)
+            if self.control.should_training_stop:
+                break
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
 
     def _optimise(self, model: nn.Module, rollout: dict[str, torch.Tensor]) -> dict[str, float]:

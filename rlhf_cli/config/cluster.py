@@ -1,0 +1,85 @@
+"""The job layout a cluster already decided: SLURM's variables, or torchrun-style ones.
+
+Inside an allocation the scheduler knows how many machines there are, which one this is, and who
+is first; asking users to repeat it in flags invites a mismatch. Pure: reads a mapping of variables.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ClusterLayout:
+    values: dict[str, tuple[int | str, str]] = field(default_factory=dict)  # recipe key -> (value, variable)
+    notes: tuple[str, ...] = ()
+
+
+def first_host(nodelist: str) -> str:
+    """`gpu[03-05,09],cpu1` -> `gpu03`: the first host of a SLURM node list."""
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not match:
+        return nodelist
+    prefix, ranges = match.groups()
+    if not ranges:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def _gpus_per_node(environ: Mapping[str, str]) -> tuple[int, str] | None:
+    for name in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
+        value = environ.get(name, "").rpartition(":")[2]  # `h100:4` or `4`
+        if value.isdigit():
+            return int(value), name
+    return None
+
+
+def _slurm(environ: Mapping[str, str]) -> ClusterLayout:
+    values: dict[str, tuple[int | str, str]] = {}
+    notes = []
+    machines = int(environ["SLURM_NNODES"])
+    values["num_machines"] = (machines, "SLURM_NNODES")
+    if environ.get("SLURM_NODEID", "").isdigit():
+        values["machine_rank"] = (int(environ["SLURM_NODEID"]), "SLURM_NODEID")
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if nodelist:
+        values["main_process_ip"] = (first_host(nodelist), "SLURM_JOB_NODELIST")
+    gpus = _gpus_per_node(environ)
+    if gpus:
+        values["num_processes"] = (gpus[0] * machines, f"{gpus[1]} x SLURM_NNODES")
+    if machines > 1 and "SLURM_STEP_ID" not in environ:
+        notes.append(f"warning: this SLURM job has {machines} nodes but rlhf is not running under srun: start it "
+                     "with `srun --ntasks-per-node=1 rlhf ...` so that every node starts its share of the ranks")
+    elif environ.get("SLURM_NTASKS_PER_NODE", "1") not in ("1", ""):
+        notes.append("warning: SLURM_NTASKS_PER_NODE is not 1: rlhf starts every rank of a node itself, so run "
+                     "one rlhf per node (srun --ntasks-per-node=1)")
+    return ClusterLayout(values, tuple(notes))
+
+
+def _torchrun(environ: Mapping[str, str]) -> ClusterLayout:
+    """MASTER_ADDR/MASTER_PORT/NODE_RANK and NNODES (or WORLD_SIZE, counted in machines) as set per machine."""
+    values: dict[str, tuple[int | str, str]] = {}
+    machines = next(((environ[name], name) for name in ("NNODES", "WORLD_SIZE") if environ.get(name, "").isdigit()),
+                    None)
+    if machines:
+        values["num_machines"] = (int(machines[0]), machines[1])
+    if environ.get("NODE_RANK", "").isdigit():
+        values["machine_rank"] = (int(environ["NODE_RANK"]), "NODE_RANK")
+    if environ.get("MASTER_ADDR"):
+        values["main_process_ip"] = (environ["MASTER_ADDR"], "MASTER_ADDR")
+    return ClusterLayout(values)
+
+
+def detect_layout(environ: Mapping[str, str]) -> ClusterLayout:
+    """What the environment says about the job; SLURM first, MASTER_PORT from either."""
+    if environ.get("SLURM_JOB_ID") and environ.get("SLURM_NNODES", "").isdigit():
+        layout = _slurm(environ)
+    elif environ.get("MASTER_ADDR"):
+        layout = _torchrun(environ)
+    else:
+        return ClusterLayout()
+    if environ.get("MASTER_PORT", "").isdigit():
+        layout.values["main_process_port"] = (int(environ["MASTER_PORT"]), "MASTER_PORT")
+    return layout

@@ -1,0 +1,37 @@
+"""`accelerate launch`, ending with an exit code instead of a traceback of its own.
+
+When a rank fails, that rank has already printed its error once (see rlhf_cli.rank.lifecycle);
+accelerate and torch's elastic agent would add two more tracebacks saying only that it failed.
+Usage is exactly accelerate's: `python -m rlhf_cli.launch.agent [accelerate launch args]`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def _exit_code(code: int) -> int:
+    return 128 - code if code < 0 else code  # a rank killed by signal N: 128+N, as a shell reports it
+
+
+def main(argv: list[str]) -> int:
+    from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    args = launch_command_parser().parse_args(argv)
+    try:
+        launch_command(args)
+    except ChildFailedError as failed:
+        _, failure = failed.get_first_failure()
+        return _exit_code(failure.exitcode) or 1
+    except SignalException as stopped:
+        return 128 + int(stopped.sigval)
+    except subprocess.CalledProcessError as failed:
+        return _exit_code(failed.returncode) or 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,124 @@
+"""How a rank ends: preempted with a checkpoint, failed with its error recorded once, or finished.
+
+Preemption: SLURM (and `kill`) send SIGTERM or SIGUSR1 before killing a job. A rank that gets one
+only notes it; at the end of the step every rank learns whether any rank got one (one all-reduce), so
+they all save the same checkpoint and stop together, then rank 0 leaves `preempted.json` for the launcher.
+
+Failure: the first rank to fail writes its traceback to `ranks/rank-N.error.json` and prints it; ranks
+that fail because of it (a peer gone mid-collective) record their error quietly and exit at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from rlhf_cli.checkpoints import write_manifest
+from rlhf_cli.run_dir import FIRST_FAILURE_FILE, PREEMPTED_FILE, RANKS_DIR
+
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def global_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+class StopRequest:
+    """Set by a preemption signal on this rank; read once per step by `CheckpointAndStop`."""
+
+    def __init__(self, output_dir: Path) -> None:
+        self.output_dir = output_dir
+        self.signal_name: str | None = None
+
+    def install(self) -> None:
+        for sig in PREEMPTION_SIGNALS:
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if (self.output_dir / FIRST_FAILURE_FILE).exists():
+            os._exit(1)  # another rank failed and the launcher is stopping us: nothing left to save
+        if self.signal_name is None and global_rank() == 0:
+            print(f"rlhf: {signal.Signals(signum).name} received: saving a checkpoint after this step, then stopping",
+                  file=sys.stderr, flush=True)
+        self.signal_name = signal.Signals(signum).name
+
+
+class CheckpointAndStop(TrainerCallback):
+    """After each step: if any rank was asked to stop, every rank saves a checkpoint and training ends."""
+
+    def __init__(self, request: StopRequest, accelerator: Any) -> None:
+        self.request = request
+        self.accelerator = accelerator
+        self.stopped_at: int | None = None
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> Any:
+        import torch
+
+        asked = torch.tensor([1.0 if self.request.signal_name else 0.0], device=self.accelerator.device)
+        if self.accelerator.reduce(asked, reduction="sum").item() > 0:
+            control.should_save = True
+            control.should_training_stop = True
+            self.stopped_at = state.global_step
+        return control
+
+
+class CompleteCheckpoints(TrainerCallback):
+    """Once every rank has written a checkpoint, rank 0 adds the manifest that marks it whole."""
+
+    def __init__(self, accelerator: Any) -> None:
+        self.accelerator = accelerator
+
+    def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> Any:
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            write_manifest(Path(args.output_dir) / f"checkpoint-{state.global_step}")
+        self.accelerator.wait_for_everyone()
+        return control
+
+
+def write_preempted(output_dir: Path, step: int, signal_name: str | None) -> None:
+    record = {"step": step, "checkpoint": str(output_dir / f"checkpoint-{step}"), "signal": signal_name,
+              "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    (output_dir / PREEMPTED_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _claim_first_failure(output_dir: Path) -> bool:
+    """True for exactly one failing rank: the first to create the marker (O_EXCL)."""
+    marker = output_dir / FIRST_FAILURE_FILE
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+@contextmanager
+def failures_recorded(output_dir: Path) -> Iterator[None]:
+    """Turn an exception on this rank into an error record, one printed traceback per job, and exit 1."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - every failure of a rank ends the job the same way
+        rank = global_rank()
+        first = _claim_first_failure(output_dir)
+        text = traceback.format_exc()
+        record = {"rank": rank, "hostname": socket.gethostname(), "first": first,
+                  "type": type(error).__name__, "message": str(error).strip().splitlines()[0] if str(error) else "",
+                  "traceback": text, "time": time.time()}
+        (output_dir / RANKS_DIR / f"rank-{rank}.error.json").write_text(json.dumps(record, indent=2) + "\n")
+        if first:
+            print(f"rank {rank} on {record['hostname']} failed:\n{text}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # skip interpreter teardown: it can block in collectives whose peers are gone

@@ -1,0 +1,115 @@
+"""What rank 0 shows while training: a live bar in a terminal, one plain line per logging step in a log.
+
+It replaces transformers' tqdm bar and dict printing. The few numbers that matter per algorithm are
+picked from the logged metrics; everything is still in trainer_state.json and the configured loggers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from transformers import TrainerCallback
+
+from rlhf_cli.metrics import format_metrics
+
+OUTPUT_ENV = "RLHF_OUTPUT"  # quiet | normal | verbose, set by the launcher from --quiet / --verbose
+
+
+
+def output_mode() -> str:
+    return os.environ.get(OUTPUT_ENV, "normal")
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class TrainingProgress(TrainerCallback):
+    """Rank 0's view of training; `live` redraws a bar, otherwise each log is one line."""
+
+    def __init__(self, algorithm: str, live: bool | None = None) -> None:
+        self.algorithm = algorithm
+        self.live = sys.stdout.isatty() if live is None else live
+        self.progress: Any = None
+        self.task: Any = None
+        self.started = time.monotonic()
+        self.first_step = 0
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        self.started = time.monotonic()
+        self.first_step = state.global_step  # a resumed run's ETA counts only the steps done now
+        if not self.live:
+            return
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn(f"[bold]{self.algorithm.replace('_', '-')}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[metrics]}"),
+        )
+        self.task = self.progress.add_task("train", total=state.max_steps, completed=state.global_step, metrics="")
+        self.progress.start()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=state.global_step)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
+        metrics = format_metrics(self.algorithm, logs or {})
+        if not metrics:
+            return  # the end-of-training summary log; the launcher prints the summary
+        if self.progress is not None:
+            self.progress.update(self.task, completed=state.global_step, metrics=metrics)
+            return
+        elapsed = time.monotonic() - self.started
+        done = state.global_step - self.first_step
+        eta = elapsed / done * (state.max_steps - state.global_step) if done else 0.0
+        print(f"step {state.global_step}/{state.max_steps}  {metrics}  elapsed {_clock(elapsed)}  eta {_clock(eta)}",
+              flush=True)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+def quiet_libraries(mode: str, is_rank_zero: bool) -> None:
+    """Library chatter: rank 0 keeps warnings, other ranks (and --quiet) keep errors; --verbose keeps all."""
+    if mode == "verbose":
+        return
+    import logging
+    import warnings
+
+    import datasets
+    import transformers
+
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    # Deprecation notices inside torch, transformers and TRL are for their developers, not for a run's log.
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("once", category=UserWarning)
+    if mode == "quiet" or not is_rank_zero:
+        transformers.logging.set_verbosity_error()
+        datasets.logging.set_verbosity_error()
+        logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+        warnings.filterwarnings("ignore")
+
+
+def use_progress(trainer: Any, algorithm: str) -> None:
+    """Swap transformers' progress printing for ours (rank 0, unless --quiet)."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(PrinterCallback)
+    if trainer.accelerator.is_main_process and output_mode() != "quiet":
+        trainer.add_callback(TrainingProgress(algorithm))
