@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from rlhf_cli import __version__
-from rlhf_cli.cli import init, recipes, report
+from rlhf_cli.cli import doctor, init, recipes, report
 from rlhf_cli.cli.train import train
 
 app = typer.Typer(
@@ -48,7 +48,7 @@ for _name, (_help, _example) in TRAIN_COMMANDS.items():
 
 
 for _command, _example in ((recipes.recipes, recipes.EXAMPLE), (init.init, init.EXAMPLE),
-                          (report.report, report.EXAMPLE)):
+                          (doctor.doctor, doctor.EXAMPLE), (report.report, report.EXAMPLE)):
     app.command(epilog=f"Example: {_example}")(_command)
 
 
