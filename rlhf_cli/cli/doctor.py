@@ -11,15 +11,14 @@ from rich.table import Table
 
 from rlhf_cli.cli.output import stdout
 
-EXAMPLE = "rlhf doctor   (on the GPU node, before the first run; --json for scripts)"
+EXAMPLE = "rlhf doctor   (on the GPU node, before its first run)"
 STYLES = {"ok": "green", "warning": "yellow", "problem": "bold red"}
 
 
 def doctor(
     json_: Annotated[bool, typer.Option("--json", help="Print the checks as a JSON list, for scripts.")] = False,
 ) -> None:
-    """Check python, the pinned packages, GPUs, DeepSpeed's build tools and accelerator, and the hub.
-    Exits 1 if any check finds a problem."""
+    """Check python, pinned packages, GPUs, DeepSpeed's build tools and accelerator, the hub; exit 1 on a problem."""
     from rlhf_cli import doctor as checks
 
     found = checks.run_checks()

@@ -40,8 +40,7 @@ def report(
     out: Annotated[Optional[Path], typer.Option(
         "--out", "-o", metavar="PNG", help="Where to write the plot. Default: RUN_DIR/report.png.")] = None,
 ) -> None:
-    """Plot a run's training curves (reward, KL, loss; for PPO also value loss and clip fraction) to a PNG
-    and print the same numbers as a table."""
+    """Plot a run's curves (reward, KL, loss; PPO: value loss, clip fraction) to a PNG and print them as a table."""
     from rlhf_cli.report.metrics import load_metrics
     from rlhf_cli.report.plot import draw
 
