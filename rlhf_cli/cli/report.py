@@ -11,14 +11,15 @@ from rich.segment import Segments
 from rich.table import Table
 
 from rlhf_cli.cli.output import fail_on_user_errors, stderr, stdout
+from rlhf_cli.errors import RlhfError
+from rlhf_cli.report.metrics import RunMetrics, load_metrics, sample_rows
+from rlhf_cli.report.plot import draw
 
 EXAMPLE = "rlhf report runs/rloo-20250101-120000 --out rloo.png"
 TABLE_ROWS = 20
 
 
-def _table(metrics, title: str) -> Table:
-    from rlhf_cli.report.metrics import sample_rows
-
+def _table(metrics: RunMetrics, title: str) -> Table:
     names = [name for _, present in metrics.panels for name in present]
     rows = sample_rows(len(metrics.steps), TABLE_ROWS)
     shown = f"{len(rows)} of {len(metrics.steps)} logged steps, first and last included" \
@@ -41,9 +42,6 @@ def report(
         "--out", "-o", metavar="PNG", help="Where to write the plot. Default: RUN_DIR/report.png.")] = None,
 ) -> None:
     """Plot a run's curves (reward, KL, loss; PPO: value loss, clip fraction) to a PNG and print them as a table."""
-    from rlhf_cli.report.metrics import load_metrics
-    from rlhf_cli.report.plot import draw
-
     png = out or run_dir / "report.png"
     title = run_dir.resolve().name
     with fail_on_user_errors():
@@ -51,8 +49,6 @@ def report(
         try:
             draw(metrics, png, title)
         except OSError as error:
-            from rlhf_cli.errors import RlhfError
-
             raise RlhfError(f"{png}: cannot write the plot ({error.strerror})") from None
     table = _table(metrics, title)
     # Never cut numbers off: a table wider than the terminal (or a log file's 80 columns) is printed whole.

@@ -29,7 +29,7 @@ def _moving_average(values: list[float], window: int) -> list[float]:
 def draw(metrics: RunMetrics, out: Path, title: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     width, height = figure_pixels(len(metrics.panels))
     figure = Figure(figsize=(width / DPI, height / DPI), dpi=DPI, layout="constrained")
@@ -52,6 +52,7 @@ def draw(metrics: RunMetrics, out: Path, title: str) -> None:
                 axis.plot(steps, values, color=colour, linewidth=2, marker="o", markersize=4, label=name)
         axis.set_title(panel.title, fontsize=11, loc="left")
         axis.set_xlabel("step")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.grid(alpha=0.3)
         axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.4g}"))  # no offset text
         if panel.non_negative:  # from just below 0, so that a curve at 0 stays visible above the axis
