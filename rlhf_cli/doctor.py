@@ -127,7 +127,8 @@ def gpus() -> tuple[Gpu, ...]:
 def check_gpus() -> list[Check]:
     found = gpus()
     if not found:
-        return [Check("GPUs", WARNING, "CPU only: runs use DeepSpeed's CPU path")]
+        unseen = " (nvidia-smi lists none: is the driver loaded?)" if shutil.which("nvidia-smi") else ""
+        return [Check("GPUs", WARNING, f"CPU only: runs use DeepSpeed's CPU path{unseen}")]
     kinds = sorted({f"{gpu.name} ({gpu.memory_gib:.0f} GiB)" for gpu in found})
     return [Check("GPUs", OK, f"{len(found)}: {', '.join(kinds)}")]
 

@@ -98,6 +98,13 @@ def test_gpus_from_nvidia_smi_and_a_missing_cuda_compiler(monkeypatch, tmp_path:
                                                                                 str(tmp_path / "nvcc"))
 
 
+def test_an_nvidia_smi_that_lists_nothing_is_named(monkeypatch, tmp_path: Path) -> None:
+    _fake_tool(tmp_path, "nvidia-smi", "echo 'NVIDIA-SMI has failed' >&2; exit 9")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    [check] = doctor.check_gpus()
+    assert check.status == "warning" and "nvidia-smi lists none" in check.detail
+
+
 def test_the_accelerator_named_by_ds_accelerator(monkeypatch) -> None:
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     assert doctor.check_accelerator() == [doctor.Check("DeepSpeed accelerator", "ok", "cpu (DS_ACCELERATOR)")]
