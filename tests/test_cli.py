@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -139,13 +140,43 @@ HEAVY = ("torch", "transformers", "trl", "deepspeed", "datasets", "accelerate")
 
 @pytest.mark.parametrize("args", [["--help"], ["rloo", "--help"],
                                   ["rloo", "-r", "rloo/smoke", "--no-gather", "--dry-run", "--json"],
-                                  ["ppo", "-r", "ppo/smoke", "--no-gather", "--dry-run"]])
+                                  ["ppo", "-r", "ppo/smoke", "--no-gather", "--dry-run"],
+                                  ["recipes"], ["init", "online-dpo"]])
 def test_help_and_dry_run_import_nothing_heavy(args: list[str], tmp_path: Path) -> None:
     probe = ("import sys\nfrom rlhf_cli.cli.app import app\n"
              "try:\n    app(%r)\nexcept SystemExit:\n    pass\n"
              "print('HEAVY', [m for m in %r if m in sys.modules])" % (args, HEAVY))
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path)
     assert "HEAVY []" in done.stdout, done.stdout[-500:] + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("command", "words"), [("recipes", "--json"), ("init", "rloo --out FILE"),
+                                               ("doctor", "--json"), ("report", "RUN_DIR --out PNG")])
+def test_every_other_command_has_help_with_an_example(cli, command: str, words: str) -> None:
+    assert command in cli("--help").output
+    result = cli(command, "--help")
+    assert result.exit_code == 0
+    assert "Example: rlhf" in result.output
+    assert all(word.split()[0] in result.output for word in words.split() if word.startswith("--"))
+
+
+def test_bash_completion_completes_commands_and_choices(tmp_path: Path) -> None:
+    """What the script from `rlhf --show-completion bash` asks the program, answered without heavy imports."""
+    probe = ("import sys\nfrom rlhf_cli.cli.app import app\n"
+             "try:\n    app(prog_name='rlhf')\nexcept SystemExit:\n    pass\n"
+             "print('HEAVY', [m for m in %r if m in sys.modules])" % (HEAVY,))
+    answers = {}
+    for line, expected in (("rlhf re", "recipes report"), ("rlhf init ", "ppo rloo online-dpo"),
+                           ("rlhf rloo --offload-optimizer ", "none cpu nvme")):
+        env = {**os.environ, "_RLHF_COMPLETE": "complete_bash", "COMP_WORDS": line,
+               "COMP_CWORD": str(len(line.split(" ")) - 1)}
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env)
+        answers[line] = done.stdout.split()
+        assert answers[line] == [*expected.split(), "HEAVY", "[]"], done.stderr[-2000:]
+    script = subprocess.run([sys.executable, "-c", "from rlhf_cli.cli.app import app; app(prog_name='rlhf')",
+                             "--show-completion", "bash"], capture_output=True, text=True, cwd=tmp_path)
+    assert "_RLHF_COMPLETE=complete_bash" in script.stdout and "complete -o default -F _rlhf_completion rlhf" in \
+        script.stdout
 
 
 def test_console_script_is_installed() -> None:

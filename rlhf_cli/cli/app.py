@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from rlhf_cli import __version__
+from rlhf_cli.cli import doctor, init, recipes, report
 from rlhf_cli.cli.train import train
 
 app = typer.Typer(
@@ -44,6 +45,11 @@ TRAIN_COMMANDS = {
 
 for _name, (_help, _example) in TRAIN_COMMANDS.items():
     app.command(_name, help=_help, epilog=f"Example: {_example}")(train)
+
+
+for _command, _example in ((recipes.recipes, recipes.EXAMPLE), (init.init, init.EXAMPLE),
+                          (doctor.doctor, doctor.EXAMPLE), (report.report, report.EXAMPLE)):
+    app.command(epilog=f"Example: {_example}")(_command)
 
 
 def main() -> None:

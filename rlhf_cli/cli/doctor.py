@@ -1,0 +1,37 @@
+"""`rlhf doctor`: whether this machine is ready to run rlhf, one line per check."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from rlhf_cli.cli.output import stdout
+
+EXAMPLE = "rlhf doctor   (on the GPU node, before its first run)"
+STYLES = {"ok": "green", "warning": "yellow", "problem": "bold red"}
+
+
+def doctor(
+    json_: Annotated[bool, typer.Option("--json", help="Print the checks as a JSON list, for scripts.")] = False,
+) -> None:
+    """Check python, pinned packages, GPUs, DeepSpeed's build tools and accelerator, the hub; exit 1 on a problem."""
+    from rlhf_cli import doctor as checks
+
+    found = checks.run_checks()
+    problems = [check for check in found if check.status == checks.PROBLEM]
+    if json_:
+        print(json.dumps([asdict(check) for check in found], indent=2))
+    else:
+        table = Table.grid(padding=(0, 2))
+        for check in found:
+            table.add_row(f"[{STYLES[check.status]}]{check.status}[/]", f"[bold]{check.name}[/]", check.detail)
+        stdout.print(table, highlight=False)
+        warnings = sum(check.status == checks.WARNING for check in found)
+        counts = f"{len(problems)} problem{'s' * (len(problems) != 1)}, {warnings} warning{'s' * (warnings != 1)}"
+        stdout.print(counts, style="bold red" if problems else None, highlight=False)
+    if problems:
+        raise typer.Exit(1)

@@ -1,0 +1,37 @@
+"""`rlhf recipes`: the bundled recipes, one entry each."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.text import Text
+
+from rlhf_cli.cli.output import fail_on_user_errors, stdout
+
+EXAMPLE = "rlhf recipes, then: rlhf rloo -r rloo/smoke --dry-run"
+
+
+def recipes(
+    json_: Annotated[bool, typer.Option("--json", help="Print them as a JSON list, for scripts.")] = False,
+) -> None:
+    """List the bundled recipes: the name to pass to -r, the algorithm, the model and what each is for."""
+    from rlhf_cli.config.bundled import bundled_recipes
+
+    with fail_on_user_errors():
+        found = bundled_recipes()
+    if json_:
+        print(json.dumps([{"name": r.name, "algorithm": r.algorithm, "model": r.model, "purpose": r.purpose,
+                           "path": str(r.path)} for r in found], indent=2))
+        return
+    # Columns are padded by hand so that each purpose can take a line of its own and fit any terminal width.
+    columns = [("NAME (for -r)", [r.name for r in found]), ("ALGORITHM", [r.algorithm for r in found]),
+               ("MODEL", [r.model for r in found])]
+    widths = [max(len(title), *map(len, cells)) for title, cells in columns]
+    stdout.print(Text("  ".join(title.ljust(width) for (title, _), width in zip(columns, widths)).rstrip(),
+                      style="bold"))
+    for recipe in found:
+        stdout.print(Text.assemble((recipe.name.ljust(widths[0]), "cyan"), "  ",
+                                   recipe.algorithm.ljust(widths[1]), "  ", recipe.model))
+        stdout.print(Text(f"    {recipe.purpose}", style="dim"))

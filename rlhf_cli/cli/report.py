@@ -1,0 +1,57 @@
+"""`rlhf report`: a run's training curves as a PNG, and the same numbers as a table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.measure import Measurement
+from rich.segment import Segments
+from rich.table import Table
+
+from rlhf_cli.cli.output import fail_on_user_errors, stderr, stdout
+from rlhf_cli.errors import RlhfError
+from rlhf_cli.report.metrics import RunMetrics, load_metrics, sample_rows
+from rlhf_cli.report.plot import draw
+
+EXAMPLE = "rlhf report runs/rloo-20250101-120000 --out rloo.png"
+TABLE_ROWS = 20
+
+
+def _table(metrics: RunMetrics, title: str) -> Table:
+    names = [name for _, present in metrics.panels for name in present]
+    rows = sample_rows(len(metrics.steps), TABLE_ROWS)
+    shown = f"{len(rows)} of {len(metrics.steps)} logged steps, first and last included" \
+        if len(rows) < len(metrics.steps) else f"{len(rows)} logged steps"
+    table = Table(title=title, caption=f"{shown}; from {metrics.source}", title_justify="left",
+                  caption_justify="left")
+    table.add_column("step", justify="right", style="cyan")
+    for name in names:
+        table.add_column(name.replace("/", "/\n"), justify="right")
+    for row in rows:
+        values = (metrics.series[name][row] for name in names)
+        table.add_row(str(metrics.steps[row]), *("-" if value is None else f"{value:.4g}" for value in values))
+    return table
+
+
+def report(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run's output directory.",
+                                            show_default=False)],
+    out: Annotated[Optional[Path], typer.Option(
+        "--out", "-o", metavar="PNG", help="Where to write the plot. Default: RUN_DIR/report.png.")] = None,
+) -> None:
+    """Plot a run's curves (reward, KL, loss; PPO: value loss, clip fraction) to a PNG and print them as a table."""
+    png = out or run_dir / "report.png"
+    title = run_dir.resolve().name
+    with fail_on_user_errors():
+        metrics = load_metrics(run_dir)
+        try:
+            draw(metrics, png, title)
+        except OSError as error:
+            raise RlhfError(f"{png}: cannot write the plot ({error.strerror})") from None
+    table = _table(metrics, title)
+    # Never cut numbers off: a table wider than the terminal (or a log file's 80 columns) is printed whole.
+    width = max(stdout.width, Measurement.get(stdout, stdout.options.update_width(10**4), table).maximum)
+    stdout.print(Segments(stdout.render(table, stdout.options.update_width(width))))
+    stderr.print(f"Wrote {png}", highlight=False, markup=False)

@@ -1,0 +1,1 @@
+"""Reading a run's logged metrics and drawing its training curves."""
