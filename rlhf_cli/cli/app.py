@@ -45,6 +45,15 @@ TRAIN_COMMANDS = {
 for _name, (_help, _example) in TRAIN_COMMANDS.items():
     app.command(_name, help=_help, epilog=f"Example: {_example}")(train)
 
+plan_app = typer.Typer(
+    name="plan", no_args_is_help=True,
+    help="Will it fit? Per-GPU memory of a run for every gather/offload choice, before anything starts.")
+for _name in TRAIN_COMMANDS:
+    plan_app.command(_name, help=f"Plan `rlhf {_name}`: the same flags, nothing is started.",
+                     epilog=f"Example: rlhf plan {_name} -r {_name.replace('-', '_')}/pythia-12b-descriptiveness "
+                            "--gpu-memory 24GiB --num-gpus 4")(train)
+app.add_typer(plan_app)
+
 
 def main() -> None:
     app()
