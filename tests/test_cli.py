@@ -139,7 +139,8 @@ HEAVY = ("torch", "transformers", "trl", "deepspeed", "datasets", "accelerate")
 
 @pytest.mark.parametrize("args", [["--help"], ["rloo", "--help"],
                                   ["rloo", "-r", "rloo/smoke", "--no-gather", "--dry-run", "--json"],
-                                  ["ppo", "-r", "ppo/smoke", "--no-gather", "--dry-run"]])
+                                  ["ppo", "-r", "ppo/smoke", "--no-gather", "--dry-run"],
+                                  ["plan", "ppo", "-r", "ppo/smoke", "--gather", "auto"]])
 def test_help_and_dry_run_import_nothing_heavy(args: list[str], tmp_path: Path) -> None:
     probe = ("import sys\nfrom rlhf_cli.cli.app import app\n"
              "try:\n    app(%r)\nexcept SystemExit:\n    pass\n"

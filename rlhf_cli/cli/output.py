@@ -9,11 +9,13 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from rlhf_cli.config.resolve import ResolvedRun
 from rlhf_cli.errors import RlhfError
+from rlhf_cli.plan.memory import MARGIN
 
 if TYPE_CHECKING:
     from rlhf_cli.plan.estimate import Plan
@@ -80,22 +82,28 @@ def print_plan_compact(plan: Plan) -> None:
         stderr.print(f"plan: instead: {suggestion}", style=style, highlight=False, markup=False)
 
 
+def _count(params: int) -> str:
+    return next(f"{params / scale:.3g}{unit}" for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K"), (1, ""))
+                if params >= scale or unit == "")
+
+
 def _plan_table(run: ResolvedRun, plan: Plan) -> Table:
     assert plan.hardware is not None
     hardware = plan.hardware
-    table = Table(title=f"rlhf plan {run.algorithm.replace('_', '-')}: GiB per GPU, {hardware.total_gpus} GPU(s) "
-                        f"({hardware.source})", title_justify="left")
-    table.add_column("component", style="cyan", no_wrap=True)
+    table = Table(title=f"rlhf plan {run.algorithm.replace('_', '-')}: GiB per GPU on {hardware.total_gpus} GPU(s)",
+                  title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    table.add_column("", style="cyan", no_wrap=True)
     for column in plan.columns:
-        header = column.candidate.label.replace(", ", "\n") + (" *" if column.chosen else "")
-        table.add_column(header, justify="right", style="bold reverse" if column.chosen else None)
+        mode = "gather" if column.candidate.gather else "no-gather"
+        header = f"{mode}\n{column.candidate.offload_short}{' *' if column.chosen else ''}"
+        table.add_column(header, justify="right", no_wrap=True, style="bold reverse" if column.chosen else None)
     names = [part.name for part in plan.columns[0].components]
     for index, name in enumerate(names):
         table.add_row(name, *(_gib(column.components[index].gpu) for column in plan.columns))
     table.add_section()
-    table.add_row("peak (static + larger phase)", *(_gib(column.peak) for column in plan.columns), style="bold")
-    usable = _gib(int(hardware.gpu_memory * 0.9))
-    table.add_row(f"fits in {usable} (90%)", *("[green]yes[/]" if c.fits else "[red]no[/]" for c in plan.columns))
+    table.add_row("peak per GPU", *(_gib(column.peak) for column in plan.columns), style="bold")
+    usable = _gib(int(hardware.gpu_memory * (1 - MARGIN)))
+    table.add_row(f"fits in {usable}", *("[green]yes[/]" if c.fits else "[red]no[/]" for c in plan.columns))
     table.add_row("CPU per machine", *(_gib(column.cpu_per_machine) for column in plan.columns), style="dim")
     return table
 
@@ -110,10 +118,14 @@ def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
         return
     assert plan.work is not None
     stdout.print(_plan_table(run, plan))
-    models = "; ".join(f"{role.name} {role.path} {role.size.params / 1e9:.3g}B{' (trained)' if role.trained else ''}"
+    models = "; ".join(f"{role.name} {role.path} {_count(role.size.params)}{' (trained)' if role.trained else ''}"
                        for role in plan.roles)
     work = plan.work
-    stdout.print(f"models: {models}", highlight=False, markup=False)
+    lines = [f"GPU memory: {plan.hardware.source}; fits: peak at most {1 - MARGIN:.0%} of it",
+             "offload: none; opt = optimizer to CPU; opt+par = optimizer and parameters to CPU; * the run's own",
+             "peak = static rows + the larger of the gen and train rows", f"models: {models}"]
+    for line in lines:
+        stdout.print(line, highlight=False, markup=False)
     stdout.print(f"per GPU: generation batch {work.generation_batch} x ({work.prompt_length} prompt + "
                  f"{work.completion_length} completion tokens), training micro-batch {work.train_batch} x "
                  f"{work.train_sequence} tokens, {work.element_bytes}-byte elements, gradient checkpointing "

@@ -164,7 +164,9 @@ def _gather_flag(gather: bool | None, auto: str | None) -> tuple[str, bool | str
     """The flag as typed and its value: --gather, --no-gather, or --gather auto."""
     if auto is None:
         return ("--gather" if gather else "--no-gather", gather)
-    if gather is not True or auto != "auto":
+    if gather is True and auto != "auto":
+        raise typer.BadParameter(f"--gather takes no value but auto, got {auto!r}", param_hint="--gather")
+    if gather is not True:
         hint = "; did you mean --gather auto?" if auto == "auto" else ""
         raise typer.BadParameter(f"unexpected argument {auto!r}{hint}", param_hint="--gather")
     return ("--gather auto", "auto")

@@ -231,12 +231,16 @@ class _Resolver:
         setting = self.settings.get(name)
         return setting.value if setting else None
 
+    def outranks(self, name: str, other: str) -> bool:
+        """Whether `name` was set on the command line and `other` only by the recipe."""
+        return self.layers.get(name, ("",))[0] == "command line" and self.layers.get(other, ("",))[0] == "recipe"
+
     def check_gpu_memory(self) -> None:
         if self.value("gpu_memory") is not None:
             try:
                 parse_size(self.value("gpu_memory"))
             except SizeError as error:
-                self.problems.append(f"`gpu_memory`: {error}")
+                self.problems.append(f"{self.layers['gpu_memory'][1]}: `gpu_memory`: {error}")
 
     def default_output_dir(self) -> None:
         if "output_dir" not in self.settings:
@@ -273,7 +277,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     accelerate, accelerate_notes = build_accelerate_config(
         AccelerateChoices(
             user_config=resolver.value("accelerate_config"),
-            num_processes=resolver.value("num_processes"),
+            num_processes=None if resolver.outranks("num_gpus", "num_processes") else resolver.value("num_processes"),
             num_gpus=resolver.value("num_gpus"),
             machines={name: resolver.explicit(name) for name in MACHINE_FIELDS if resolver.explicit(name) is not None},
             offload_optimizer=resolver.explicit("offload_optimizer"),
@@ -291,6 +295,8 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     if resolver.problems:
         raise ConfigError(*resolver.problems)
     settings = dict(resolver.settings)
+    if "num_gpus" in settings:  # num_processes follows: the written recipe must agree with itself
+        settings["num_processes"] = Setting(accelerate.get("num_processes"), "num_gpus x num_machines")
     settings.setdefault("ds3_gather_for_generation",
                         Setting(resolver.fields["ds3_gather_for_generation"].default, "default"))
     if cpu_only:  # DeepSpeed's CPU path: fp32 (TRL turns bf16 on by default) over gloo

@@ -40,6 +40,13 @@ class Candidate:
                                 if where != "none")
         return f"{'gather' if self.gather else 'no-gather'}, {offload}"
 
+    @property
+    def offload_short(self) -> str:
+        """none, opt (optimizer to CPU), opt+par (optimizer and parameters to CPU), or the devices spelled out."""
+        names = {("none", "none"): "none", ("cpu", "none"): "opt", ("cpu", "cpu"): "opt+par"}
+        return names.get((self.offload_optimizer, self.offload_params),
+                         f"opt:{self.offload_optimizer} par:{self.offload_params}")
+
 
 @dataclass(frozen=True)
 class Role:
@@ -183,25 +190,25 @@ def components(inputs: _Inputs, candidate: Candidate) -> list[Component]:
                 params, role.size.largest_layer, hw.gpus_per_machine, hw.machines,
                 offload_optimizer=candidate.offload_optimizer != "none", offload_params=params_offloaded,
                 zero_init=inputs.zero_init)
-            rows.append(Component(f"{role.name}: model states", STATIC, gpu, cpu))
+            rows.append(Component(f"{role.name} states", STATIC, gpu, cpu))
         else:
             shard = memory.frozen_shard(params, size_bytes, hw.total_gpus)
-            rows.append(Component(f"{role.name}: frozen shard", STATIC, 0 if params_offloaded else shard,
+            rows.append(Component(f"{role.name} shard", STATIC, 0 if params_offloaded else shard,
                                   params * size_bytes // hw.machines if params_offloaded else 0))
-    rows.append(Component("CUDA context, buffers", STATIC, memory.CONTEXT_ALLOWANCE))
+    rows.append(Component("CUDA + buffers", STATIC, memory.CONTEXT_ALLOWANCE))
     policy, value = inputs.roles[0].size, inputs.role("value")
     engine = policy.params + (value.size.params if value else 0)  # PPO trains policy and value as one engine
-    rows.append(Component("generation: weights", GENERATION, memory.generation_weights(
+    rows.append(Component("gen weights", GENERATION, memory.generation_weights(
         engine, size_bytes, candidate.gather, inputs.max_live, inputs.prefetch_bucket)))
-    rows.append(Component("generation: KV cache", GENERATION, memory.kv_cache(
+    rows.append(Component("gen KV cache", GENERATION, memory.kv_cache(
         policy, work.generation_batch, work.prompt_length + work.completion_length, size_bytes)))
-    rows.append(Component("training: live params", TRAINING, memory.live_parameters(
+    rows.append(Component("train live params", TRAINING, memory.live_parameters(
         engine, size_bytes, inputs.max_live, inputs.prefetch_bucket)))
     trained = [role.size for role in inputs.roles if role.trained]
-    rows.append(Component("training: activations", TRAINING, sum(
+    rows.append(Component("train activations", TRAINING, sum(
         memory.activations(size, work.train_batch, work.train_sequence, size_bytes, work.gradient_checkpointing)
         for size in trained)))
-    rows.append(Component("training: logits", TRAINING, memory.logits(
+    rows.append(Component("train logits", TRAINING, memory.logits(
         max(work.train_batch, work.score_batch), work.train_sequence, policy.vocab)))
     return rows
 
