@@ -27,8 +27,9 @@ GatherOpt = Annotated[Optional[bool], typer.Option(
     help="Gather the whole policy on every GPU to generate (fast, needs memory), or generate from "
          "ZeRO-3 shards (fits, slower). [bold]--gather auto[/]: gather when the memory plan says it fits. "
          "Default: the recipe's, else TRL's (gather).")]
-# `--gather auto`: Typer flags take no value, so `auto` arrives as the one (hidden) positional argument.
-GatherAutoArg = Annotated[Optional[str], typer.Argument(hidden=True, show_default=False, metavar="")]
+# `--gather auto`: Typer flags take no value, so `auto` arrives as an extra argument (`ctx.args`); the
+# commands are registered with EXTRA_ARGS to allow it.
+EXTRA_ARGS = {"allow_extra_args": True}
 OffloadOptimizerOpt = Annotated[Optional[Offload], typer.Option(
     "--offload-optimizer", rich_help_panel=LAUNCH, show_default=False,
     help="Keep optimizer states on the GPU (none), in CPU memory or on NVMe.")]
@@ -92,7 +93,6 @@ def train(
     ctx: typer.Context,
     recipe: RecipeOpt = None,
     gather: GatherOpt = None,
-    gather_auto: GatherAutoArg = None,
     offload_optimizer: OffloadOptimizerOpt = None,
     offload_params: OffloadParamsOpt = None,
     nvme_path: NvmePathOpt = None,
@@ -129,7 +129,7 @@ def train(
         "model_name_or_path": ("--model", model), "reward_model_name_or_path": ("--reward-model", reward_model),
         "dataset_name": ("--dataset", dataset), "output_dir": ("--output-dir", output_dir),
         "max_steps": ("--max-steps", max_steps), "seed": ("--seed", seed),
-        "ds3_gather_for_generation": _gather_flag(gather, gather_auto),
+        "ds3_gather_for_generation": _gather_flag(gather, ctx.args),
         "offload_optimizer": ("--offload-optimizer", offload_optimizer and offload_optimizer.value),
         "offload_params": ("--offload-params", offload_params and offload_params.value),
         "nvme_path": ("--nvme-path", nvme_path), "num_processes": ("--num-processes", num_processes),
@@ -160,13 +160,13 @@ def train(
         raise typer.Exit(launch(run))
 
 
-def _gather_flag(gather: bool | None, auto: str | None) -> tuple[str, bool | str | None]:
+def _gather_flag(gather: bool | None, extra: list[str]) -> tuple[str, bool | str | None]:
     """The flag as typed and its value: --gather, --no-gather, or --gather auto."""
-    if auto is None:
+    if not extra:
         return ("--gather" if gather else "--no-gather", gather)
-    if gather is True and auto != "auto":
-        raise typer.BadParameter(f"--gather takes no value but auto, got {auto!r}", param_hint="--gather")
+    if gather is True and extra != ["auto"]:
+        raise typer.BadParameter(f"--gather takes no value but auto, got {' '.join(extra)!r}", param_hint="--gather")
     if gather is not True:
-        hint = "; did you mean --gather auto?" if auto == "auto" else ""
-        raise typer.BadParameter(f"unexpected argument {auto!r}{hint}", param_hint="--gather")
+        hint = "; did you mean --gather auto?" if "auto" in extra else ""
+        raise typer.BadParameter(f"unexpected argument {' '.join(extra)!r}{hint}", param_hint="--gather")
     return ("--gather auto", "auto")
