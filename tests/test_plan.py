@@ -320,3 +320,12 @@ def test_choose_gather_on_a_non_zero3_config_names_the_fix(tmp_path: Path) -> No
     assert not plan_run(run).known
     with pytest.raises(ConfigError, match="not DeepSpeed ZeRO-3.*pass --gather or --no-gather"):
         choose_gather(run)
+
+
+def test_gather_auto_in_a_recipe(tmp_path: Path) -> None:
+    recipe = write(tmp_path / "auto.yaml", (RECIPES / "rloo" / "smoke.yaml").read_text().replace(
+        "gather: true", "gather: auto").replace("../smoke/", f"{RECIPES}/smoke/"))
+    run = resolve(RunRequest("rloo", str(recipe), {"gpu_memory": ("--gpu-memory", "24GiB")}))
+    assert run.value("ds3_gather_for_generation") is True
+    source = run.settings["ds3_gather_for_generation"].source
+    assert source.startswith("rlhf plan: gathering needs") and source.endswith("of 24.0 GiB")

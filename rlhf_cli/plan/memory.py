@@ -6,8 +6,8 @@ forward/backward, activations, fp32 logits). What stays for the whole run is sta
 states of the trained models, the shards of the frozen ones, and a fixed allowance for the CUDA
 context and communication buffers. Peak per GPU = static + max(generation, training).
 
-Formulas (P parameters, L the largest layer's parameters, G GPUs in total, N machines, b bytes
-per 16-bit-or-not element as the run trains):
+Formulas (P parameters, L the largest layer's parameters, G GPUs in total, N machines, b bytes per
+element: 2 under bf16 or fp16 mixed precision, else the dtype's):
 - trained models: DeepSpeed's `estimate_zero3_model_states_mem_needs` (runtime/zero/stage3.py),
   which assumes mixed precision: no offload 4L + 18P/G on each GPU; optimizer offloaded 4L + 2P/G
   (CPU: 16P/N x 1.5); optimizer and parameters offloaded 4L (CPU: 18P/N x 1.5). With zero_init off
