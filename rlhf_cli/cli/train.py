@@ -149,6 +149,7 @@ def train(
         plan = plan_run(run)
         if planning:
             print_plan_table(run, plan, as_json=json_)
+            print_notes(run)
             return
         print_plan_compact(plan)
         if dry_run:
