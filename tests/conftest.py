@@ -39,3 +39,18 @@ def write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+@pytest.fixture
+def nothing_launches(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Any launch is recorded instead of started; the list holds the runs that would have started."""
+    from rlhf_cli.launch import runner
+
+    launched: list = []
+
+    def record(run, verbosity: str = "normal") -> runner.Outcome:
+        launched.append(run)
+        return runner.Outcome(0, "finished")
+
+    monkeypatch.setattr(runner, "launch", record)
+    return launched

@@ -11,18 +11,10 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, REPO, write
-from rlhf_cli.launch import runner
 
 TRAIN_COMMANDS = ("ppo", "rloo", "online-dpo")
+pytestmark = pytest.mark.usefixtures("nothing_launches")  # no test here starts ranks
 BUNDLED = sorted(RECIPES.glob("*/*.yaml"))
-
-
-@pytest.fixture(autouse=True)
-def nothing_launches(monkeypatch: pytest.MonkeyPatch) -> list:
-    """Any launch in these tests is recorded instead of started."""
-    launched: list = []
-    monkeypatch.setattr(runner, "launch", lambda run, verbosity: launched.append(run) or runner.Outcome(0, "finished"))
-    return launched
 
 
 def test_help_of_every_command(cli) -> None:
@@ -141,7 +133,8 @@ HEAVY = ("torch", "transformers", "trl", "deepspeed", "datasets", "accelerate")
 @pytest.mark.parametrize("args", [["--help"], ["rloo", "--help"],
                                   ["rloo", "-r", "rloo/smoke", "--no-gather", "--dry-run", "--json"],
                                   ["ppo", "-r", "ppo/smoke", "--no-gather", "--dry-run"],
-                                  ["recipes"], ["init", "online-dpo"]])
+                                  ["recipes"], ["init", "online-dpo"],
+                                  ["plan", "ppo", "-r", "ppo/smoke", "--gather", "auto"]])
 def test_help_and_dry_run_import_nothing_heavy(args: list[str], tmp_path: Path) -> None:
     probe = ("import sys\nfrom rlhf_cli.cli.app import app\n"
              "try:\n    app(%r)\nexcept SystemExit:\n    pass\n"

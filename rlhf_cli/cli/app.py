@@ -8,7 +8,7 @@ import typer
 
 from rlhf_cli import __version__
 from rlhf_cli.cli import doctor, init, recipes, report
-from rlhf_cli.cli.train import train
+from rlhf_cli.cli.train import EXTRA_ARGS, train
 
 app = typer.Typer(
     name="rlhf",
@@ -44,7 +44,17 @@ TRAIN_COMMANDS = {
 }
 
 for _name, (_help, _example) in TRAIN_COMMANDS.items():
-    app.command(_name, help=_help, epilog=f"Example: {_example}")(train)
+    app.command(_name, help=_help, epilog=f"Example: {_example}", context_settings=EXTRA_ARGS)(train)
+
+plan_app = typer.Typer(
+    name="plan", no_args_is_help=True,
+    help="Will it fit? Per-GPU memory of a run for every gather/offload choice, before anything starts.")
+for _name in TRAIN_COMMANDS:
+    plan_app.command(_name, help=f"Plan `rlhf {_name}`: the same flags, nothing is started.",
+                     context_settings=EXTRA_ARGS,
+                     epilog=f"Example: rlhf plan {_name} -r {_name.replace('-', '_')}/pythia-12b-descriptiveness "
+                            "--gpu-memory 24GiB --num-gpus 4")(train)
+app.add_typer(plan_app)
 
 
 for _command, _example in ((recipes.recipes, recipes.EXAMPLE), (init.init, init.EXAMPLE),

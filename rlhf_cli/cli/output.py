@@ -6,9 +6,10 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
@@ -17,6 +18,10 @@ from rlhf_cli.config.resolve import ResolvedRun
 from rlhf_cli.errors import RlhfError
 from rlhf_cli.launch.runner import Outcome
 from rlhf_cli.metrics import headline
+from rlhf_cli.plan.memory import MARGIN
+
+if TYPE_CHECKING:
+    from rlhf_cli.plan.estimate import Plan
 
 stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)
@@ -41,7 +46,7 @@ def print_notes(run: ResolvedRun) -> None:
         stderr.print(note, style=style, highlight=False, markup=False)
 
 
-def _run_dict(run: ResolvedRun) -> dict[str, Any]:
+def _run_dict(run: ResolvedRun, plan: Plan) -> dict[str, Any]:
     from rlhf_cli.launch.command import launch_command
 
     launch = launch_command(run)
@@ -56,11 +61,83 @@ def _run_dict(run: ResolvedRun) -> dict[str, Any]:
         "launch": {"argv": launch.argv, "env": launch.env, "command": launch.shell()},
         "sources": {name: setting.source for name, setting in run.settings.items()},
         "notes": list(run.notes),
+        "plan": plan.as_dict(),
     }
 
 
-def print_run_json(run: ResolvedRun) -> None:
-    print(json.dumps(_run_dict(run), indent=2, default=str))
+def print_run_json(run: ResolvedRun, plan: Plan) -> None:
+    print(json.dumps(_run_dict(run, plan), indent=2, default=str))
+
+
+def _gib(value: int) -> str:
+    return f"{value / 2**30:.1f}"
+
+
+def print_plan_compact(plan: Plan) -> None:
+    """The plan in a few lines on stderr, before a dry run's output and before every launch."""
+    if not plan.known:
+        stderr.print(f"plan: unknown: {plan.why_unknown}", style="dim", highlight=False, markup=False)
+        return
+    chosen = plan.chosen
+    style = "dim" if chosen is None or chosen.fits else "yellow"
+    stderr.print(f"plan: {plan.reason}", style=style, highlight=False, markup=False)
+    for suggestion in plan.suggestions:
+        stderr.print(f"plan: instead: {suggestion}", style=style, highlight=False, markup=False)
+
+
+def _count(params: int) -> str:
+    return next(f"{params / scale:.3g}{unit}" for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K"), (1, ""))
+                if params >= scale or unit == "")
+
+
+def _plan_table(run: ResolvedRun, plan: Plan) -> Table:
+    assert plan.hardware is not None
+    hardware = plan.hardware
+    table = Table(title=f"rlhf plan {run.algorithm.replace('_', '-')}: GiB per GPU on {hardware.total_gpus} GPU(s)",
+                  title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    table.add_column("", style="cyan", no_wrap=True)
+    for column in plan.columns:
+        mode = "gather" if column.candidate.gather else "no-gather"
+        header = f"{mode}\n{column.candidate.offload_short}{' *' if column.chosen else ''}"
+        table.add_column(header, justify="right", no_wrap=True, style="bold reverse" if column.chosen else None)
+    names = [part.name for part in plan.columns[0].components]
+    for index, name in enumerate(names):
+        table.add_row(name, *(_gib(column.components[index].gpu) for column in plan.columns))
+    table.add_section()
+    table.add_row("peak per GPU", *(_gib(column.peak) for column in plan.columns), style="bold")
+    usable = _gib(int(hardware.gpu_memory * (1 - MARGIN)))
+    table.add_row(f"fits in {usable}", *("[green]yes[/]" if c.fits else "[red]no[/]" for c in plan.columns))
+    table.add_row("CPU per machine", *(_gib(column.cpu_per_machine) for column in plan.columns), style="dim")
+    return table
+
+
+def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
+    """`rlhf plan`: one row per component, one column per configuration, the run's own marked with *."""
+    if as_json:
+        print(json.dumps(plan.as_dict(), indent=2))
+        return
+    if not plan.known:
+        stdout.print(f"plan: unknown: {plan.why_unknown}", highlight=False, markup=False)
+        return
+    assert plan.work is not None
+    stdout.print(_plan_table(run, plan))
+    models = "; ".join(f"{role.name} {role.path} {_count(role.size.params)}{' (trained)' if role.trained else ''}"
+                       for role in plan.roles)
+    work = plan.work
+    lines = [f"GPU memory: {plan.hardware.source}; fits: peak at most {1 - MARGIN:.0%} of it",
+             "offload: none; opt = optimizer to CPU; opt+par = optimizer and parameters to CPU; * the run's own",
+             "peak = static rows + the larger of the gen and train rows", f"models: {models}"]
+    for line in lines:
+        stdout.print(line, highlight=False, markup=False)
+    stdout.print(f"per GPU: generation batch {work.generation_batch} x ({work.prompt_length} prompt + "
+                 f"{work.completion_length} completion tokens), training micro-batch {work.train_batch} x "
+                 f"{work.train_sequence} tokens, {work.element_bytes}-byte elements, gradient checkpointing "
+                 f"{'on' if work.gradient_checkpointing else 'off'}", highlight=False, markup=False)
+    stdout.print(f"* the run's own: {plan.reason}", highlight=False, markup=False)
+    for line in plan.suggestions:
+        stdout.print(f"instead: {line}", highlight=False, markup=False)
+    for note in plan.notes:
+        stdout.print(f"note: {note}", style="yellow", highlight=False, markup=False)
 
 
 def _settings_table(run: ResolvedRun) -> Table:
@@ -103,7 +180,13 @@ def _precision(run: ResolvedRun) -> str:
     return "bf16" if run.value("bf16") else "fp16" if run.value("fp16") else "fp32"
 
 
-def print_header(run: ResolvedRun) -> None:
+def _plan_verdict(plan: Plan) -> str:
+    if not plan.known:
+        return f"unknown: {plan.why_unknown}"
+    return "\n".join([plan.reason, *(f"instead: {suggestion}" for suggestion in plan.suggestions)])
+
+
+def print_header(run: ResolvedRun, plan: Plan) -> None:
     """The run at a glance, before the ranks start talking."""
     deepspeed = run.accelerate.get("deepspeed_config") or {}
     rows = {
@@ -120,6 +203,7 @@ def print_header(run: ResolvedRun) -> None:
         "steps": run.value("max_steps") if (run.value("max_steps") or 0) > 0 else None,
         "resume": run.value("resume_from_checkpoint"),
         "output": str(run.output_dir),
+        "plan": _plan_verdict(plan),
     }
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="cyan", no_wrap=True)

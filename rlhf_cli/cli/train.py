@@ -7,14 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from rlhf_cli.cli.output import (
-    fail_on_user_errors,
-    print_header,
-    print_notes,
-    print_outcome,
-    print_run_human,
-    print_run_json,
-)
+from rlhf_cli.cli.output import (fail_on_user_errors, print_header, print_notes, print_outcome,
+                                 print_plan_compact, print_plan_table, print_run_human, print_run_json)
 
 
 class Offload(str, Enum):
@@ -31,7 +25,11 @@ RecipeOpt = Annotated[Optional[str], typer.Option(
 GatherOpt = Annotated[Optional[bool], typer.Option(
     "--gather/--no-gather", rich_help_panel=LAUNCH, show_default=False,
     help="Gather the whole policy on every GPU to generate (fast, needs memory), or generate from "
-         "ZeRO-3 shards (fits, slower). Default: the recipe's, else TRL's (gather).")]
+         "ZeRO-3 shards (fits, slower). [bold]--gather auto[/]: gather when the memory plan says it fits. "
+         "Default: the recipe's, else TRL's (gather).")]
+# `--gather auto`: Typer flags take no value, so `auto` arrives as an extra argument (`ctx.args`); the
+# commands are registered with EXTRA_ARGS to allow it.
+EXTRA_ARGS = {"allow_extra_args": True}
 OffloadOptimizerOpt = Annotated[Optional[Offload], typer.Option(
     "--offload-optimizer", rich_help_panel=LAUNCH, show_default=False,
     help="Keep optimizer states on the GPU (none), in CPU memory or on NVMe.")]
@@ -43,6 +41,12 @@ NvmePathOpt = Annotated[Optional[str], typer.Option(
 NumProcessesOpt = Annotated[Optional[int], typer.Option(
     "--num-processes", metavar="N", rich_help_panel=LAUNCH, show_default=False,
     help="Processes (GPUs) in total. Default: the recipe's, else the accelerate config's.")]
+NumGpusOpt = Annotated[Optional[int], typer.Option(
+    "--num-gpus", metavar="N", rich_help_panel=LAUNCH, show_default=False,
+    help="GPUs per machine: num_processes = N x machines. Default: num_processes.")]
+GpuMemoryOpt = Annotated[Optional[str], typer.Option(
+    "--gpu-memory", metavar="SIZE", rich_help_panel=LAUNCH,
+    help="Memory of each GPU for the memory plan (24GiB, 24GB, 24576MiB, bytes). Default: from nvidia-smi.")]
 NumMachinesOpt = Annotated[Optional[int], typer.Option(
     "--num-machines", metavar="N", rich_help_panel=LAUNCH, show_default=False,
     help="Machines in the job. Default: the recipe's, SLURM's or torchrun's, else 1.")]
@@ -78,7 +82,7 @@ SetOpt = Annotated[Optional[list[str]], typer.Option(
     help="Any other recipe key; VALUE is read as YAML (3e-6, true, \\[a, b]). Repeatable.")]
 DryRunOpt = Annotated[bool, typer.Option(
     "--dry-run", help="Print the resolved run (trainer, accelerate config, launch command) and exit.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="With --dry-run: print it as one JSON object.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="With --dry-run or rlhf plan: print it as one JSON object.")]
 QuietOpt = Annotated[bool, typer.Option(
     "--quiet", "-q", help="Errors only: no header, progress or summary; other ranks silent.")]
 VerboseOpt = Annotated[bool, typer.Option(
@@ -97,6 +101,8 @@ def train(
     offload_params: OffloadParamsOpt = None,
     nvme_path: NvmePathOpt = None,
     num_processes: NumProcessesOpt = None,
+    num_gpus: NumGpusOpt = None,
+    gpu_memory: GpuMemoryOpt = None,
     num_machines: NumMachinesOpt = None,
     machine_rank: MachineRankOpt = None,
     main_process_ip: MainProcessIpOpt = None,
@@ -116,17 +122,24 @@ def train(
     verbose: VerboseOpt = False,
     resume: ResumeOpt = None,
 ) -> None:
-    """Shared body of `rlhf ppo`, `rlhf rloo`, `rlhf online-dpo` (the command name picks the algorithm)."""
+    """Shared body of `rlhf ppo|rloo|online-dpo` and `rlhf plan ppo|rloo|online-dpo`.
+
+    The command name picks the algorithm; under `rlhf plan` the run is planned, not started.
+    """
     from rlhf_cli.config.resolve import RunRequest, resolve
+    from rlhf_cli.plan.estimate import plan_run
+
+    planning = ctx.parent is not None and ctx.parent.info_name == "plan"
 
     given = {  # recipe key -> (the flag as typed, its value)
         "model_name_or_path": ("--model", model), "reward_model_name_or_path": ("--reward-model", reward_model),
         "dataset_name": ("--dataset", dataset), "output_dir": ("--output-dir", output_dir),
         "max_steps": ("--max-steps", max_steps), "seed": ("--seed", seed),
-        "ds3_gather_for_generation": ("--gather" if gather else "--no-gather", gather),
+        "ds3_gather_for_generation": _gather_flag(gather, ctx.args),
         "offload_optimizer": ("--offload-optimizer", offload_optimizer and offload_optimizer.value),
         "offload_params": ("--offload-params", offload_params and offload_params.value),
         "nvme_path": ("--nvme-path", nvme_path), "num_processes": ("--num-processes", num_processes),
+        "num_gpus": ("--num-gpus", num_gpus), "gpu_memory": ("--gpu-memory", gpu_memory),
         "num_machines": ("--num-machines", num_machines), "machine_rank": ("--machine-rank", machine_rank),
         "main_process_ip": ("--main-process-ip", main_process_ip),
         "main_process_port": ("--main-process-port", main_process_port),
@@ -136,19 +149,37 @@ def train(
     flags = {name: (flag, value) for name, (flag, value) in given.items() if value is not None}
     algorithm = ctx.info_name.replace("-", "_")
     with fail_on_user_errors():
-        if json_ and not dry_run:
+        if json_ and not (dry_run or planning):
             raise typer.BadParameter("--json goes with --dry-run", param_hint="--json")
         if quiet and verbose:
             raise typer.BadParameter("--quiet and --verbose contradict each other; keep one", param_hint="--quiet")
         run = resolve(RunRequest(algorithm, recipe, flags, tuple(set_ or ()), overwrite))
+        plan = plan_run(run)
+        if planning:
+            print_plan_table(run, plan, as_json=json_)
+            print_notes(run)
+            return
         if dry_run:
-            print_run_json(run) if json_ else print_run_human(run)
+            print_plan_compact(plan)
+            print_run_json(run, plan) if json_ else print_run_human(run)
             return
     if not quiet:
         print_notes(run)
-        print_header(run)
+        print_header(run, plan)
     from rlhf_cli.launch.runner import launch
 
     outcome = launch(run, verbosity="quiet" if quiet else "verbose" if verbose else "normal")
     print_outcome(outcome, run, quiet)
     raise typer.Exit(outcome.exit_code)
+
+
+def _gather_flag(gather: bool | None, extra: list[str]) -> tuple[str, bool | str | None]:
+    """The flag as typed and its value: --gather, --no-gather, or --gather auto."""
+    if not extra:
+        return ("--gather" if gather else "--no-gather", gather)
+    if gather is True and extra != ["auto"]:
+        raise typer.BadParameter(f"--gather takes no value but auto, got {' '.join(extra)!r}", param_hint="--gather")
+    if gather is not True:
+        hint = "; did you mean --gather auto?" if "auto" in extra else ""
+        raise typer.BadParameter(f"unexpected argument {' '.join(extra)!r}{hint}", param_hint="--gather")
+    return ("--gather auto", "auto")

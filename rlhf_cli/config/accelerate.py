@@ -21,6 +21,7 @@ BUNDLED_CONFIG = "deepspeed_zero3.yaml"
 class AccelerateChoices:
     user_config: str | None = None
     num_processes: int | None = None
+    num_gpus: int | None = None  # per machine: num_processes = num_gpus x num_machines
     machines: dict[str, Any] = field(default_factory=dict)  # num_machines, machine_rank, main_process_ip/port
     offload_optimizer: str | None = None  # None: keep what the config file says
     offload_params: str | None = None
@@ -64,6 +65,19 @@ def _check_machines(config: dict[str, Any], problems: list[str]) -> None:
         problems.append(f"{machines} machines need --main-process-ip: the address of machine rank 0")
 
 
+def _apply_num_gpus(config: dict[str, Any], num_gpus: int, num_processes: int | None, problems: list[str]) -> None:
+    """GPUs per machine give the total of processes, unless num_processes says otherwise."""
+    machines = int(config.get("num_machines") or 1)
+    if num_gpus < 1:
+        problems.append(f"--num-gpus must be at least 1, got {num_gpus}")
+        return
+    total = num_gpus * machines
+    if num_processes is not None and num_processes != total:
+        problems.append(f"--num-processes {num_processes} disagrees with --num-gpus {num_gpus} x {machines} "
+                        f"machine(s) = {total}; num_processes counts the processes of all machines: drop one")
+    config["num_processes"] = total
+
+
 def build_accelerate_config(choices: AccelerateChoices, problems: list[str]) -> tuple[dict[str, Any], list[str]]:
     """Return the accelerate config to write, and notes for the user; append problems."""
     notes: list[str] = []
@@ -76,6 +90,8 @@ def build_accelerate_config(choices: AccelerateChoices, problems: list[str]) -> 
             problems.append(f"--num-processes must be at least 1, got {choices.num_processes}")
         config["num_processes"] = choices.num_processes
     config.update(choices.machines)
+    if choices.num_gpus is not None:
+        _apply_num_gpus(config, choices.num_gpus, choices.num_processes, problems)
     _check_machines(config, problems)
 
     if not is_zero3(config):

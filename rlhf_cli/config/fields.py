@@ -7,12 +7,14 @@ format lacks (how to launch, what to offload, ZeRO-3 tuning) are declared here.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from typing import Any
 
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+# `auto`: let the memory plan choose (rlhf_cli/plan); resolution turns it into true or false.
+GATHER_CHOICES = (True, False, "auto")
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class Field:
 
     def describe_type(self) -> str:
         if self.choices is not None:
-            return "one of " + ", ".join(str(choice) for choice in self.choices)
+            return "one of " + ", ".join(json.dumps(c) if isinstance(c, bool) else str(c) for c in self.choices)
         names = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
                  "list": "a list", "dict": "a mapping", "null": "null", "any": "any value"}
         return " or ".join(names[kind] for kind in self.kinds)
@@ -37,8 +39,9 @@ class Field:
 
 # Keys TRL's recipe format lacks. They sit at the top level of a recipe next to TRL's keys.
 OWN_FIELDS = (
-    Field("gather", "launch", ("bool", "null"), None,
-          "Gather the whole policy on every rank to generate (TRL's ds3_gather_for_generation)."),
+    Field("gather", "launch", ("bool", "str", "null"), None,
+          "Gather the whole policy on every rank to generate (TRL's ds3_gather_for_generation); "
+          "auto: gather when the memory plan says it fits.", GATHER_CHOICES),
     Field("offload_optimizer", "launch", ("str",), "none",
           "Where ZeRO-3 keeps optimizer states.", OFFLOAD_DEVICES),
     Field("offload_params", "launch", ("str",), "none",
@@ -55,6 +58,12 @@ OWN_FIELDS = (
           "Address of machine rank 0, reachable from every machine; default: from SLURM or torchrun."),
     Field("main_process_port", "launch", ("int", "null"), None,
           "Port on machine rank 0 for the rendezvous; default: a free port on one machine, 29500 on several."),
+    Field("num_gpus", "launch", ("int", "null"), None,
+          "GPUs per machine; sets num_processes to num_gpus x num_machines when that is not given."),
+    Field("gpu_memory", "launch", ("str", "int", "null"), None,
+          "Memory of each GPU for the memory plan (24GiB, 24GB, 24576MiB or bytes); default: asked of nvidia-smi."),
+    Field("plan_prompt_length", "launch", ("int", "null"), None,
+          "Longest prompt in tokens, as the memory plan assumes it; default 512."),
     Field("accelerate_config", "launch", ("str", "null"), None,
           "Your own accelerate config to start from instead of the bundled ZeRO-3 one."),
     Field("dataset_prompt_column", "script", ("str",), "prompt",
@@ -87,6 +96,8 @@ def catalogue(algorithm: str) -> dict[str, Field]:
         for name, spec in snapshot["fields"].items()
     }
     fields.update({field.name: field for field in OWN_FIELDS})
+    gather = fields["ds3_gather_for_generation"]
+    fields[gather.name] = replace(gather, kinds=(*gather.kinds, "str"), choices=GATHER_CHOICES)
     return fields
 
 

@@ -10,7 +10,7 @@ import difflib
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from rlhf_cli.config.fields import Field, FieldTypeError, catalogue, coerce, trl
 from rlhf_cli.config.legacy import IGNORED_BY_TRL, LEGACY_KEYS
 from rlhf_cli.config.recipe import Recipe, load_recipe
 from rlhf_cli.errors import ConfigError
+from rlhf_cli.plan.gpus import SizeError, parse_size
 
 # Short names people type, resolved to the field they stand for.
 ALIASES = {"gather": "ds3_gather_for_generation"}
@@ -243,6 +244,17 @@ class _Resolver:
         setting = self.settings.get(name)
         return setting.value if setting else None
 
+    def outranks(self, name: str, other: str) -> bool:
+        """Whether `name` was set on the command line and `other` only by the recipe."""
+        return self.layers.get(name, ("",))[0] == "command line" and self.layers.get(other, ("",))[0] == "recipe"
+
+    def check_gpu_memory(self) -> None:
+        if self.value("gpu_memory") is not None:
+            try:
+                parse_size(self.value("gpu_memory"))
+            except SizeError as error:
+                self.problems.append(f"{self.layers['gpu_memory'][1]}: `gpu_memory`: {error}")
+
     def default_output_dir(self) -> None:
         if self.value("output_dir") is None:  # unset, or `output_dir: null`
             stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -305,11 +317,13 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     resolver.default_output_dir()
     resolver.find_resume_point()
     resolver.check_output_dir()
+    resolver.check_gpu_memory()
     cpu_only = not (_cuda_present() if cuda is None else cuda) or environ.get("DS_ACCELERATOR") == "cpu"
     accelerate, accelerate_notes = build_accelerate_config(
         AccelerateChoices(
             user_config=resolver.value("accelerate_config"),
-            num_processes=resolver.value("num_processes"),
+            num_processes=None if resolver.outranks("num_gpus", "num_processes") else resolver.value("num_processes"),
+            num_gpus=resolver.value("num_gpus"),
             machines={name: resolver.explicit(name) for name in MACHINE_FIELDS if resolver.explicit(name) is not None},
             offload_optimizer=resolver.explicit("offload_optimizer"),
             offload_params=resolver.explicit("offload_params"),
@@ -326,6 +340,8 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     if resolver.problems:
         raise ConfigError(*resolver.problems)
     settings = dict(resolver.settings)
+    if "num_gpus" in settings:  # num_processes follows: the written recipe must agree with itself
+        settings["num_processes"] = Setting(accelerate.get("num_processes"), "num_gpus x num_machines")
     settings.setdefault("ds3_gather_for_generation",
                         Setting(resolver.fields["ds3_gather_for_generation"].default, "default"))
     if cpu_only:  # DeepSpeed's CPU path: fp32 (TRL turns bf16 on by default) over gloo
@@ -333,5 +349,16 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         for name, value in (("bf16", False), ("fp16", False), ("ddp_backend", "gloo")):
             settings.setdefault(name, Setting(value, reason))
         resolver.notes.append("no CUDA here: the ranks run on DeepSpeed's CPU path (DS_ACCELERATOR=cpu, gloo)")
-    return ResolvedRun(request.algorithm, recipe.path if recipe else None, settings, accelerate, cpu_only,
-                       tuple(resolver.notes + accelerate_notes))
+    run = ResolvedRun(request.algorithm, recipe.path if recipe else None, settings, accelerate, cpu_only,
+                      tuple(resolver.notes + accelerate_notes))
+    return _gather_from_plan(run) if run.value("ds3_gather_for_generation") == "auto" else run
+
+
+def _gather_from_plan(run: ResolvedRun) -> ResolvedRun:
+    """`gather: auto` becomes true or false, with the memory plan's reason as its source."""
+    from rlhf_cli.plan.estimate import choose_gather
+
+    gather, why = choose_gather(run)
+    settings = {**run.settings, "ds3_gather_for_generation": Setting(gather, why)}
+    note = f"gather: auto -> {'gather' if gather else 'no-gather'}; {why.removeprefix('rlhf plan: ')}"
+    return replace(run, settings=settings, notes=(*run.notes, note))

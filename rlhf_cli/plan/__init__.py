@@ -1,0 +1,20 @@
+"""The memory plan: will a run fit on its GPUs, and with which gather and offload choices?
+
+Modules: `models` (parameter counts from config.json), `memory` (the formulas, pure functions),
+`gpus` (GPU memory given, detected, or this machine's RAM), `workload` (lengths and batch sizes
+from the trainer's fields), `estimate` (a resolved run -> its plan, and `gather: auto`).
+Nothing here imports torch, transformers, deepspeed or accelerate.
+
+`rlhf plan ALGO ... --json` prints `Plan.as_dict()`:
+- `known`: false when no plan could be made; `why_unknown` then says why, and nothing else follows.
+- `gpu_memory` (bytes per GPU), `gpus_per_machine`, `machines`, `hardware_source` (where the memory came from),
+  `margin` (the share of a GPU's memory a configuration must leave free to fit).
+- `models`: role (policy, reference, reward, value) -> `name_or_path`, `params`, `largest_layer`, `trained`.
+- `workload`: `prompt_length`, `completion_length`, `generation_batch`, `train_batch`, `score_batch`,
+  `train_sequence`, `gradient_checkpointing`, `element_bytes`.
+- `configurations`: one object per candidate: `label`, `gather`, `offload_optimizer`, `offload_params`,
+  `components` (row name -> GPU bytes), `peak_gpu` (bytes: static rows + the larger of the generation and
+  training rows), `cpu_per_machine` (bytes of offloaded states), `fits`, `chosen` (the run's own).
+- `reason`: one line on the chosen configuration; `suggestions`: what would fit when it does not;
+  `notes`: caveats (an architecture counted approximately).
+"""

@@ -1,0 +1,322 @@
+"""A resolved run -> its memory plan: every candidate configuration's per-GPU peak, the run's own marked.
+
+Candidates: gather / no-gather x offload none / optimizer to CPU / optimizer and parameters to CPU,
+plus the run's own configuration when it is none of these (NVMe offload). Planning never raises for
+a model it cannot size: the plan is then `unknown` with the reason, and only `gather: auto` fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rlhf_cli.config.accelerate import is_zero3
+from rlhf_cli.config.resolve import ResolvedRun
+from rlhf_cli.errors import ConfigError
+from rlhf_cli.plan import memory
+from rlhf_cli.plan.gpus import Hardware, SizeError, detect_hardware, gib, parse_size
+from rlhf_cli.plan.memory import GENERATION, STATIC, TRAINING, Component
+from rlhf_cli.plan.models import ModelConfigUnavailable, ModelSize, model_size, read_config
+from rlhf_cli.plan.workload import BATCH_FIELDS, COMPLETION_FIELD, Workload, WorkloadUnknown, workload
+
+OFFLOADS = (("none", "none"), ("cpu", "none"), ("cpu", "cpu"))  # (optimizer, parameters)
+MAX_MACHINES_SEARCHED = 256
+
+
+@dataclass(frozen=True)
+class Candidate:
+    gather: bool
+    offload_optimizer: str
+    offload_params: str
+
+    @property
+    def label(self) -> str:
+        optimizer, params = self.offload_optimizer, self.offload_params
+        if optimizer == params:
+            offload = "no offload" if optimizer == "none" else f"opt+params->{optimizer}"
+        else:
+            offload = ", ".join(f"{what}->{where}" for what, where in (("optimizer", optimizer), ("params", params))
+                                if where != "none")
+        return f"{'gather' if self.gather else 'no-gather'}, {offload}"
+
+    @property
+    def offload_short(self) -> str:
+        """none, opt (optimizer to CPU), opt+par (optimizer and parameters to CPU), or the devices spelled out."""
+        names = {("none", "none"): "none", ("cpu", "none"): "opt", ("cpu", "cpu"): "opt+par"}
+        return names.get((self.offload_optimizer, self.offload_params),
+                         f"opt:{self.offload_optimizer} par:{self.offload_params}")
+
+
+@dataclass(frozen=True)
+class Role:
+    """One model of the run: which, where from, its size, whether it is trained."""
+
+    name: str
+    path: str
+    size: ModelSize
+    trained: bool
+
+
+@dataclass(frozen=True)
+class Column:
+    candidate: Candidate
+    components: list[Component]
+    peak: int
+    cpu_per_machine: int
+    fits: bool
+    chosen: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The plan of one run; `known` False means it could not be made, `why_unknown` says why."""
+
+    known: bool
+    why_unknown: str = ""
+    hardware: Hardware | None = None
+    roles: list[Role] = field(default_factory=list)
+    work: Workload | None = None
+    columns: list[Column] = field(default_factory=list)
+    reason: str = ""
+    suggestions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def chosen(self) -> Column | None:
+        return next((column for column in self.columns if column.chosen), None)
+
+    def column(self, gather: bool, offload_optimizer: str, offload_params: str) -> Column | None:
+        wanted = Candidate(gather, offload_optimizer, offload_params)
+        return next((column for column in self.columns if column.candidate == wanted), None)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form; keys documented in rlhf_cli/plan/__init__.py."""
+        if not self.known:
+            return {"known": False, "why_unknown": self.why_unknown}
+        assert self.hardware is not None and self.work is not None
+        return {
+            "known": True,
+            "gpu_memory": self.hardware.gpu_memory, "gpus_per_machine": self.hardware.gpus_per_machine,
+            "machines": self.hardware.machines, "hardware_source": self.hardware.source, "margin": memory.MARGIN,
+            "models": {role.name: {"name_or_path": role.path, "params": role.size.params,
+                                   "largest_layer": role.size.largest_layer, "trained": role.trained}
+                       for role in self.roles},
+            "workload": self.work.as_dict(),
+            "configurations": [
+                {"label": c.candidate.label, "gather": c.candidate.gather,
+                 "offload_optimizer": c.candidate.offload_optimizer, "offload_params": c.candidate.offload_params,
+                 "components": {part.name: part.gpu for part in c.components},
+                 "peak_gpu": c.peak, "cpu_per_machine": c.cpu_per_machine, "fits": c.fits, "chosen": c.chosen}
+                for c in self.columns],
+            "reason": self.reason, "suggestions": self.suggestions, "notes": self.notes,
+        }
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """Everything the arithmetic needs, read once from the run."""
+
+    algorithm: str
+    roles: list[Role]
+    work: Workload
+    hardware: Hardware
+    max_live: int
+    prefetch_bucket: int
+    zero_init: bool
+    value: Callable[[str], Any]
+
+    def role(self, name: str) -> Role | None:
+        return next((role for role in self.roles if role.name == name), None)
+
+
+def _roles(run: ResolvedRun) -> list[Role]:
+    revision = run.value("model_revision")
+
+    def size(path: str, classifier: bool) -> ModelSize:
+        return model_size(read_config(path, revision), sequence_classifier=classifier)
+
+    policy_path = run.value("model_name_or_path")
+    reward_path = run.value("reward_model_name_or_path")
+    roles = [Role("policy", policy_path, size(policy_path, False), True)]
+    if run.algorithm != "rloo" or run.value("beta") != 0:  # RLOO builds no reference model when beta is 0
+        roles.append(Role("reference", policy_path, roles[0].size, False))
+    if reward_path:
+        roles.append(Role("reward", reward_path, size(reward_path, True), False))
+    if run.algorithm == "ppo":
+        value_path = run.value("value_model_name_or_path") or reward_path or policy_path
+        roles.append(Role("value", value_path, size(value_path, True), True))
+    return roles
+
+
+def _hardware(run: ResolvedRun) -> Hardware | str:
+    given = run.value("gpu_memory")
+    machines = int(run.accelerate.get("num_machines") or 1)
+    processes = int(run.accelerate.get("num_processes") or 1)
+    return detect_hardware(parse_size(given) if given is not None else None, processes, machines)
+
+
+def _inputs(run: ResolvedRun) -> _Inputs | str:
+    """The planner's inputs, or why there are none."""
+    if not is_zero3(run.accelerate):
+        return "the accelerate config is not DeepSpeed ZeRO-3, which is all rlhf plan models"
+    try:
+        roles = _roles(run)
+        hardware = _hardware(run)
+        if isinstance(hardware, str):
+            return hardware
+        work = workload(run.algorithm, run.value, hardware.total_gpus, roles[0].size.max_positions)
+    except (ModelConfigUnavailable, SizeError, WorkloadUnknown) as error:
+        return str(error)
+    deepspeed = run.accelerate.get("deepspeed_config") or {}
+    policy = roles[0].size
+    return _Inputs(
+        run.algorithm, roles, work, hardware,
+        max_live=run.value("stage3_max_live_parameters") or memory.DEFAULT_MAX_LIVE_PARAMETERS,
+        prefetch_bucket=run.value("stage3_prefetch_bucket_size") or int(0.9 * policy.hidden * policy.hidden),
+        zero_init=bool(deepspeed.get("zero3_init_flag", False)), value=run.value)
+
+
+def components(inputs: _Inputs, candidate: Candidate) -> list[Component]:
+    """Every row of one candidate's column."""
+    hw, work = inputs.hardware, inputs.work
+    size_bytes = work.element_bytes
+    params_offloaded = candidate.offload_params != "none"
+    rows: list[Component] = []
+    for role in inputs.roles:
+        params = role.size.params
+        if role.trained:
+            cpu, gpu = memory.zero3_model_states(
+                params, role.size.largest_layer, hw.gpus_per_machine, hw.machines,
+                offload_optimizer=candidate.offload_optimizer != "none", offload_params=params_offloaded,
+                zero_init=inputs.zero_init)
+            rows.append(Component(f"{role.name} states", STATIC, gpu, cpu))
+        else:
+            shard = memory.frozen_shard(params, size_bytes, hw.total_gpus)
+            rows.append(Component(f"{role.name} shard", STATIC, 0 if params_offloaded else shard,
+                                  params * size_bytes // hw.machines if params_offloaded else 0))
+    rows.append(Component("CUDA + buffers", STATIC, memory.CONTEXT_ALLOWANCE))
+    policy, value = inputs.roles[0].size, inputs.role("value")
+    engine = policy.params + (value.size.params if value else 0)  # PPO trains policy and value as one engine
+    rows.append(Component("gen weights", GENERATION, memory.generation_weights(
+        engine, size_bytes, candidate.gather, inputs.max_live, inputs.prefetch_bucket)))
+    rows.append(Component("gen KV cache", GENERATION, memory.kv_cache(
+        policy, work.generation_batch, work.prompt_length + work.completion_length, size_bytes)))
+    rows.append(Component("train live params", TRAINING, memory.live_parameters(
+        engine, size_bytes, inputs.max_live, inputs.prefetch_bucket)))
+    trained = [role.size for role in inputs.roles if role.trained]
+    rows.append(Component("train activations", TRAINING, sum(
+        memory.activations(size, work.train_batch, work.train_sequence, size_bytes, work.gradient_checkpointing)
+        for size in trained)))
+    rows.append(Component("train logits", TRAINING, memory.logits(
+        max(work.train_batch, work.score_batch), work.train_sequence, policy.vocab)))
+    return rows
+
+
+def _column(inputs: _Inputs, candidate: Candidate, chosen: bool) -> Column:
+    rows = components(inputs, candidate)
+    peak = memory.peak(rows)
+    return Column(candidate, rows, peak, sum(row.cpu for row in rows),
+                  memory.fits(peak, inputs.hardware.gpu_memory), chosen)
+
+
+def _fits(inputs: _Inputs, candidate: Candidate) -> bool:
+    return _column(inputs, candidate, False).fits
+
+
+def _largest_fitting(inputs: _Inputs, candidate: Candidate, name: str) -> int | None:
+    """The largest value of an integer trainer field, below the run's, with which `candidate` fits."""
+    current = inputs.value(name)
+
+    def fits_with(number: int) -> bool:
+        def value(key: str) -> Any:
+            return number if key == name else inputs.value(key)
+        work = workload(inputs.algorithm, value, inputs.hardware.total_gpus, inputs.roles[0].size.max_positions)
+        return _fits(replace(inputs, work=work), candidate)
+
+    low, high = 0, current - 1  # the answer lies in low..high; low is 0 or a value that fits
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits_with(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low or None
+
+
+def _machines_needed(inputs: _Inputs, candidate: Candidate) -> int | None:
+    hw = inputs.hardware
+    for machines in range(hw.machines + 1, MAX_MACHINES_SEARCHED + 1):
+        bigger = replace(hw, machines=machines)
+        if _fits(replace(inputs, hardware=bigger), candidate):
+            return machines
+    return None
+
+
+def suggestions(inputs: _Inputs, columns: list[Column], candidate: Candidate) -> list[str]:
+    """What would fit when `candidate` does not: other configurations, more GPUs, shorter or smaller batches."""
+    found = [f"{c.candidate.label} fits ({gib(c.peak)})" for c in columns if c.fits]
+    per_machine = inputs.hardware.gpus_per_machine
+    machines = _machines_needed(inputs, candidate)
+    found.append(f"{candidate.label} fits on {machines * per_machine} GPUs ({machines} machine(s) of {per_machine})"
+                 if machines else f"{candidate.label} fits on no number of {gib(inputs.hardware.gpu_memory)} GPUs: "
+                                  "what does not shrink with more GPUs (weights gathered, activations) is too big")
+    for name in (COMPLETION_FIELD[inputs.algorithm], *BATCH_FIELDS[inputs.algorithm]):
+        largest = _largest_fitting(inputs, candidate, name)
+        if largest:
+            found.append(f"{candidate.label} fits with {name} {largest} (now {inputs.value(name)})")
+    return found
+
+
+def _run_candidate(run: ResolvedRun, gather: bool) -> Candidate:
+    deepspeed = run.accelerate.get("deepspeed_config") or {}
+    return Candidate(gather, deepspeed.get("offload_optimizer_device") or "none",
+                     deepspeed.get("offload_param_device") or "none")
+
+
+def _describe(column: Column, gpu_memory: int) -> str:
+    doing = "gathering" if column.candidate.gather else "generating from shards"
+    verdict = "fits" if column.fits else "does not fit"
+    return (f"{doing} ({column.candidate.label}) needs {gib(column.peak)} of {gib(gpu_memory)} per GPU: {verdict} "
+            f"with a {memory.MARGIN:.0%} margin")
+
+
+def plan_run(run: ResolvedRun) -> Plan:
+    """The run's plan; unknown (with the reason) when a model or the hardware cannot be sized."""
+    inputs = _inputs(run)
+    if isinstance(inputs, str):
+        return Plan(False, why_unknown=inputs)
+    gather = run.value("ds3_gather_for_generation")
+    own = [_run_candidate(run, True), _run_candidate(run, False)] if gather == "auto" else \
+        [_run_candidate(run, bool(gather))]
+    candidates = [Candidate(g, optimizer, params) for g in (True, False) for optimizer, params in OFFLOADS]
+    candidates += [c for c in own if c not in candidates]
+    chosen = own[0] if len(own) == 1 else (own[0] if _fits(inputs, own[0]) else own[1])
+    columns = [_column(inputs, candidate, candidate == chosen) for candidate in candidates]
+    mine = next(column for column in columns if column.chosen)
+    notes = [f"{role.name} ({role.path}): unknown architecture, counted as a llama-like decoder"
+             for role in inputs.roles if role.size.approximate]
+    return Plan(True, hardware=inputs.hardware, roles=inputs.roles, work=inputs.work, columns=columns,
+                reason=_describe(mine, inputs.hardware.gpu_memory),
+                suggestions=[] if mine.fits else suggestions(inputs, columns, chosen), notes=notes)
+
+
+def choose_gather(run: ResolvedRun) -> tuple[bool, str]:
+    """`gather: auto`: gather when it fits with the margin, else no-gather; (choice, why). Errors name the fix."""
+    plan = plan_run(run)
+    if not plan.known:
+        raise ConfigError(f"gather: auto needs a memory plan, and there is none: {plan.why_unknown}; "
+                          "pass --gather or --no-gather, or make config.json available")
+    assert plan.hardware is not None
+    offload = _run_candidate(run, True)
+    gathered, sharded = (plan.column(g, offload.offload_optimizer, offload.offload_params) for g in (True, False))
+    assert gathered is not None and sharded is not None
+    memory_text = gib(plan.hardware.gpu_memory)
+    if gathered.fits:
+        return True, f"rlhf plan: gathering needs {gib(gathered.peak)} of {memory_text}"
+    if sharded.fits:
+        return False, f"rlhf plan: gathering needs {gib(gathered.peak)} of {memory_text}"
+    what = "; ".join(plan.suggestions)
+    raise ConfigError(f"gather: auto: neither fits: gathering needs {gib(gathered.peak)} and generating from shards "
+                      f"{gib(sharded.peak)} of {memory_text} per GPU ({memory.MARGIN:.0%} margin). {what}")
+
