@@ -1,0 +1,115 @@
+"""Operating real runs (2 ranks, ZeRO-3 on the CPU): preemption and resume, a failing rank, two machines."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES
+from rlhf_cli.checkpoints import incomplete_reason
+
+pytestmark = pytest.mark.launch
+
+FIXTURES = Path(__file__).parent / "fixtures"
+# Twelve steps per algorithm, and the metric each logs per step (and shows on its progress line).
+TWELVE_STEPS = {"rloo": ("--max-steps", "12"), "online-dpo": ("--max-steps", "12"),
+                "ppo": ("--set", "total_episodes=96")}
+STEP_METRIC = {"rloo": ("reward", "reward"), "online-dpo": ("objective/scores", "score"),
+               "ppo": ("objective/scores", "score")}
+
+
+def rlhf_argv(command: str, out: Path, *args: str) -> list[str]:
+    recipe = RECIPES / command.replace("-", "_") / "smoke.yaml"
+    return [sys.executable, "-m", "rlhf_cli", command, "-r", str(recipe), "-o", str(out), *args]
+
+
+def finish(process: subprocess.Popen, lines: list[str]) -> tuple[int, str, str]:
+    """Wait for a run; print its output for the failure report; (exit code, stdout, stderr)."""
+    rest, stderr = process.communicate(timeout=480)
+    stdout = "".join(lines) + rest
+    print(stdout[-4000:], stderr[-8000:], sep="\n")
+    return process.returncode, stdout, stderr
+
+
+@pytest.mark.parametrize("command", ["rloo", "online-dpo", "ppo"])
+def test_sigterm_checkpoints_and_resume_auto_finishes_the_same_steps(command: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    argv = rlhf_argv(command, out, *TWELVE_STEPS[command])
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    for line in process.stdout:  # not a terminal: one plain line per logged step
+        lines.append(line)
+        if line.startswith("step 2/12"):
+            process.send_signal(signal.SIGTERM)  # what SLURM sends before it kills a job
+            break
+    code, stdout, stderr = finish(process, lines)
+    assert code == 75, "preemption has its own exit code"
+    metric, label = STEP_METRIC[command]
+    assert any(line.startswith("step 1/12") and f" {label} " in line and "eta" in line for line in lines)
+    preempted = json.loads((out / "preempted.json").read_text())
+    stopped = preempted["step"]
+    assert 2 <= stopped < 12 and preempted["signal"] == "SIGTERM"
+    assert incomplete_reason(Path(preempted["checkpoint"])) is None  # whole: every file at its recorded size
+    assert "--resume auto" in stderr
+
+    code, stdout, stderr = finish(subprocess.Popen(argv + ["--resume", "auto"], stdout=subprocess.PIPE,
+                                                   stderr=subprocess.PIPE, text=True), [])
+    assert code == 0
+    assert f"--resume auto: continuing from {out / f'checkpoint-{stopped}'}" in stderr
+    first = next(line for line in stdout.splitlines() if line.startswith("step "))
+    assert first.startswith(f"step {stopped + 1}/12")  # it went on from the checkpoint, it did not start over
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 12
+    steps = [entry["step"] for entry in state["log_history"] if metric in entry]
+    assert steps == list(range(1, 13))  # every step of an uninterrupted run, each once
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["resumed_from_step"] == stopped
+    assert not (out / "preempted.json").exists()
+
+
+def test_a_rank_that_raises_ends_the_job_with_its_error_once(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    argv = rlhf_argv("rloo", out, "--set", "reward_model_name_or_path=null",
+                     "--set", f"reward_funcs=[{FIXTURES}/rewards.py:fails_on_rank_1]", "--max-steps", "50")
+    started = time.monotonic()
+    code, stdout, stderr = finish(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+                                  [])
+    assert time.monotonic() - started < 90  # start-up included; no wait on a collective's timeout
+    assert code == 1
+    assert stderr.count("Traceback (most recent call last)") == 1  # rank 1's, not accelerate's or torch's
+    assert "ValueError: reward server returned 503" in stderr
+    assert f"Error: rank 1 on {os.uname().nodename} failed: ValueError: reward server returned 503" in stderr
+    record = json.loads((out / "ranks" / "rank-1.error.json").read_text())
+    assert record["first"] is True and "fails_on_rank_1" in record["traceback"]
+    assert json.loads((out / "run.json").read_text())["status"] == "failed"
+
+
+def test_two_machines_on_one_host_train_together(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    out = tmp_path / "run"
+    machines = [subprocess.Popen(rlhf_argv("rloo", out, "--num-machines", "2", "--num-processes", "2",
+                                           "--machine-rank", str(rank), "--main-process-ip", "127.0.0.1",
+                                           "--main-process-port", port),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    codes = [finish(machine, [])[0] for machine in machines]
+    assert codes == [0, 0]
+    records = [json.loads((out / "ranks" / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    assert [(r["rank"], r["machine_rank"], r["local_rank"], r["world_size"]) for r in records] == \
+        [(0, 0, 0, 2), (1, 1, 0, 2)]
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
+    assert (out / "machines" / "machine-1" / "launch.sh").is_file() and (out / "launch.sh").is_file()
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "finished" and run["layout"]["num_machines"] == 2
+    assert {"python", "torch", "transformers", "trl", "deepspeed", "accelerate"} <= run["versions"].keys()
+    assert [rank["hostname"] for rank in run["ranks"]] == [os.uname().nodename] * 2
