@@ -7,7 +7,6 @@ picked from the logged metrics; everything is still in trainer_state.json and th
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any
 
@@ -31,9 +30,12 @@ def _clock(seconds: float) -> str:
 class TrainingProgress(TrainerCallback):
     """Rank 0's view of training; `live` redraws a bar, otherwise each log is one line."""
 
-    def __init__(self, algorithm: str, live: bool | None = None) -> None:
+    def __init__(self, algorithm: str, console: Any = None) -> None:
+        from rich.console import Console
+
         self.algorithm = algorithm
-        self.live = sys.stdout.isatty() if live is None else live
+        self.console = console or Console()
+        self.live = self.console.is_terminal
         self.progress: Any = None
         self.task: Any = None
         self.started = time.monotonic()
@@ -54,8 +56,9 @@ class TrainingProgress(TrainerCallback):
         )
 
         self.progress = Progress(
-            TextColumn(f"[bold]{self.algorithm.replace('_', '-')}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn(f"[bold]{self.algorithm.replace('_', '-')}"), BarColumn(bar_width=24), MofNCompleteColumn(),
             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[metrics]}"),
+            console=self.console,
         )
         self.task = self.progress.add_task("train", total=state.max_steps, completed=state.global_step, metrics="")
         self.progress.start()
@@ -74,8 +77,8 @@ class TrainingProgress(TrainerCallback):
         elapsed = time.monotonic() - self.started
         done = state.global_step - self.first_step
         eta = elapsed / done * (state.max_steps - state.global_step) if done else 0.0
-        print(f"step {state.global_step}/{state.max_steps}  {metrics}  elapsed {_clock(elapsed)}  eta {_clock(eta)}",
-              flush=True)
+        self.console.print(f"step {state.global_step}/{state.max_steps}  {metrics}  elapsed {_clock(elapsed)}  "
+                           f"eta {_clock(eta)}", markup=False, highlight=False, soft_wrap=True)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         if self.progress is not None:

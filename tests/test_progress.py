@@ -1,0 +1,66 @@
+"""Rank 0's progress: a live bar in a terminal, plain lines in a log, with each algorithm's headline metrics."""
+
+from __future__ import annotations
+
+import io
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+
+from rlhf_cli.metrics import HEADLINE_METRICS
+from rlhf_cli.rank.progress import TrainingProgress
+
+# What each trainer really logs per step (names from TRL 1.16's trainers and ours), with made-up values.
+LOGGED = {
+    "rloo": {"reward": 0.41, "kl": 0.0031, "loss": -0.05, "step_time": 1.25, "entropy": 6.2},
+    "online_dpo": {"objective/scores": 0.12, "objective/kl": 0.02, "loss": 0.69, "beta": 0.1},
+    "ppo": {"objective/scores": 0.52, "objective/kl": 0.4, "loss/policy_avg": -0.01, "loss/value_avg": 0.3,
+            "policy/clipfrac_avg": 0.1},
+}
+SHOWN = {"rloo": ("reward 0.41", "kl 0.0031", "loss -0.05", "s/step 1.25"),
+         "online_dpo": ("score 0.12", "kl 0.02", "loss 0.69"),
+         "ppo": ("score 0.52", "kl 0.4", "loss -0.01", "value loss 0.3")}
+
+
+def train(progress: TrainingProgress, logs: dict, steps: int = 3, total: int = 10, start: int = 0) -> None:
+    state = SimpleNamespace(global_step=start, max_steps=total)
+    progress.on_train_begin(None, state, None)
+    for step in range(start + 1, start + steps + 1):
+        state.global_step = step
+        progress.on_step_end(None, state, None)
+        progress.on_log(None, state, None, logs=logs)
+    progress.on_log(None, state, None, logs={"train_runtime": 3.0})  # the end-of-training entry shows nothing
+    progress.on_train_end(None, state, None)
+
+
+@pytest.mark.parametrize("algorithm", sorted(LOGGED))
+def test_plain_log_gets_one_line_per_logged_step(algorithm: str) -> None:
+    out = io.StringIO()
+    train(TrainingProgress(algorithm, Console(file=out, force_terminal=False)), LOGGED[algorithm])
+    lines = out.getvalue().splitlines()
+    assert [line.split("  ")[0] for line in lines] == ["step 1/10", "step 2/10", "step 3/10"]
+    assert all(shown in lines[-1] for shown in SHOWN[algorithm])
+    assert "elapsed 0:00:0" in lines[-1] and "eta 0:00:0" in lines[-1]
+    assert "\x1b[" not in out.getvalue()  # no terminal codes in a SLURM log
+
+
+@pytest.mark.parametrize("algorithm", sorted(LOGGED))
+def test_terminal_gets_a_live_bar_with_step_eta_and_metrics(algorithm: str) -> None:
+    out = io.StringIO()
+    train(TrainingProgress(algorithm, Console(file=out, force_terminal=True, width=160)), LOGGED[algorithm])
+    screen = out.getvalue()
+    assert "\x1b[" in screen and "━" in screen  # drawn and redrawn in place, not printed line by line
+    assert "3/10" in screen and "eta" in screen
+    assert all(shown in screen for shown in SHOWN[algorithm])
+    assert "step 1/10" not in screen
+
+
+def test_a_resumed_run_counts_its_eta_from_where_it_resumed() -> None:
+    out = io.StringIO()
+    train(TrainingProgress("rloo", Console(file=out, force_terminal=False)), LOGGED["rloo"], steps=2, start=6)
+    assert out.getvalue().splitlines()[0].startswith("step 7/10")
+
+
+def test_every_algorithm_has_headline_metrics() -> None:
+    assert set(HEADLINE_METRICS) == {"rloo", "online_dpo", "ppo"}
