@@ -100,10 +100,12 @@ def test_two_machines_on_one_host_train_together(tmp_path: Path) -> None:
     out = tmp_path / "run"
     machines = [subprocess.Popen(rlhf_argv("rloo", out, "--num-machines", "2", "--num-processes", "2",
                                            "--machine-rank", str(rank), "--main-process-ip", "127.0.0.1",
-                                           "--main-process-port", port),
+                                           "--main-process-port", port, *(["--quiet"] if rank else [])),
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
-    codes = [finish(machine, [])[0] for machine in machines]
-    assert codes == [0, 0]
+    (code0, _, said0), (code1, _, said1) = (finish(machine, []) for machine in machines)
+    assert code0 == code1 == 0
+    assert "run finished" in said0 and "rlhf rloo" in said0  # the summary and the header
+    assert "run finished" not in said1 and "rlhf rloo" not in said1 and "Warning" not in said1  # --quiet
     records = [json.loads((out / "ranks" / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
     assert [(r["rank"], r["machine_rank"], r["local_rank"], r["world_size"]) for r in records] == \
         [(0, 0, 0, 2), (1, 1, 0, 2)]

@@ -56,6 +56,8 @@ def launch_command(run: ResolvedRun, python: str = sys.executable, verbosity: st
         "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
         "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(PREEMPTION_GRACE_SECONDS),
     }
+    if verbosity == "quiet":
+        env["LOGLEVEL"] = "ERROR"  # torch's elastic agent: its warnings and banners
     if run.cpu_only:
         env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed would otherwise look for CUDA and fail
     return Launch(argv, env)

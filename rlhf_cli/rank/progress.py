@@ -97,6 +97,7 @@ def quiet_libraries(mode: str, is_rank_zero: bool) -> None:
     import transformers
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    transformers.utils.logging.disable_progress_bar()  # per-file save bars; our progress is the one bar
     # Deprecation notices inside torch, transformers and TRL are for their developers, not for a run's log.
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
