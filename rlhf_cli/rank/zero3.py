@@ -174,7 +174,11 @@ class GenerationProbe:
 
     @contextlib.contextmanager
     def watching_memory(self) -> Iterator[dict[str, int]]:
-        """Yield a dict whose `rss_peak_delta_bytes` is filled when the block ends."""
+        """Yield a dict filled when the block ends: resident memory at entry, at its peak, and the rise.
+
+        The rise alone understates later calls: the allocator keeps what an earlier call freed, so it is
+        already counted at entry; the absolute peak compares across runs of the same model.
+        """
         import threading
 
         import psutil
@@ -196,7 +200,8 @@ class GenerationProbe:
         finally:
             done.set()
             watcher.join()
-            result["rss_peak_delta_bytes"] = max(peak[0], process.memory_info().rss) - start
+            top = max(peak[0], process.memory_info().rss)
+            result.update(rss_start_bytes=start, rss_peak_bytes=top, rss_peak_delta_bytes=top - start)
 
 
 @contextlib.contextmanager
