@@ -64,8 +64,8 @@ class RankGeneration:
     calls: int
     seconds_per_step: float
     all_gathers_per_call: float  # median over the calls
-    gathered_peak_bytes: int  # largest ZeRO-3 parameter bytes fully present at once
-    gathered_peak_fraction: float
+    gathered_peak_bytes: int  # largest ZeRO-3 parameter bytes gathered or being gathered at once
+    gathered_peak_share: float  # of the whole model's bytes
     rss_peak_bytes: int  # largest resident memory of the process during a call
     rss_peak_delta_bytes: int  # largest rise of the process's resident memory within one call
 
@@ -81,7 +81,7 @@ def read_rank_generation(record: dict[str, Any]) -> RankGeneration:
         seconds_per_step=sum(call["seconds"] for call in calls) / max(steps, 1),
         all_gathers_per_call=statistics.median(call["all_gathers"] for call in calls),
         gathered_peak_bytes=max(call["peak_bytes"] for call in calls),
-        gathered_peak_fraction=max(call["peak_fraction"] for call in calls),
+        gathered_peak_share=max(call["peak_bytes"] / call["full_bytes"] for call in calls),
         rss_peak_bytes=max(call["rss_peak_bytes"] for call in calls),
         rss_peak_delta_bytes=max(call["rss_peak_delta_bytes"] for call in calls))
 
@@ -128,11 +128,11 @@ def bar_charts(path: Path, title: str, panels: Sequence[tuple[str, dict[str, flo
 
     figure, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
     for axis, (label, bars) in zip(axes[0], panels):
-        drawn = axis.bar(list(bars), list(bars.values()), color="#4c72b0")
+        drawn = axis.bar(range(len(bars)), list(bars.values()), color="#4c72b0")
         axis.bar_label(drawn, fmt="%.3g")
-        axis.set_ylabel(label)
-        axis.tick_params(axis="x", labelrotation=20)
-    figure.suptitle(title)
+        axis.set_xticks(range(len(bars)), list(bars), rotation=25, ha="right")
+        axis.set_title(label, fontsize=10)
+    figure.suptitle(title, fontsize=11)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)

@@ -5,7 +5,8 @@ Builds a random-weight Llama of about 100M parameters from the smoke policy's co
 processes in each mode with the generation probe on (RLHF_PROBE_GENERATION=1), and reads what each
 rank recorded in `ranks/rank-N.json`:
 
-- gathered peak: the most ZeRO-3 parameter bytes fully present on the rank at once while generating;
+- gathered peak: the most ZeRO-3 parameter bytes gathered (or being gathered: a prefetched parameter
+  already holds its full buffer) on the rank at once while generating, and their share of the model;
 - RSS rise: the largest rise of the rank's resident memory within one generation call, above its
   resident memory at the call's start (RSS peak: the largest resident memory itself);
 - generation seconds per step (gathering and releasing included);
@@ -190,7 +191,7 @@ def row(mode: str, rank: RankGeneration, planned: float | None) -> list[str]:
     measured = rank.gathered_peak_bytes
     error = "n/a" if planned is None or not measured else f"{100 * (planned - measured) / measured:+.0f}"
     return [mode, str(rank.rank), f"{rank.seconds_per_step:.2f}", f"{rank.all_gathers_per_call:g}",
-            f"{mib(measured)} ({rank.gathered_peak_fraction:.2f})", mib(rank.rss_peak_delta_bytes),
+            f"{mib(measured)} ({rank.gathered_peak_share:.2f})", mib(rank.rss_peak_delta_bytes),
             mib(rank.rss_peak_bytes), mib(planned), error]
 
 

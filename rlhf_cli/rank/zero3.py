@@ -106,7 +106,7 @@ class GenerationProbe:
 
     - gathered parameters: at every submodule's forward, how many ZeRO-3 parameters are fully present
       (`ds_status == AVAILABLE`). With --gather the whole model is present (1.0); without it, only the
-      layers being run and those prefetched.
+      layers being run and those prefetched. Their bytes count those still being gathered too.
     - all-gathers: every all-gather collective DeepSpeed's communication backend launches (the one
       gathering the whole model with --gather, one per fetched layer group without it).
     - process memory: the largest resident set size above the one at entry, sampled by a thread.
@@ -121,17 +121,20 @@ class GenerationProbe:
         from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
         self.available = ZeroParamStatus.AVAILABLE
+        self.partitioned = ZeroParamStatus.NOT_AVAILABLE
         self.params = [p for p in model.parameters() if hasattr(p, "ds_status")]
         self.total = sum(p.ds_numel for p in self.params)
+        self.total_bytes = sum(p.ds_numel * p.element_size() for p in self.params)
         self.peak = 0
         self.peak_bytes = 0
         self.all_gathers = 0
         self._collective_depth = 0  # a backend method calling another is one launch
 
     def sample(self, *_: Any) -> None:
-        present = [p for p in self.params if p.ds_status == self.available]
-        self.peak = max(self.peak, sum(p.ds_numel for p in present))
-        self.peak_bytes = max(self.peak_bytes, sum(p.ds_numel * p.element_size() for p in present))
+        self.peak = max(self.peak, sum(p.ds_numel for p in self.params if p.ds_status == self.available))
+        # Memory: a parameter being gathered (prefetched) already holds its full buffer.
+        held = sum(p.ds_numel * p.element_size() for p in self.params if p.ds_status != self.partitioned)
+        self.peak_bytes = max(self.peak_bytes, held)
 
     @contextlib.contextmanager
     def sampling(self, module: Any) -> Iterator[None]:
@@ -219,7 +222,7 @@ def _probe(model: Any, gather: bool) -> Iterator[Any]:
     if probe.total:
         GenerationProbe.calls.append({
             "gather": gather, "full_numel": probe.total, "peak_numel": probe.peak,
-            "peak_fraction": probe.peak / probe.total, "peak_bytes": probe.peak_bytes,
+            "peak_fraction": probe.peak / probe.total, "peak_bytes": probe.peak_bytes, "full_bytes": probe.total_bytes,
             "all_gathers": probe.all_gathers, "seconds": time.perf_counter() - started, **memory})
 
 
