@@ -36,7 +36,8 @@ def run_timed(argv: Sequence[str], env: dict[str, str] | None = None, timeout: f
     full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                 **(env or {})}
     started = time.perf_counter()
-    done = subprocess.run(list(argv), cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(list(argv), check=False, cwd=REPO, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
     seconds = time.perf_counter() - started
     output = done.stdout + done.stderr
     if done.returncode != 0:
@@ -126,11 +127,14 @@ def bar_charts(path: Path, title: str, panels: Sequence[tuple[str, dict[str, flo
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
-    for axis, (label, bars) in zip(axes[0], panels):
+    columns = min(len(panels), 2)
+    rows = -(-len(panels) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(6.5 * columns, 4.2 * rows), squeeze=False)
+    for axis, (label, bars) in zip(axes.flat, panels):
         drawn = axis.bar(range(len(bars)), list(bars.values()), color="#4c72b0")
-        axis.bar_label(drawn, fmt="%.3g")
-        axis.set_xticks(range(len(bars)), list(bars), rotation=25, ha="right")
+        axis.bar_label(drawn, fmt="%.4g")
+        axis.margins(y=0.12)
+        axis.set_xticks(range(len(bars)), list(bars), rotation=15, ha="right")
         axis.set_title(label, fontsize=10)
     figure.suptitle(title, fontsize=11)
     figure.tight_layout()
@@ -140,6 +144,9 @@ def bar_charts(path: Path, title: str, panels: Sequence[tuple[str, dict[str, flo
 
 
 def write_markdown(path: Path, text: str) -> None:
+    """Write a results page, ending with the command line that produced it."""
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(REPO) if script.is_relative_to(REPO) else script
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    path.write_text(f"{text}\nReproduce: `python {' '.join([str(shown), *sys.argv[1:]])}`\n")
     print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")

@@ -53,7 +53,8 @@ class Mode:
 
 
 def modes(max_live: int, prefetch_bucket: int) -> list[Mode]:
-    bounded = ("--set", f"stage3_max_live_parameters={max_live}", "--set", f"stage3_prefetch_bucket_size={prefetch_bucket}")
+    bounded = ("--set", f"stage3_max_live_parameters={max_live}",
+               "--set", f"stage3_prefetch_bucket_size={prefetch_bucket}")
     return [Mode("gather", ("--gather",)),
             Mode("no-gather (DeepSpeed defaults)", ("--no-gather",)),
             Mode("no-gather (bounded)", ("--no-gather", *bounded))]
@@ -168,9 +169,10 @@ def main() -> None:
     print_table(title, columns, rows)
     bar_charts(args.out / "generation.png", title, list(chart.items()))
     settings = (f"Bounded no-gather: `--set stage3_max_live_parameters={args.max_live} "
-                f"--set stage3_prefetch_bucket_size={args.prefetch_bucket}`; the other runs use DeepSpeed's "
-                f"stage3_max_live_parameters (1e9) and rlhf's prefetch bucket and persistence threshold "
-                f"(sized from the model by accelerate).")
+                f"--set stage3_prefetch_bucket_size={args.prefetch_bucket}`. The other runs set no ZeRO-3 knob, so "
+                f"DeepSpeed's defaults apply: stage3_max_live_parameters 1e9, stage3_prefetch_bucket_size 5e7, "
+                f"stage3_param_persistence_threshold 1e5 (accelerate sizes them from the model only when a "
+                f"DeepSpeed config file says `auto`).")
     write_markdown(args.out / "generation.md", f"# {title}\n\n{markdown_table(columns, rows)}\n{settings}\n\n"
                    f"![generation](generation.png)\n")
 

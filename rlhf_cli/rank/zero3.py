@@ -1,5 +1,5 @@
 """ZeRO-3 generation from shards (`--no-gather`): the fix stock TRL lacks, the recipe's ZeRO-3 knobs,
-and an optional probe of how much of the model generation materialises.
+and an optional probe of what generation costs each rank (gathered parameters, all-gathers, memory, time).
 
 Why the fix: generation runs many forward passes through DeepSpeed's ZeRO-3 hooks, and the
 parameter coordinator keeps the fetch trace it recorded there. The next training forward and
@@ -80,10 +80,10 @@ def install_no_gather_fix(required: bool) -> None:
     @contextlib.contextmanager
     def unwrap_without_stale_trace(model: Any, accelerator: Any, gather_deepspeed3_params: bool = True,
                                    *args: Any, **kwargs: Any) -> Iterator[Any]:
-        with _probe(model, gather_deepspeed3_params) as probe:  # around the gathering too
-            with original(model, accelerator, gather_deepspeed3_params, *args, **kwargs) as unwrapped:
-                with probe.sampling(unwrapped):
-                    yield unwrapped
+        with (_probe(model, gather_deepspeed3_params) as probe,  # around the gathering too
+              original(model, accelerator, gather_deepspeed3_params, *args, **kwargs) as unwrapped,
+              probe.sampling(unwrapped)):
+            yield unwrapped
         if not gather_deepspeed3_params and not os.environ.get(STOCK_TRL_ENV):
             invalidate_trace(model)
 
@@ -107,8 +107,8 @@ class GenerationProbe:
     - gathered parameters: at every submodule's forward, how many ZeRO-3 parameters are fully present
       (`ds_status == AVAILABLE`). With --gather the whole model is present (1.0); without it, only the
       layers being run and those prefetched. Their bytes count those still being gathered too.
-    - all-gathers: every all-gather collective DeepSpeed's communication backend launches (the one
-      gathering the whole model with --gather, one per fetched layer group without it).
+    - all-gathers: every all-gather collective DeepSpeed's communication backend launches (with --gather
+      one per partitioned tensor, all at entry; without it one per fetched group of tensors, every token).
     - process memory: the largest resident set size above the one at entry, sampled by a thread.
     - wall time of the call, gathering and releasing included.
     """
