@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (MIB, RECIPES, RESULTS, WORK, CommandFailed, RankGeneration, bar_charts, markdown_table,
                      print_table, python_module, rank_generations, run_timed, write_markdown)
@@ -68,7 +66,8 @@ def build_model(directory: Path) -> int:
     config = AutoConfig.from_pretrained(SMOKE_POLICY)
     config.update(MODEL_SHAPE)
     saved = directory / "config.json"
-    if not (saved.exists() and all(json.loads(saved.read_text()).get(k) == v for k, v in MODEL_SHAPE.items())):
+    complete = saved.exists() and (directory / "model.safetensors").exists()
+    if not (complete and all(json.loads(saved.read_text()).get(k) == v for k, v in MODEL_SHAPE.items())):
         torch.manual_seed(0)
         LlamaForCausalLM(config).save_pretrained(directory)
         AutoTokenizer.from_pretrained(SMOKE_POLICY).save_pretrained(directory)
@@ -82,7 +81,7 @@ def planned_generation_bytes(plan: Any, gather: bool) -> float | None:
 
     The plan's JSON shape is read defensively: every numeric leaf is named by its path (keys, and the
     `name`/`component`/`config` of list items); the first whose path mentions generation or gathering,
-    the mode's column (gather / no-gather) and no offload other than none, is taken, in bytes unless its
+    the mode's column (gather / no-gather) and no offload to cpu or nvme, is taken, in bytes unless its
     key names GiB or MiB.
     """
     leaves: list[tuple[str, float]] = []
@@ -102,7 +101,7 @@ def planned_generation_bytes(plan: Any, gather: bool) -> float | None:
     for path, value in leaves:
         mentions_no_gather = "no-gather" in path or "nogather" in path
         mode_matches = mentions_no_gather if not gather else ("gather" in path and not mentions_no_gather)
-        offloaded = any(word in path for word in ("offload-optimizer", "offload-params", "cpu", "nvme"))
+        offloaded = "cpu" in path or "nvme" in path
         if mode_matches and not offloaded and ("generation" in path or "gathered" in path) and "fraction" not in path:
             return value * (2**30 if "gib" in path else MIB if "mib" in path else 1)
     return None
@@ -118,7 +117,7 @@ def plan_prediction(flags: list[str], gather: bool) -> float | None:
 
 
 def run_mode(mode: Mode, model: Path, work: Path, steps: int, completion_length: int, repeat: int) -> Path:
-    out = work / "runs" / f"{mode.name.split()[0]}-{len(mode.flags)}-{repeat}"
+    out = work / "runs" / f"{re.sub('[^a-z]+', '-', mode.name.lower()).strip('-')}-{repeat}"
     run_timed(python_module("rlhf_cli", "rloo", *run_flags(mode, model, steps, completion_length),
                             "-o", str(out), "--overwrite"), env={"RLHF_PROBE_GENERATION": "1"})
     return out

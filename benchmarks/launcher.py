@@ -24,8 +24,6 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from _common import (RECIPES, RESULTS, WORK, bar_charts, markdown_table, median_seconds, print_table,
                      python_module, run_timed, write_markdown)
 
