@@ -28,6 +28,7 @@ def write_rank_record(trainer: Any) -> Path:
             "calls": len(calls),
             "peak_fraction": max((c["peak_fraction"] for c in calls), default=None),
             "full_numel": calls[0]["full_numel"] if calls else None,
+            "per_call": calls,  # seconds, all_gathers, peak_bytes, rss_peak_bytes, ... of each call
         },
     }
     path = Path(trainer.args.output_dir) / RANKS_DIR / f"rank-{accelerator.process_index}.json"

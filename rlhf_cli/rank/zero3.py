@@ -1,5 +1,5 @@
 """ZeRO-3 generation from shards (`--no-gather`): the fix stock TRL lacks, the recipe's ZeRO-3 knobs,
-and an optional probe of how much of the model generation materialises.
+and an optional probe of what generation costs each rank (gathered parameters, all-gathers, memory, time).
 
 Why the fix: generation runs many forward passes through DeepSpeed's ZeRO-3 hooks, and the
 parameter coordinator keeps the fetch trace it recorded there. The next training forward and
@@ -80,9 +80,10 @@ def install_no_gather_fix(required: bool) -> None:
     @contextlib.contextmanager
     def unwrap_without_stale_trace(model: Any, accelerator: Any, gather_deepspeed3_params: bool = True,
                                    *args: Any, **kwargs: Any) -> Iterator[Any]:
-        with original(model, accelerator, gather_deepspeed3_params, *args, **kwargs) as unwrapped:
-            with _probe(unwrapped, gather_deepspeed3_params):
-                yield unwrapped
+        with (_probe(model, gather_deepspeed3_params) as probe,  # around the gathering too
+              original(model, accelerator, gather_deepspeed3_params, *args, **kwargs) as unwrapped,
+              probe.sampling(unwrapped)):
+            yield unwrapped
         if not gather_deepspeed3_params and not os.environ.get(STOCK_TRL_ENV):
             invalidate_trace(model)
 
@@ -101,47 +102,131 @@ def apply_zero3_settings(config: Any, knobs: dict[str, int]) -> None:
 # -- probe ------------------------------------------------------------------------------------------
 
 class GenerationProbe:
-    """Peak share of the model's parameters gathered on this rank while generating.
+    """What one generation call cost this rank, measured around TRL's generation context.
 
-    Samples, at every submodule's forward, how many ZeRO-3 parameters are fully present
-    (`ds_status == AVAILABLE`). With --gather the whole model is present (1.0); without it,
-    only the layers being run and those prefetched.
+    - gathered parameters: at every submodule's forward, how many ZeRO-3 parameters are fully present
+      (`ds_status == AVAILABLE`). With --gather the whole model is present (1.0); without it, only the
+      layers being run and those prefetched. Their bytes count those still being gathered too.
+    - all-gathers: every all-gather collective DeepSpeed's communication backend launches (with --gather
+      one per partitioned tensor, all at entry; without it one per fetched group of tensors, every token).
+    - process memory: the largest resident set size above the one at entry, sampled by a thread.
+    - wall time of the call, gathering and releasing included.
     """
 
     calls: list[dict[str, Any]] = []
+    ALL_GATHER_METHODS = ("all_gather", "all_gather_into_tensor", "all_gather_base", "all_gather_coalesced")
+    RSS_INTERVAL_S = 0.01
 
-    def __init__(self, module: Any) -> None:
+    def __init__(self, model: Any) -> None:
         from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
         self.available = ZeroParamStatus.AVAILABLE
-        self.module = module
-        self.params = [p for p in module.parameters() if hasattr(p, "ds_status")]
+        self.partitioned = ZeroParamStatus.NOT_AVAILABLE
+        self.params = [p for p in model.parameters() if hasattr(p, "ds_status")]
         self.total = sum(p.ds_numel for p in self.params)
+        self.total_bytes = sum(p.ds_numel * p.element_size() for p in self.params)
         self.peak = 0
-        self.handles: list[Any] = []
+        self.peak_bytes = 0
+        self.all_gathers = 0
+        self._collective_depth = 0  # a backend method calling another is one launch
 
     def sample(self, *_: Any) -> None:
         self.peak = max(self.peak, sum(p.ds_numel for p in self.params if p.ds_status == self.available))
+        # Memory: a parameter being gathered (prefetched) already holds its full buffer.
+        held = sum(p.ds_numel * p.element_size() for p in self.params if p.ds_status != self.partitioned)
+        self.peak_bytes = max(self.peak_bytes, held)
 
-    def __enter__(self) -> GenerationProbe:
+    @contextlib.contextmanager
+    def sampling(self, module: Any) -> Iterator[None]:
+        """Sample the gathered parameters at every forward of `module`'s submodules."""
         self.sample()
-        for submodule in self.module.modules():
-            self.handles.append(submodule.register_forward_pre_hook(self.sample))
-            self.handles.append(submodule.register_forward_hook(self.sample))
-        return self
+        handles = []
+        for submodule in module.modules():
+            handles.append(submodule.register_forward_pre_hook(self.sample))
+            handles.append(submodule.register_forward_hook(self.sample))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
-    def __exit__(self, *_: Any) -> None:
-        for handle in self.handles:
-            handle.remove()
+    @contextlib.contextmanager
+    def counting_all_gathers(self) -> Iterator[None]:
+        import deepspeed.comm.comm as ds_comm
+
+        backend = ds_comm.cdb
+        names = [name for name in self.ALL_GATHER_METHODS if backend is not None and hasattr(backend, name)]
+        for name in names:
+            setattr(backend, name, self._counted(getattr(backend, name)))
+        try:
+            yield
+        finally:
+            for name in names:
+                delattr(backend, name)  # the instance attribute shadowed the class's method
+
+    def _counted(self, method: Any) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            if self._collective_depth == 0:
+                self.all_gathers += 1
+            self._collective_depth += 1
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self._collective_depth -= 1
+        return launch
+
+    @contextlib.contextmanager
+    def watching_memory(self) -> Iterator[dict[str, int]]:
+        """Yield a dict filled when the block ends: resident memory at entry, at its peak, and the rise.
+
+        The rise alone understates later calls: the allocator keeps what an earlier call freed, so it is
+        already counted at entry; the absolute peak compares across runs of the same model.
+        """
+        import threading
+
+        import psutil
+
+        process = psutil.Process()
+        start = process.memory_info().rss
+        peak = [start]
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(self.RSS_INTERVAL_S):
+                peak[0] = max(peak[0], process.memory_info().rss)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        result: dict[str, int] = {}
+        try:
+            yield result
+        finally:
+            done.set()
+            watcher.join()
+            top = max(peak[0], process.memory_info().rss)
+            result.update(rss_start_bytes=start, rss_peak_bytes=top, rss_peak_delta_bytes=top - start)
 
 
 @contextlib.contextmanager
-def _probe(module: Any, gather: bool) -> Iterator[None]:
+def _probe(model: Any, gather: bool) -> Iterator[Any]:
+    """Measure one generation call when RLHF_PROBE_GENERATION is set; else a probe that measures nothing."""
     if not os.environ.get(PROBE_ENV):
-        yield
+        yield _NoProbe()
         return
-    with GenerationProbe(module) as probe:
-        yield
+    import time
+
+    probe = GenerationProbe(model)
+    started = time.perf_counter()
+    with probe.watching_memory() as memory, probe.counting_all_gathers():
+        yield probe
     if probe.total:
-        GenerationProbe.calls.append({"gather": gather, "full_numel": probe.total, "peak_numel": probe.peak,
-                                      "peak_fraction": probe.peak / probe.total})
+        GenerationProbe.calls.append({
+            "gather": gather, "full_numel": probe.total, "peak_numel": probe.peak,
+            "peak_fraction": probe.peak / probe.total, "peak_bytes": probe.peak_bytes, "full_bytes": probe.total_bytes,
+            "all_gathers": probe.all_gathers, "seconds": time.perf_counter() - started, **memory})
+
+
+class _NoProbe:
+    @contextlib.contextmanager
+    def sampling(self, module: Any) -> Iterator[None]:
+        yield

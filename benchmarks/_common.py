@@ -1,0 +1,152 @@
+"""Helpers shared by the benchmark scripts: run a command with timing, read the ranks' probe records,
+print tables, draw bar charts."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPES = REPO / "recipes"
+RESULTS = Path(__file__).resolve().parent / "results"
+WORK = Path(__file__).resolve().parent / ".work"
+MIB = 2**20
+
+
+class CommandFailed(RuntimeError):
+    """A measured command exited non-zero; the message carries the end of its output."""
+
+
+@dataclass(frozen=True)
+class Timed:
+    seconds: float
+    output: str
+
+
+def run_timed(argv: Sequence[str], env: dict[str, str] | None = None, timeout: float = 600) -> Timed:
+    """Run `argv` from the repository root (our code first on the path), and time it from start to exit."""
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                **(env or {})}
+    started = time.perf_counter()
+    done = subprocess.run(list(argv), check=False, cwd=REPO, env=full_env, capture_output=True, text=True,
+                          timeout=timeout)
+    seconds = time.perf_counter() - started
+    output = done.stdout + done.stderr
+    if done.returncode != 0:
+        raise CommandFailed(f"{' '.join(argv)} exited {done.returncode}:\n{output[-4000:]}")
+    return Timed(seconds, output)
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """argv for `python -m module args` with this interpreter."""
+    return [sys.executable, "-m", module, *args]
+
+
+def median_seconds(argv: Sequence[str], repeats: int, env: dict[str, str] | None = None) -> float:
+    return statistics.median(run_timed(argv, env).seconds for _ in range(repeats))
+
+
+# -- probe records ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RankGeneration:
+    """One rank's generation calls, summed up from the probe's per-call records in `ranks/rank-N.json`."""
+
+    rank: int
+    steps: int
+    calls: int
+    seconds_per_step: float
+    all_gathers_per_call: float  # median over the calls
+    gathered_peak_bytes: int  # largest ZeRO-3 parameter bytes gathered or being gathered at once
+    gathered_peak_share: float  # of the whole model's bytes
+    rss_peak_bytes: int  # largest resident memory of the process during a call
+    rss_peak_delta_bytes: int  # largest rise of the process's resident memory within one call
+
+
+def read_rank_generation(record: dict[str, Any]) -> RankGeneration:
+    """Summarise one rank record; fails with a clear message when the run was not probed."""
+    calls = record.get("generation_probe", {}).get("per_call") or []
+    if not calls:
+        raise ValueError(f"rank {record.get('rank')} recorded no generation calls: was RLHF_PROBE_GENERATION=1 set?")
+    steps = record["global_step"]
+    return RankGeneration(
+        rank=record["rank"], steps=steps, calls=len(calls),
+        seconds_per_step=sum(call["seconds"] for call in calls) / max(steps, 1),
+        all_gathers_per_call=statistics.median(call["all_gathers"] for call in calls),
+        gathered_peak_bytes=max(call["peak_bytes"] for call in calls),
+        gathered_peak_share=max(call["peak_bytes"] / call["full_bytes"] for call in calls),
+        rss_peak_bytes=max(call["rss_peak_bytes"] for call in calls),
+        rss_peak_delta_bytes=max(call["rss_peak_delta_bytes"] for call in calls))
+
+
+def rank_generations(run_dirs: Sequence[Path]) -> list[RankGeneration]:
+    """One summary per rank over several runs of the same mode: their calls pooled, their steps added up."""
+    merged: dict[int, dict[str, Any]] = {}
+    for run_dir in run_dirs:
+        for path in sorted((run_dir / "ranks").glob("rank-*.json")):
+            record = json.loads(path.read_text())
+            into = merged.setdefault(record["rank"], {"rank": record["rank"], "global_step": 0,
+                                                      "generation_probe": {"per_call": []}})
+            into["global_step"] += record["global_step"]
+            into["generation_probe"]["per_call"] += record.get("generation_probe", {}).get("per_call") or []
+    return [read_rank_generation(merged[rank]) for rank in sorted(merged)]
+
+
+# -- output -----------------------------------------------------------------------------------------
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for index, column in enumerate(columns):
+        table.add_column(column, justify="left" if index == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    Console(width=160).print(table)
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def bar_charts(path: Path, title: str, panels: Sequence[tuple[str, dict[str, float]]]) -> None:
+    """One PNG with a bar chart per panel: (y-axis label, {bar label: value})."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = min(len(panels), 2)
+    rows = -(-len(panels) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(6.5 * columns, 4.2 * rows), squeeze=False)
+    for axis, (label, bars) in zip(axes.flat, panels):
+        drawn = axis.bar(range(len(bars)), list(bars.values()), color="#4c72b0")
+        axis.bar_label(drawn, fmt="%.4g")
+        axis.margins(y=0.12)
+        axis.set_xticks(range(len(bars)), list(bars), rotation=15, ha="right")
+        axis.set_title(label, fontsize=10)
+    figure.suptitle(title, fontsize=11)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def write_markdown(path: Path, text: str) -> None:
+    """Write a results page, ending with the command line that produced it."""
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(REPO) if script.is_relative_to(REPO) else script
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{text}\nReproduce: `python {' '.join([str(shown), *sys.argv[1:]])}`\n")
+    print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")

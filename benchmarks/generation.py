@@ -1,0 +1,200 @@
+"""Gather vs no-gather under ZeRO-3: what generation costs each rank.
+
+Builds a random-weight Llama of about 100M parameters from the smoke policy's config and tokenizer
+(scaled up; the 500-token vocabulary keeps the embeddings small), runs `rlhf rloo` on it with 2 CPU
+processes in each mode with the generation probe on (RLHF_PROBE_GENERATION=1), and reads what each
+rank recorded in `ranks/rank-N.json`:
+
+- gathered peak: the most ZeRO-3 parameter bytes gathered (or being gathered: a prefetched parameter
+  already holds its full buffer) on the rank at once while generating, and their share of the model;
+- RSS rise: the largest rise of the rank's resident memory within one generation call, above its
+  resident memory at the call's start (RSS peak: the largest resident memory itself);
+- generation seconds per step (gathering and releasing included);
+- all-gather collectives launched per generation call (median over the calls).
+
+No-gather runs twice: with DeepSpeed's defaults (stage3_max_live_parameters=1e9, more than the whole
+model, so it may keep nearly all of it live) and with bounded ZeRO-3 knobs (--max-live, --prefetch-bucket).
+The "plan" column shows what `rlhf plan rloo ... --json` predicts for the same run, where that command exists.
+
+    python benchmarks/generation.py [--steps 3] [--repeats 1] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from _common import (MIB, RECIPES, RESULTS, WORK, CommandFailed, RankGeneration, bar_charts, markdown_table,
+                     print_table, python_module, rank_generations, run_timed, write_markdown)
+
+SMOKE_POLICY = RECIPES / "smoke" / "policy"
+RECIPE = RECIPES / "rloo" / "smoke.yaml"
+# Scaled-up smoke policy: 14 layers of 7.1M parameters, about 100M in all.
+MODEL_SHAPE = {"hidden_size": 768, "num_hidden_layers": 14, "intermediate_size": 2048,
+               "num_attention_heads": 12, "num_key_value_heads": 12, "head_dim": 64}
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    flags: tuple[str, ...]
+
+    @property
+    def gathers(self) -> bool:
+        return "--gather" in self.flags
+
+
+def modes(max_live: int, prefetch_bucket: int) -> list[Mode]:
+    bounded = ("--set", f"stage3_max_live_parameters={max_live}",
+               "--set", f"stage3_prefetch_bucket_size={prefetch_bucket}")
+    return [Mode("gather", ("--gather",)),
+            Mode("no-gather (DeepSpeed defaults)", ("--no-gather",)),
+            Mode("no-gather (bounded)", ("--no-gather", *bounded))]
+
+
+def build_model(directory: Path) -> int:
+    """Save the scaled-up random Llama (once; reused while its config matches) and return its parameter count."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
+
+    config = AutoConfig.from_pretrained(SMOKE_POLICY)
+    config.update(MODEL_SHAPE)
+    saved = directory / "config.json"
+    complete = saved.exists() and (directory / "model.safetensors").exists()
+    if not (complete and all(json.loads(saved.read_text()).get(k) == v for k, v in MODEL_SHAPE.items())):
+        torch.manual_seed(0)
+        LlamaForCausalLM(config).save_pretrained(directory)
+        AutoTokenizer.from_pretrained(SMOKE_POLICY).save_pretrained(directory)
+        shutil.copy(SMOKE_POLICY / "generation_config.json", directory)
+    with torch.device("meta"):
+        return LlamaForCausalLM(config).num_parameters()
+
+
+def planned_generation_bytes(plan: Any, gather: bool) -> float | None:
+    """The plan's generation component for this mode, in bytes, or None when it cannot be found.
+
+    The plan's JSON shape is read defensively: every numeric leaf is named by its path (keys, and the
+    `name`/`component`/`config` of list items); the first whose path mentions generation or gathering,
+    the mode's column (gather / no-gather) and no offload to cpu or nvme, is taken, in bytes unless its
+    key names GiB or MiB.
+    """
+    leaves: list[tuple[str, float]] = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            label = " ".join(str(node[k]) for k in ("name", "component", "config", "label") if k in node)
+            for key, value in node.items():
+                walk(value, f"{path}/{label}/{key}")
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, path)
+        elif isinstance(node, (int, float)) and not isinstance(node, bool):
+            leaves.append((path.lower().replace("_", "-"), float(node)))
+
+    walk(plan, "")
+    for path, value in leaves:
+        mentions_no_gather = "no-gather" in path or "nogather" in path
+        mode_matches = mentions_no_gather if not gather else ("gather" in path and not mentions_no_gather)
+        offloaded = "cpu" in path or "nvme" in path
+        if mode_matches and not offloaded and ("generation" in path or "gathered" in path) and "fraction" not in path:
+            return value * (2**30 if "gib" in path else MIB if "mib" in path else 1)
+    return None
+
+
+def plan_prediction(flags: list[str], gather: bool) -> float | None:
+    """Ask `rlhf plan` about the same run; None when the command is not there or says nothing usable."""
+    try:
+        planned = run_timed(python_module("rlhf_cli", "plan", "rloo", *flags, "--json"), timeout=120)
+        return planned_generation_bytes(json.loads(planned.output[planned.output.index("{"):]), gather)
+    except (CommandFailed, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def run_mode(mode: Mode, model: Path, work: Path, steps: int, completion_length: int, repeat: int) -> Path:
+    out = work / "runs" / f"{re.sub('[^a-z]+', '-', mode.name.lower()).strip('-')}-{repeat}"
+    run_timed(python_module("rlhf_cli", "rloo", *run_flags(mode, model, steps, completion_length),
+                            "-o", str(out), "--overwrite"), env={"RLHF_PROBE_GENERATION": "1"})
+    return out
+
+
+def run_flags(mode: Mode, model: Path, steps: int, completion_length: int) -> list[str]:
+    return ["-r", str(RECIPE), "--model", str(model), "--max-steps", str(steps),
+            "--set", f"max_completion_length={completion_length}", *mode.flags]
+
+
+def mib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value / MIB:.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=3, help="training steps per run (one generation call each)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per mode; their calls are pooled")
+    parser.add_argument("--completion-length", type=int, default=16)
+    parser.add_argument("--max-live", type=int, default=20_000_000,
+                        help="stage3_max_live_parameters of the bounded no-gather run (about 3 layers)")
+    parser.add_argument("--prefetch-bucket", type=int, default=7_000_000,
+                        help="stage3_prefetch_bucket_size of the bounded no-gather run (about 1 layer)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--work-dir", type=Path, default=WORK, help="where the model and the runs go (not in git)")
+    args = parser.parse_args()
+
+    model = args.work_dir / "llama-100m"
+    parameters = build_model(model)
+    print(f"model: {parameters / 1e6:.1f}M parameters, {model}")
+
+    columns = ["mode", "rank", "gen s/step", "all-gathers/call", "gathered peak MiB (share)", "RSS rise MiB",
+               "RSS peak MiB", "plan predicted MiB", "plan error %"]
+    rows: list[list[str]] = []
+    chart: dict[str, dict[str, float]] = {label: {} for label in CHART_PANELS}
+    for mode in modes(args.max_live, args.prefetch_bucket):
+        print(f"running {mode.name} ...", flush=True)
+        runs = [run_mode(mode, model, args.work_dir, args.steps, args.completion_length, repeat)
+                for repeat in range(args.repeats)]
+        ranks = rank_generations(runs)
+        planned = plan_prediction(run_flags(mode, model, args.steps, args.completion_length), mode.gathers)
+        rows += [row(mode.name, rank, planned) for rank in ranks]
+        for label, value in chart_values(ranks).items():
+            chart[label][mode.name] = value
+
+    title = (f"Generation under ZeRO-3, 2 CPU processes, {parameters / 1e6:.0f}M-parameter Llama (fp32), "
+             f"{args.steps} steps x {args.repeats}, {args.completion_length} completion tokens")
+    print_table(title, columns, rows)
+    bar_charts(args.out / "generation.png", title, list(chart.items()))
+    settings = (f"Bounded no-gather: `--set stage3_max_live_parameters={args.max_live} "
+                f"--set stage3_prefetch_bucket_size={args.prefetch_bucket}`. The other runs set no ZeRO-3 knob, so "
+                f"DeepSpeed's defaults apply: stage3_max_live_parameters 1e9, stage3_prefetch_bucket_size 5e7, "
+                f"stage3_param_persistence_threshold 1e5 (accelerate sizes them from the model only when a "
+                f"DeepSpeed config file says `auto`).")
+    write_markdown(args.out / "generation.md", f"# {title}\n\n{markdown_table(columns, rows)}\n{settings}\n\n"
+                   f"![generation](generation.png)\n")
+
+
+CHART_PANELS = ("gathered parameters peak (MiB, max over ranks)", "RSS rise in generation (MiB, max over ranks)",
+                "generation seconds per step (mean over ranks)", "all-gathers per generation call (max over ranks)")
+
+
+def chart_values(ranks: list[RankGeneration]) -> dict[str, float]:
+    gathered, rss, seconds, all_gathers = CHART_PANELS
+    return {gathered: max(r.gathered_peak_bytes for r in ranks) / MIB,
+            rss: max(r.rss_peak_delta_bytes for r in ranks) / MIB,
+            seconds: sum(r.seconds_per_step for r in ranks) / len(ranks),
+            all_gathers: max(r.all_gathers_per_call for r in ranks)}
+
+
+def row(mode: str, rank: RankGeneration, planned: float | None) -> list[str]:
+    measured = rank.gathered_peak_bytes
+    error = "n/a" if planned is None or not measured else f"{100 * (planned - measured) / measured:+.0f}"
+    return [mode, str(rank.rank), f"{rank.seconds_per_step:.2f}", f"{rank.all_gathers_per_call:g}",
+            f"{mib(measured)} ({rank.gathered_peak_share:.2f})", mib(rank.rss_peak_delta_bytes),
+            mib(rank.rss_peak_bytes), mib(planned), error]
+
+
+if __name__ == "__main__":
+    main()

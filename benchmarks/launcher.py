@@ -1,0 +1,112 @@
+"""Launcher overhead: `rlhf rloo` against TRL's own RLOO script on the same smoke run, and start-up times.
+
+The TRL run gets exactly what `rlhf rloo --dry-run --json` resolves: the same trainer arguments, model,
+reward model and prompts (TRL reads a local dataset as a directory, so the prompts file is copied into
+one), the same accelerate config (2 processes, ZeRO-3, CPU) and the same environment (DS_ACCELERATOR=cpu),
+started with `accelerate launch` (see `trl_run` for why not `trl rloo`).
+Both run with --gather: stock TRL crashes without it. The two are timed end to end (start to exit),
+interleaved, `--repeats` times each, in one run of this script; the ratio of the medians is reported.
+
+Start-up: the median of 5 runs of `rlhf --help`, `rlhf rloo -r rloo/smoke --dry-run`, `trl --help` and
+`accelerate --help`.
+
+    python benchmarks/launcher.py [--steps 4] [--repeats 2] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+import yaml
+
+from _common import (RECIPES, RESULTS, WORK, bar_charts, markdown_table, median_seconds, print_table,
+                     python_module, run_timed, write_markdown)
+
+RECIPE = RECIPES / "rloo" / "smoke.yaml"
+STARTUP_REPEATS = 5
+
+
+def console_script(name: str) -> str:
+    """The installed entry point `name` of this interpreter's environment."""
+    path = Path(sys.executable).with_name(name)
+    return str(path) if path.exists() else shutil.which(name) or name
+
+
+def rlhf_argv(out: Path, steps: int, *extra: str) -> list[str]:
+    return python_module("rlhf_cli", "rloo", "-r", str(RECIPE), "-o", str(out), "--max-steps", str(steps),
+                         "--gather", *extra)
+
+
+def trl_run(work: Path, steps: int) -> tuple[list[str], dict[str, str]]:
+    """argv and environment of TRL's RLOO script for the run rlhf resolves; writes its config files into `work`.
+
+    It is what `trl rloo --config` launches, started with `accelerate launch`: `trl rloo`
+    itself builds the trainer config in the launcher process, where `ddp_backend: gloo` (which the CPU ranks
+    need, or they count one process and DeepSpeed refuses the batch size) asks for a process group that
+    does not exist there.
+    """
+    resolved = json.loads(run_timed(rlhf_argv(work / "trl-run", steps, "--overwrite", "--dry-run", "--json")).output)
+    data = work / "prompts"
+    data.mkdir(parents=True, exist_ok=True)
+    shutil.copy(resolved["script"]["dataset_name"], data / "train.jsonl")
+    config = {**resolved["trainer"], **resolved["model"], **resolved["script"], "dataset_name": str(data)}
+    (work / "trl_rloo.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    (work / "accelerate.yaml").write_text(yaml.safe_dump(resolved["accelerate"], sort_keys=False))
+    from importlib import resources
+
+    script = resources.files("trl.scripts").joinpath("rloo.py")
+    argv = [console_script("accelerate"), "launch", "--config_file", str(work / "accelerate.yaml"), str(script),
+            "--config", str(work / "trl_rloo.yaml")]
+    return argv, resolved["launch"]["env"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=4, help="training steps per run (the smoke recipe's 4)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each launcher, interleaved")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--work-dir", type=Path, default=WORK, help="where the runs go (not in git)")
+    args = parser.parse_args()
+    work = args.work_dir / "launcher"
+
+    trl_argv, trl_env = trl_run(work, args.steps)
+    seconds: dict[str, list[float]] = {"rlhf rloo": [], "TRL rloo.py": []}
+    for repeat in range(args.repeats):
+        print(f"repeat {repeat + 1}/{args.repeats}: rlhf rloo, TRL rloo.py ...", flush=True)
+        for run in ("rlhf-run", "trl-run"):  # both start from an empty output directory
+            shutil.rmtree(work / run, ignore_errors=True)
+        seconds["rlhf rloo"].append(run_timed(rlhf_argv(work / "rlhf-run", args.steps)).seconds)
+        seconds["TRL rloo.py"].append(run_timed(trl_argv, env=trl_env).seconds)
+    medians = {name: statistics.median(values) for name, values in seconds.items()}
+    ratio = medians["rlhf rloo"] / medians["TRL rloo.py"]
+
+    startup_commands = {
+        "rlhf --help": python_module("rlhf_cli", "--help"),
+        "rlhf rloo -r rloo/smoke --dry-run": python_module("rlhf_cli", "rloo", "-r", "rloo/smoke", "--dry-run"),
+        "trl --help": [console_script("trl"), "--help"],
+        "accelerate --help": [console_script("accelerate"), "--help"],
+    }
+    startup = {name: median_seconds(argv, STARTUP_REPEATS) for name, argv in startup_commands.items()}
+
+    title = (f"Launcher overhead: RLOO smoke run, {args.steps} steps, 2 CPU processes, ZeRO-3, gather; "
+             f"{args.repeats} interleaved runs each")
+    run_columns = ["launcher", "wall s (each run)", "median s", "ratio rlhf/trl"]
+    run_rows = [[name, ", ".join(f"{value:.1f}" for value in values), f"{medians[name]:.1f}",
+                 f"{ratio:.3f}" if name == "rlhf rloo" else ""] for name, values in seconds.items()]
+    startup_columns = ["command", f"median s of {STARTUP_REPEATS}"]
+    startup_rows = [[name, f"{value:.2f}"] for name, value in startup.items()]
+    print_table(title, run_columns, run_rows)
+    print_table("Start-up", startup_columns, startup_rows)
+    bar_charts(args.out / "launcher.png", title, [("wall seconds, median", medians), ("start-up seconds", startup)])
+    write_markdown(args.out / "launcher.md", f"# {title}\n\n{markdown_table(run_columns, run_rows)}\n"
+                   f"## Start-up (median of {STARTUP_REPEATS})\n\n{markdown_table(startup_columns, startup_rows)}\n"
+                   f"![launcher](launcher.png)\n")
+
+
+if __name__ == "__main__":
+    main()

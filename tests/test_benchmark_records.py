@@ -1,0 +1,57 @@
+"""The generation benchmark's reading of the ranks' probe records (`ranks/rank-N.json`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, write
+
+
+def load_common():
+    spec = importlib.util.spec_from_file_location("benchmarks_common", REPO / "benchmarks" / "_common.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def call(seconds: float, all_gathers: int, peak_bytes: int, rss_rise: int) -> dict:
+    return {"gather": False, "full_numel": 1000, "peak_numel": peak_bytes // 4, "peak_fraction": peak_bytes / 4000,
+            "peak_bytes": peak_bytes, "full_bytes": 4000, "all_gathers": all_gathers, "seconds": seconds,
+            "rss_start_bytes": 10_000, "rss_peak_bytes": 10_000 + rss_rise, "rss_peak_delta_bytes": rss_rise}
+
+
+def write_run(run: Path, rank: int, steps: int, calls: list[dict]) -> None:
+    record = {"rank": rank, "world_size": 2, "global_step": steps,
+              "generation_probe": {"calls": len(calls), "per_call": calls}}
+    write(run / "ranks" / f"rank-{rank}.json", json.dumps(record))
+
+
+def test_runs_of_one_mode_are_pooled_per_rank(tmp_path: Path) -> None:
+    common = load_common()
+    first, second = tmp_path / "first", tmp_path / "second"
+    write_run(first, 1, 2, [call(1.0, 10, 400, 50), call(2.0, 30, 800, 20)])
+    write_run(first, 0, 2, [call(1.5, 12, 400, 60), call(1.5, 12, 400, 60)])
+    write_run(second, 1, 1, [call(3.0, 20, 1200, 10)])
+
+    ranks = common.rank_generations([first, second])
+
+    assert [r.rank for r in ranks] == [0, 1]
+    pooled = ranks[1]
+    assert (pooled.steps, pooled.calls) == (3, 3)
+    assert pooled.seconds_per_step == pytest.approx(2.0)  # 6 s of generation over 3 steps
+    assert pooled.all_gathers_per_call == 20  # the median call
+    assert (pooled.gathered_peak_bytes, pooled.gathered_peak_share) == (1200, 0.3)
+    assert (pooled.rss_peak_delta_bytes, pooled.rss_peak_bytes) == (50, 10_050)
+    assert ranks[0].seconds_per_step == pytest.approx(1.5)
+
+
+def test_a_run_without_the_probe_is_refused(tmp_path: Path) -> None:
+    write_run(tmp_path, 0, 4, [])
+    with pytest.raises(ValueError, match="RLHF_PROBE_GENERATION=1"):
+        load_common().rank_generations([tmp_path])
