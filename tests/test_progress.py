@@ -64,3 +64,19 @@ def test_a_resumed_run_counts_its_eta_from_where_it_resumed() -> None:
 
 def test_every_algorithm_has_headline_metrics() -> None:
     assert set(HEADLINE_METRICS) == {"rloo", "online_dpo", "ppo"}
+
+
+def test_generation_seconds_per_step_since_the_last_log() -> None:
+    from rlhf_cli.rank.zero3 import GenerationClock
+
+    out = io.StringIO()
+    progress = TrainingProgress("ppo", Console(file=out, force_terminal=False))
+    state = SimpleNamespace(global_step=0, max_steps=10)
+    progress.on_train_begin(None, state, None)
+    GenerationClock.seconds = 3.0  # two steps of generating since training began
+    state.global_step = 2
+    progress.on_log(None, state, None, logs=LOGGED["ppo"])
+    state.global_step = 3
+    progress.on_log(None, state, None, logs=LOGGED["ppo"])  # nothing generated since
+    first, second = out.getvalue().splitlines()
+    assert "gen 1.5 s/step" in first and "gen" not in second

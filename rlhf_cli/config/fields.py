@@ -69,9 +69,9 @@ OWN_FIELDS = (
     Field("dataset_prompt_column", "script", ("str",), "prompt",
           "Dataset column holding the prompt (plain text or a list of chat messages)."),
     Field("stage3_prefetch_bucket_size", "zero3", ("int", "null"), None,
-          "ZeRO-3: parameter elements fetched ahead of use; default: sized from the model."),
+          "ZeRO-3: parameter elements fetched ahead of use; default: DeepSpeed's (5e7)."),
     Field("stage3_param_persistence_threshold", "zero3", ("int", "null"), None,
-          "ZeRO-3: parameters smaller than this stay whole on every rank; default: sized from the model."),
+          "ZeRO-3: parameters smaller than this stay whole on every rank; default: DeepSpeed's (1e5)."),
     Field("stage3_max_live_parameters", "zero3", ("int", "null"), None,
           "ZeRO-3: most parameter elements kept gathered at once; default: DeepSpeed's (1e9)."),
 )

@@ -13,6 +13,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from rlhf_cli.metrics import format_metrics
+from rlhf_cli.rank.zero3 import GenerationClock
 
 OUTPUT_ENV = "RLHF_OUTPUT"  # quiet | normal | verbose, set by the launcher from --quiet / --verbose
 
@@ -40,10 +41,11 @@ class TrainingProgress(TrainerCallback):
         self.task: Any = None
         self.started = time.monotonic()
         self.first_step = 0
+        self.logged_step = 0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         self.started = time.monotonic()
-        self.first_step = state.global_step  # a resumed run's ETA counts only the steps done now
+        self.first_step = self.logged_step = state.global_step  # a resumed run's ETA counts the steps done now
         if not self.live:
             return
         from rich.progress import (
@@ -71,6 +73,10 @@ class TrainingProgress(TrainerCallback):
         metrics = format_metrics(self.algorithm, logs or {})
         if not metrics:
             return  # the end-of-training summary log; the launcher prints the summary
+        generating, steps = GenerationClock.take(), state.global_step - self.logged_step
+        self.logged_step = state.global_step
+        if generating and steps > 0:
+            metrics += f"  gen {generating / steps:.3g} s/step"
         if self.progress is not None:
             self.progress.update(self.task, completed=state.global_step, metrics=metrics)
             return

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,6 +61,18 @@ def invalidate_trace(engine: Any) -> None:
         coordinator._invalidate_trace()
 
 
+class GenerationClock:
+    """Seconds this rank spent generating (gathering included), for the progress line's gen s/step."""
+
+    seconds = 0.0
+
+    @classmethod
+    def take(cls) -> float:
+        """The seconds since the last call."""
+        seconds, cls.seconds = cls.seconds, 0.0
+        return seconds
+
+
 def install_no_gather_fix(required: bool) -> None:
     """Wrap TRL's generation context so that no-gather generation leaves no stale trace behind.
 
@@ -80,10 +93,12 @@ def install_no_gather_fix(required: bool) -> None:
     @contextlib.contextmanager
     def unwrap_without_stale_trace(model: Any, accelerator: Any, gather_deepspeed3_params: bool = True,
                                    *args: Any, **kwargs: Any) -> Iterator[Any]:
+        started = time.perf_counter()
         with (_probe(model, gather_deepspeed3_params) as probe,  # around the gathering too
               original(model, accelerator, gather_deepspeed3_params, *args, **kwargs) as unwrapped,
               probe.sampling(unwrapped)):
             yield unwrapped
+        GenerationClock.seconds += time.perf_counter() - started
         if not gather_deepspeed3_params and not os.environ.get(STOCK_TRL_ENV):
             invalidate_trace(model)
 
