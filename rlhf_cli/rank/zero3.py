@@ -228,8 +228,6 @@ def _probe(model: Any, gather: bool) -> Iterator[Any]:
     if not os.environ.get(PROBE_ENV):
         yield _NoProbe()
         return
-    import time
-
     probe = GenerationProbe(model)
     started = time.perf_counter()
     with probe.watching_memory() as memory, probe.counting_all_gathers():
