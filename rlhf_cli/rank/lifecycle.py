@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -104,9 +105,25 @@ def _claim_first_failure(output_dir: Path) -> bool:
     return True
 
 
+def _stop_when_another_rank_fails(output_dir: Path, interval_s: float) -> None:
+    """A rank blocked in a collective whose peer died may wait for NCCL's timeout (30 minutes by default),
+    on another machine too. The first failure's marker sits in the shared output dir: seeing it, exit."""
+    marker = output_dir / FIRST_FAILURE_FILE
+
+    def watch() -> None:
+        while not marker.exists():
+            time.sleep(interval_s)
+        time.sleep(interval_s)  # the failing rank writes its record and exits first
+        os._exit(1)
+
+    threading.Thread(target=watch, name="rlhf-failure-watch", daemon=True).start()
+
+
 @contextmanager
-def failures_recorded(output_dir: Path) -> Iterator[None]:
-    """Turn an exception on this rank into an error record, one printed traceback per job, and exit 1."""
+def failures_recorded(output_dir: Path, watch_interval_s: float = 2.0) -> Iterator[None]:
+    """Turn an exception on this rank into an error record, one printed traceback per job, and exit 1.
+    Also ends this rank within a few seconds of any other rank's failure."""
+    _stop_when_another_rank_fails(output_dir, watch_interval_s)
     try:
         yield
     except Exception as error:  # noqa: BLE001 - every failure of a rank ends the job the same way
