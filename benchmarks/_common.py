@@ -9,7 +9,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,11 @@ def run_timed(argv: Sequence[str], env: dict[str, str] | None = None, timeout: f
     return Timed(seconds, output)
 
 
+def json_output(output: str) -> Any:
+    """The JSON object a command printed; the notes it writes to stderr may come before or after it."""
+    return json.JSONDecoder().raw_decode(output[output.index("{"):])[0]
+
+
 def python_module(module: str, *args: str) -> list[str]:
     """argv for `python -m module args` with this interpreter."""
     return [sys.executable, "-m", module, *args]
@@ -67,6 +72,7 @@ class RankGeneration:
     all_gathers_per_call: float  # median over the calls
     gathered_peak_bytes: int  # largest ZeRO-3 parameter bytes gathered or being gathered at once
     gathered_peak_share: float  # of the whole model's bytes
+    element_bytes: int  # bytes per parameter as the rank holds them (4 in fp32)
     rss_peak_bytes: int  # largest resident memory of the process during a call
     rss_peak_delta_bytes: int  # largest rise of the process's resident memory within one call
 
@@ -83,6 +89,7 @@ def read_rank_generation(record: dict[str, Any]) -> RankGeneration:
         all_gathers_per_call=statistics.median(call["all_gathers"] for call in calls),
         gathered_peak_bytes=max(call["peak_bytes"] for call in calls),
         gathered_peak_share=max(call["peak_bytes"] / call["full_bytes"] for call in calls),
+        element_bytes=max(call["full_bytes"] // call["full_numel"] for call in calls),
         rss_peak_bytes=max(call["rss_peak_bytes"] for call in calls),
         rss_peak_delta_bytes=max(call["rss_peak_delta_bytes"] for call in calls))
 
@@ -120,8 +127,10 @@ def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str
     return "\n".join(lines) + "\n"
 
 
-def bar_charts(path: Path, title: str, panels: Sequence[tuple[str, dict[str, float]]]) -> None:
-    """One PNG with a bar chart per panel: (y-axis label, {bar label: value})."""
+def bar_charts(path: Path, title: str, panels: Sequence[tuple[str, dict[str, float]]],
+               markers: Mapping[str, dict[str, float]] | None = None, marker_label: str = "") -> None:
+    """One PNG with a bar chart per panel: (y-axis label, {bar label: value}); `markers[panel label]` marks
+    {bar label: value} beside those bars, named `marker_label` in the panel's legend."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -132,8 +141,15 @@ def bar_charts(path: Path, title: str, panels: Sequence[tuple[str, dict[str, flo
     figure, axes = plt.subplots(rows, columns, figsize=(6.5 * columns, 4.2 * rows), squeeze=False)
     for axis, (label, bars) in zip(axes.flat, panels):
         drawn = axis.bar(range(len(bars)), list(bars.values()), color="#4c72b0")
-        axis.bar_label(drawn, fmt="%.4g")
-        axis.margins(y=0.12)
+        axis.bar_label(drawn, fmt=bar_value)
+        wanted = (markers or {}).get(label, {})
+        marked = [(index, wanted[name]) for index, name in enumerate(bars) if name in wanted]
+        if marked:  # a short thick line at each bar's right shoulder, clear of the bar's own label
+            axis.hlines([value for _, value in marked], [index + 0.18 for index, _ in marked],
+                        [index + 0.5 for index, _ in marked], colors="#c44e52", linewidth=3, zorder=3,
+                        label=marker_label)
+            axis.legend(loc="upper right", fontsize=9)
+        axis.margins(y=0.15)
         axis.set_xticks(range(len(bars)), list(bars), rotation=15, ha="right")
         axis.set_title(label, fontsize=10)
     figure.suptitle(title, fontsize=11)
@@ -141,6 +157,11 @@ def bar_charts(path: Path, title: str, panels: Sequence[tuple[str, dict[str, flo
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def bar_value(value: float) -> str:
+    """A bar's label: whole numbers from 100 up, else three significant digits."""
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def write_markdown(path: Path, text: str) -> None:

@@ -14,7 +14,9 @@ rank recorded in `ranks/rank-N.json`:
 
 No-gather runs twice: with DeepSpeed's defaults (stage3_max_live_parameters=1e9, more than the whole
 model, so it may keep nearly all of it live) and with bounded ZeRO-3 knobs (--max-live, --prefetch-bucket).
-The "plan" column shows what `rlhf plan rloo ... --json` predicts for the same run, where that command exists.
+Beside them, what `rlhf plan rloo <the same flags> --json` predicts for the run's own configuration: its
+`gen weights` row (the full policy when gathering, else what ZeRO-3 keeps live and prefetches) against the
+gathered peak, with the error in percent; and, loosely, `gen weights` + `gen KV cache` against the RSS rise.
 
     python benchmarks/generation.py [--steps 3] [--repeats 1] [--out benchmarks/results]
 """
@@ -25,13 +27,11 @@ import argparse
 import json
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from _common import (MIB, RECIPES, RESULTS, WORK, CommandFailed, RankGeneration, bar_charts, markdown_table,
-                     print_table, python_module, rank_generations, run_timed, write_markdown)
+from _common import (MIB, RECIPES, RESULTS, WORK, CommandFailed, RankGeneration, bar_charts, json_output,
+                     markdown_table, print_table, python_module, rank_generations, run_timed, write_markdown)
 
 SMOKE_POLICY = RECIPES / "smoke" / "policy"
 RECIPE = RECIPES / "rloo" / "smoke.yaml"
@@ -76,44 +76,27 @@ def build_model(directory: Path) -> int:
         return LlamaForCausalLM(config).num_parameters()
 
 
-def planned_generation_bytes(plan: Any, gather: bool) -> float | None:
-    """The plan's generation component for this mode, in bytes, or None when it cannot be found.
+@dataclass(frozen=True)
+class Planned:
+    """What `rlhf plan` predicts for the generation phase of one run, per GPU (here: per rank), in bytes."""
 
-    The plan's JSON shape is read defensively: every numeric leaf is named by its path (keys, and the
-    `name`/`component`/`config` of list items); the first whose path mentions generation or gathering,
-    the mode's column (gather / no-gather) and no offload to cpu or nvme, is taken, in bytes unless its
-    key names GiB or MiB.
-    """
-    leaves: list[tuple[str, float]] = []
+    weights: int  # the policy's parameters held gathered: the full copy (gather), or live + prefetched
+    kv_cache: int
+    element_bytes: int  # bytes per parameter the plan assumed
 
-    def walk(node: Any, path: str) -> None:
-        if isinstance(node, dict):
-            label = " ".join(str(node[k]) for k in ("name", "component", "config", "label") if k in node)
-            for key, value in node.items():
-                walk(value, f"{path}/{label}/{key}")
-        elif isinstance(node, list):
-            for item in node:
-                walk(item, path)
-        elif isinstance(node, (int, float)) and not isinstance(node, bool):
-            leaves.append((path.lower().replace("_", "-"), float(node)))
-
-    walk(plan, "")
-    for path, value in leaves:
-        mentions_no_gather = "no-gather" in path or "nogather" in path
-        mode_matches = mentions_no_gather if not gather else ("gather" in path and not mentions_no_gather)
-        offloaded = "cpu" in path or "nvme" in path
-        if mode_matches and not offloaded and ("generation" in path or "gathered" in path) and "fraction" not in path:
-            return value * (2**30 if "gib" in path else MIB if "mib" in path else 1)
-    return None
+    @property
+    def generation(self) -> int:
+        return self.weights + self.kv_cache
 
 
-def plan_prediction(flags: list[str], gather: bool) -> float | None:
-    """Ask `rlhf plan` about the same run; None when the command is not there or says nothing usable."""
-    try:
-        planned = run_timed(python_module("rlhf_cli", "plan", "rloo", *flags, "--json"), timeout=120)
-        return planned_generation_bytes(json.loads(planned.output[planned.output.index("{"):]), gather)
-    except (CommandFailed, ValueError, subprocess.TimeoutExpired):
-        return None
+def plan_prediction(flags: list[str]) -> Planned:
+    """Ask `rlhf plan rloo` about exactly the run's flags and read its own (chosen) configuration's generation rows."""
+    plan = json_output(run_timed(python_module("rlhf_cli", "plan", "rloo", *flags, "--json"), timeout=120).output)
+    if not plan["known"]:
+        raise CommandFailed(f"rlhf plan could not plan the run: {plan['why_unknown']}")
+    chosen = next(column for column in plan["configurations"] if column["chosen"])
+    rows = chosen["components"]
+    return Planned(rows["gen weights"], rows["gen KV cache"], plan["workload"]["element_bytes"])
 
 
 def run_mode(mode: Mode, model: Path, work: Path, steps: int, completion_length: int, repeat: int) -> Path:
@@ -128,8 +111,16 @@ def run_flags(mode: Mode, model: Path, steps: int, completion_length: int) -> li
             "--set", f"max_completion_length={completion_length}", *mode.flags]
 
 
-def mib(value: float | None) -> str:
-    return "n/a" if value is None else f"{value / MIB:.1f}"
+def mib(value: float) -> str:
+    return f"{value / MIB:.1f}"
+
+
+def checked_dtype(planned: Planned, ranks: list[RankGeneration], mode: Mode) -> None:
+    """The plan must count the bytes per parameter the ranks really hold, or its numbers compare nothing."""
+    held = {rank.element_bytes for rank in ranks}
+    if held != {planned.element_bytes}:
+        raise CommandFailed(f"{mode.name}: rlhf plan counts {planned.element_bytes} bytes per parameter, "
+                            f"the ranks hold {sorted(held)}")
 
 
 def main() -> None:
@@ -149,35 +140,48 @@ def main() -> None:
     parameters = build_model(model)
     print(f"model: {parameters / 1e6:.1f}M parameters, {model}")
 
-    columns = ["mode", "rank", "gen s/step", "all-gathers/call", "gathered peak MiB (share)", "RSS rise MiB",
-               "RSS peak MiB", "plan predicted MiB", "plan error %"]
+    all_modes = modes(args.max_live, args.prefetch_bucket)
+    plans = {mode: plan_prediction(run_flags(mode, model, args.steps, args.completion_length)) for mode in all_modes}
     rows: list[list[str]] = []
     chart: dict[str, dict[str, float]] = {label: {} for label in CHART_PANELS}
-    for mode in modes(args.max_live, args.prefetch_bucket):
+    predicted: dict[str, dict[str, float]] = {GATHERED_PANEL: {}, RSS_PANEL: {}}
+    for mode in all_modes:
         print(f"running {mode.name} ...", flush=True)
         runs = [run_mode(mode, model, args.work_dir, args.steps, args.completion_length, repeat)
                 for repeat in range(args.repeats)]
         ranks = rank_generations(runs)
-        planned = plan_prediction(run_flags(mode, model, args.steps, args.completion_length), mode.gathers)
+        planned = plans[mode]
+        checked_dtype(planned, ranks, mode)
         rows += [row(mode.name, rank, planned) for rank in ranks]
         for label, value in chart_values(ranks).items():
             chart[label][mode.name] = value
+        predicted[GATHERED_PANEL][mode.name] = planned.weights / MIB
+        predicted[RSS_PANEL][mode.name] = planned.generation / MIB
 
     title = (f"Generation under ZeRO-3, 2 CPU processes, {parameters / 1e6:.0f}M-parameter Llama (fp32), "
              f"{args.steps} steps x {args.repeats}, {args.completion_length} completion tokens")
-    print_table(title, columns, rows)
-    bar_charts(args.out / "generation.png", title, list(chart.items()))
+    print_table(title, COLUMNS, rows)
+    bar_charts(args.out / "generation.png", title, list(chart.items()), predicted, "rlhf plan")
     settings = (f"Bounded no-gather: `--set stage3_max_live_parameters={args.max_live} "
                 f"--set stage3_prefetch_bucket_size={args.prefetch_bucket}`. The other runs set no ZeRO-3 knob, so "
                 f"DeepSpeed's defaults apply: stage3_max_live_parameters 1e9, stage3_prefetch_bucket_size 5e7, "
                 f"stage3_param_persistence_threshold 1e5 (accelerate sizes them from the model only when a "
                 f"DeepSpeed config file says `auto`).")
-    write_markdown(args.out / "generation.md", f"# {title}\n\n{markdown_table(columns, rows)}\n{settings}\n\n"
-                   f"![generation](generation.png)\n")
+    plan_note = (f"Plan: `rlhf plan rloo <the run's flags> --json`, the run's own configuration; it counted "
+                 f"{plans[all_modes[0]].element_bytes} bytes a parameter, as the ranks held. \"plan weights\" is its "
+                 f"`gen weights` row, compared with the gathered peak (error = (plan - measured) / measured). "
+                 f"\"plan weights + KV\" adds its `gen KV cache` row (prompts counted at the model's length limit): "
+                 f"a GPU estimate, shown beside the CPU's RSS rise only loosely.")
+    write_markdown(args.out / "generation.md", f"# {title}\n\n{markdown_table(COLUMNS, rows)}\n{settings}\n\n"
+                   f"{plan_note}\n\n![generation](generation.png)\n")
 
 
-CHART_PANELS = ("gathered parameters peak (MiB, max over ranks)", "RSS rise in generation (MiB, max over ranks)",
-                "generation seconds per step (mean over ranks)", "all-gathers per generation call (max over ranks)")
+COLUMNS = ["mode", "rank", "gen s/step", "all-gathers/call", "gathered peak MiB (share)", "plan weights MiB",
+           "plan error %", "RSS rise MiB", "plan weights + KV MiB (loose)", "RSS peak MiB"]
+GATHERED_PANEL = "gathered parameters peak (MiB, max over ranks); plan: gen weights"
+RSS_PANEL = "RSS rise in generation (MiB, max over ranks); plan, loosely: gen weights + KV"
+CHART_PANELS = (GATHERED_PANEL, RSS_PANEL, "generation seconds per step (mean over ranks)",
+                "all-gathers per generation call (max over ranks)")
 
 
 def chart_values(ranks: list[RankGeneration]) -> dict[str, float]:
@@ -188,12 +192,12 @@ def chart_values(ranks: list[RankGeneration]) -> dict[str, float]:
             all_gathers: max(r.all_gathers_per_call for r in ranks)}
 
 
-def row(mode: str, rank: RankGeneration, planned: float | None) -> list[str]:
+def row(mode: str, rank: RankGeneration, planned: Planned) -> list[str]:
     measured = rank.gathered_peak_bytes
-    error = "n/a" if planned is None or not measured else f"{100 * (planned - measured) / measured:+.0f}"
     return [mode, str(rank.rank), f"{rank.seconds_per_step:.2f}", f"{rank.all_gathers_per_call:g}",
-            f"{mib(measured)} ({rank.gathered_peak_share:.2f})", mib(rank.rss_peak_delta_bytes),
-            mib(rank.rss_peak_bytes), mib(planned), error]
+            f"{mib(measured)} ({rank.gathered_peak_share:.2f})", mib(planned.weights),
+            f"{100 * (planned.weights - measured) / measured:+.1f}", mib(rank.rss_peak_delta_bytes),
+            mib(planned.generation), mib(rank.rss_peak_bytes)]
 
 
 if __name__ == "__main__":

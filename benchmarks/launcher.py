@@ -16,7 +16,6 @@ Start-up: the median of 5 runs of `rlhf --help`, `rlhf rloo -r rloo/smoke --dry-
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from _common import (RECIPES, RESULTS, WORK, bar_charts, markdown_table, median_seconds, print_table,
+from _common import (RECIPES, RESULTS, WORK, bar_charts, json_output, markdown_table, median_seconds, print_table,
                      python_module, run_timed, write_markdown)
 
 RECIPE = RECIPES / "rloo" / "smoke.yaml"
@@ -50,7 +49,7 @@ def trl_run(work: Path, steps: int) -> tuple[list[str], dict[str, str]]:
     need, or they count one process and DeepSpeed refuses the batch size) asks for a process group that
     does not exist there.
     """
-    resolved = json.loads(run_timed(rlhf_argv(work / "trl-run", steps, "--overwrite", "--dry-run", "--json")).output)
+    resolved = json_output(run_timed(rlhf_argv(work / "trl-run", steps, "--overwrite", "--dry-run", "--json")).output)
     data = work / "prompts"
     data.mkdir(parents=True, exist_ok=True)
     shutil.copy(resolved["script"]["dataset_name"], data / "train.jsonl")
