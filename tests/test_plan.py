@@ -192,7 +192,7 @@ def test_seed_case_gather_does_not_fit_no_gather_does(seed_models) -> None:
     gather, no_gather = plan.column(True, "cpu", "none"), plan.column(False, "cpu", "none")
     assert gather.chosen and not gather.fits
     assert no_gather.fits and not no_gather.chosen
-    assert gather.peak - no_gather.peak > 20 * 2**30  # the gathered 16-bit copy of 11.8B parameters
+    assert gather.peak - no_gather.peak > 19 * 2**30  # 22.1 GiB gathered vs 2.3 GiB (1e9 live + the embedding)
     assert {role.name for role in plan.roles} == {"policy", "reference", "reward", "value"}
     assert plan.work.prompt_length == 64 and plan.work.completion_length == 53 and plan.work.train_batch == 1
     assert any(s.startswith("no-gather, optimizer->cpu fits") for s in plan.suggestions)

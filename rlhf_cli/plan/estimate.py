@@ -122,7 +122,6 @@ class _Inputs:
     work: Workload
     hardware: Hardware
     max_live: int
-    prefetch_bucket: int
     zero_init: bool
     value: Callable[[str], Any]
 
@@ -169,11 +168,9 @@ def _inputs(run: ResolvedRun) -> _Inputs | str:
     except (ModelConfigUnavailable, SizeError, WorkloadUnknown) as error:
         return str(error)
     deepspeed = run.accelerate.get("deepspeed_config") or {}
-    policy = roles[0].size
     return _Inputs(
         run.algorithm, roles, work, hardware,
         max_live=run.value("stage3_max_live_parameters") or memory.DEFAULT_MAX_LIVE_PARAMETERS,
-        prefetch_bucket=run.value("stage3_prefetch_bucket_size") or int(0.9 * policy.hidden * policy.hidden),
         zero_init=bool(deepspeed.get("zero3_init_flag", False)), value=run.value)
 
 
@@ -198,12 +195,13 @@ def components(inputs: _Inputs, candidate: Candidate) -> list[Component]:
     rows.append(Component("CUDA + buffers", STATIC, memory.CONTEXT_ALLOWANCE))
     policy, value = inputs.roles[0].size, inputs.role("value")
     engine = policy.params + (value.size.params if value else 0)  # PPO trains policy and value as one engine
+    largest = max(policy.largest_layer, value.size.largest_layer if value else 0)
     rows.append(Component("gen weights", GENERATION, memory.generation_weights(
-        engine, size_bytes, candidate.gather, inputs.max_live, inputs.prefetch_bucket)))
+        engine, size_bytes, candidate.gather, inputs.max_live, largest)))
     rows.append(Component("gen KV cache", GENERATION, memory.kv_cache(
         policy, work.generation_batch, work.prompt_length + work.completion_length, size_bytes)))
     rows.append(Component("train live params", TRAINING, memory.live_parameters(
-        engine, size_bytes, inputs.max_live, inputs.prefetch_bucket)))
+        engine, size_bytes, inputs.max_live, largest)))
     trained = [role.size for role in inputs.roles if role.trained]
     rows.append(Component("train activations", TRAINING, sum(
         memory.activations(size, work.train_batch, work.train_sequence, size_bytes, work.gradient_checkpointing)

@@ -16,9 +16,10 @@ element: 2 under bf16 or fp16 mixed precision, else the dtype's):
 - frozen models (reference, reward): ZeRO-3 shards of P x b / G, in CPU memory (P x b / N per
   machine) when parameters are offloaded.
 - weights for generation: gathering materialises the whole policy, P x b (for PPO the value model
-  too: they are one DeepSpeed engine). Without gathering, DeepSpeed keeps at most
-  stage3_max_live_parameters elements gathered plus one prefetch bucket:
-  min(P, max_live + prefetch_bucket) x b. The same bound holds for the training forward/backward.
+  too: they are one DeepSpeed engine). Without gathering, DeepSpeed prefetches only within what is
+  left of stage3_max_live_parameters (`max_params_to_prefetch` in its parameter coordinator), while
+  the module being run is fetched whatever the budget: min(P, max_live + L) x b. The same bound holds
+  for the training forward/backward. (Measured on a 100M model: benchmarks/.)
 - KV cache: layers x 2 x kv_heads x head_dim x batch x (prompt + completion) x b.
 - activations (Korthikanti et al. 2022, for 16-bit; scaled by b/2): per layer
   s x batch x hidden x (34 + 5 x heads x s / hidden); all layers without gradient checkpointing,
@@ -63,13 +64,13 @@ def frozen_shard(params: int, element_bytes: int, total_gpus: int) -> int:
     return params * element_bytes // total_gpus
 
 
-def generation_weights(params: int, element_bytes: int, gather: bool, max_live: int, prefetch_bucket: int) -> int:
+def generation_weights(params: int, element_bytes: int, gather: bool, max_live: int, largest_layer: int) -> int:
     """Policy bytes present on a GPU while generating: all of it gathered, else what ZeRO-3 keeps live."""
-    return params * element_bytes if gather else live_parameters(params, element_bytes, max_live, prefetch_bucket)
+    return params * element_bytes if gather else live_parameters(params, element_bytes, max_live, largest_layer)
 
 
-def live_parameters(params: int, element_bytes: int, max_live: int, prefetch_bucket: int) -> int:
-    return min(params, max_live + prefetch_bucket) * element_bytes
+def live_parameters(params: int, element_bytes: int, max_live: int, largest_layer: int) -> int:
+    return min(params, max_live + largest_layer) * element_bytes
 
 
 def kv_cache(model: ModelSize, batch: int, sequence: int, element_bytes: int) -> int:
