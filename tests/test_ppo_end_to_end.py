@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -66,11 +67,18 @@ def test_gather_and_no_gather_train_the_same(tmp_path: Path) -> None:
 
 
 def test_score_rises_on_a_learnable_reward(tmp_path: Path) -> None:
+    """Runs with one seed drift apart after a few updates on this CPU path (we have not pinned down the source;
+    sampling at temperature 1 amplifies any rounding difference): in three runs the mean score went from
+    0.07-0.08 over the first 3 updates to 0.17, 0.31 and 0.32 over the last 3. So the test asks
+    for a trend no chance walk gives: a rise of 0.05 (3 sigma of the mean of 3 when nothing is learned)
+    and a Kendall rank correlation with the step above 0.4 (2.5 sigma for 20 unrelated scores)."""
     ppo(tmp_path / "run", "--no-gather", sets=LEARNABLE)
     scores = [entry["objective/scores"] for entry in logged(tmp_path / "run")]
     assert len(scores) == 20
     first, last = sum(scores[:3]) / 3, sum(scores[-3:]) / 3
-    assert last > first + 0.15, scores
+    pairs = list(itertools.combinations(range(len(scores)), 2))
+    tau = sum((scores[j] > scores[i]) - (scores[j] < scores[i]) for i, j in pairs) / len(pairs)
+    assert last > first + 0.05 and tau > 0.4, (tau, scores)
 
 
 def test_checkpoint_loads_and_resume_continues_episodes_and_schedule(tmp_path: Path) -> None:
