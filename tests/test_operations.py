@@ -21,6 +21,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 # Twelve steps per algorithm, and the metric each logs per step (and shows on its progress line).
 TWELVE_STEPS = {"rloo": ("--max-steps", "12"), "online-dpo": ("--max-steps", "12"),
                 "ppo": ("--set", "total_episodes=96")}
+# What SLURM sends before it kills a job: SIGTERM on preemption, SIGUSR1 with --signal=USR1@SECONDS.
+PREEMPTION_SIGNAL = {"rloo": signal.SIGTERM, "online-dpo": signal.SIGUSR1, "ppo": signal.SIGTERM}
 STEP_METRIC = {"rloo": ("reward", "reward"), "online-dpo": ("objective/scores", "score"),
                "ppo": ("objective/scores", "score")}
 
@@ -39,7 +41,7 @@ def finish(process: subprocess.Popen, lines: list[str]) -> tuple[int, str, str]:
 
 
 @pytest.mark.parametrize("command", ["rloo", "online-dpo", "ppo"])
-def test_sigterm_checkpoints_and_resume_auto_finishes_the_same_steps(command: str, tmp_path: Path) -> None:
+def test_a_preemption_signal_checkpoints_and_resume_auto_finishes_the_same_steps(command: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
     argv = rlhf_argv(command, out, *TWELVE_STEPS[command])
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -47,7 +49,7 @@ def test_sigterm_checkpoints_and_resume_auto_finishes_the_same_steps(command: st
     for line in process.stdout:  # not a terminal: one plain line per logged step
         lines.append(line)
         if line.startswith("step 2/12"):
-            process.send_signal(signal.SIGTERM)  # what SLURM sends before it kills a job
+            process.send_signal(PREEMPTION_SIGNAL[command])
             break
     code, stdout, stderr = finish(process, lines)
     assert code == 75, "preemption has its own exit code"
@@ -55,7 +57,7 @@ def test_sigterm_checkpoints_and_resume_auto_finishes_the_same_steps(command: st
     assert any(line.startswith("step 1/12") and f" {label} " in line and "eta" in line for line in lines)
     preempted = json.loads((out / "preempted.json").read_text())
     stopped = preempted["step"]
-    assert 2 <= stopped < 12 and preempted["signal"] == "SIGTERM"
+    assert 2 <= stopped < 12 and preempted["signal"] == PREEMPTION_SIGNAL[command].name
     assert incomplete_reason(Path(preempted["checkpoint"])) is None  # whole: every file at its recorded size
     assert "--resume auto" in stderr
 

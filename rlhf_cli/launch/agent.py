@@ -1,4 +1,4 @@
-"""`accelerate launch`, ending with an exit code instead of a traceback of its own.
+"""`accelerate launch`, passing SIGUSR1 on to the ranks and ending with an exit code, not a traceback.
 
 When a rank fails, that rank has already printed its error once (see rlhf_cli.rank.lifecycle);
 accelerate and torch's elastic agent would add two more tracebacks saying only that it failed.
@@ -21,6 +21,9 @@ def main(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     args = launch_command_parser().parse_args(argv)
+    # torch's agent passes the signals it handles on to the ranks, which checkpoint on SIGTERM and SIGUSR1;
+    # any other signal kills the agent itself. accelerate forwards this attribute to torch's launcher.
+    args.signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
     try:
         launch_command(args)
     except ChildFailedError as failed:

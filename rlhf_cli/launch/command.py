@@ -51,9 +51,6 @@ def launch_command(run: ResolvedRun, python: str = sys.executable, verbosity: st
         "TRL_EXPERIMENTAL_SILENCE": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "RLHF_OUTPUT": verbosity,
-        # torch's agent passes SIGTERM on to the ranks, which checkpoint; SIGUSR1 (SLURM's usual warning)
-        # would kill the agent itself unless it handles it too.
-        "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
         "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(PREEMPTION_GRACE_SECONDS),
     }
     if verbosity == "quiet":
