@@ -139,7 +139,7 @@ def bar_charts(path: Path, title: str, panels: Sequence[tuple[str, dict[str, flo
     columns = min(len(panels), 2)
     rows = -(-len(panels) // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(6.5 * columns, 4.2 * rows), squeeze=False)
-    for axis, (label, bars) in zip(axes.flat, panels):
+    for axis, (label, bars) in zip(axes.flat, panels, strict=False):
         drawn = axis.bar(range(len(bars)), list(bars.values()), color="#4c72b0")
         axis.bar_label(drawn, fmt=bar_value)
         wanted = (markers or {}).get(label, {})

@@ -61,7 +61,7 @@ def test_gather_and_no_gather_train_the_same(tmp_path: Path) -> None:
             fraction = record["generation_probe"]["peak_fraction"]
             assert fraction == 1.0 if mode == "--gather" else fraction < 0.5
         runs[mode] = steps
-    for with_gather, without in zip(runs["--gather"], runs["--no-gather"]):
+    for with_gather, without in zip(runs["--gather"], runs["--no-gather"], strict=True):
         for metric in ("objective/scores", "objective/kl", "loss/policy_avg", "loss/value_avg"):
             assert without[metric] == pytest.approx(with_gather[metric], rel=1e-3, abs=1e-5), metric
 

@@ -41,7 +41,8 @@ def test_conversational_prompts_from_jsonl(tmp_path: Path) -> None:
 
 
 def test_reward_model_and_functions_from_files_modules_and_trl(tmp_path: Path, monkeypatch) -> None:
-    write(tmp_path / "scores.py", "def length(completions, **kwargs):\n    return [float(len(c)) for c in completions]\n")
+    write(tmp_path / "scores.py",
+          "def length(completions, **kwargs):\n    return [float(len(c)) for c in completions]\n")
     write(tmp_path / "mypkg" / "__init__.py", "")
     write(tmp_path / "mypkg" / "rewards.py", "def one(completions, **kwargs):\n    return [1.0] * len(completions)\n")
     monkeypatch.syspath_prepend(str(tmp_path))

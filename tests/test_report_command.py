@@ -32,7 +32,7 @@ def _table(output: str) -> tuple[list[str], list[list[str]]]:
     rule = next(i for i, line in enumerate(lines) if line.startswith("┡"))
     bottom = next(i for i, line in enumerate(lines) if line.startswith("└"))
     cells = [[cell.strip() for cell in line.strip("┃").split("┃")] for line in lines[top + 1:rule]]
-    names = ["".join(parts) for parts in zip(*cells)]
+    names = ["".join(parts) for parts in zip(*cells, strict=False)]
     rows = [[cell.strip() for cell in line.strip("│").split("│")] for line in lines[rule + 1:bottom]]
     return names, rows
 
@@ -97,5 +97,5 @@ def test_sampled_rows_are_spread_and_keep_both_ends() -> None:
     assert sample_rows(5, 20) == [0, 1, 2, 3, 4]
     rows = sample_rows(1000, 20)
     assert len(rows) == 20 and rows[0] == 0 and rows[-1] == 999
-    gaps = {b - a for a, b in zip(rows, rows[1:])}
+    gaps = {b - a for a, b in zip(rows, rows[1:], strict=False)}
     assert max(gaps) - min(gaps) <= 1

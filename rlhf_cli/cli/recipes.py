@@ -29,8 +29,8 @@ def recipes(
     columns = [("NAME (for -r)", [r.name for r in found]), ("ALGORITHM", [r.algorithm for r in found]),
                ("MODEL", [r.model for r in found])]
     widths = [max(len(title), *map(len, cells)) for title, cells in columns]
-    stdout.print(Text("  ".join(title.ljust(width) for (title, _), width in zip(columns, widths)).rstrip(),
-                      style="bold"))
+    header = "  ".join(title.ljust(width) for (title, _), width in zip(columns, widths, strict=True))
+    stdout.print(Text(header.rstrip(), style="bold"))
     for recipe in found:
         stdout.print(Text.assemble((recipe.name.ljust(widths[0]), "cyan"), "  ",
                                    recipe.algorithm.ljust(widths[1]), "  ", recipe.model))

@@ -40,7 +40,8 @@ def check_ppo(value: Callable[[str], Any], num_processes: int, problems: list[st
     local_batch = per_device * accumulation * mini_batches
     if local_batch % min(chunk, local_batch):
         problems.append(f"`local_rollout_forward_batch_size` ({chunk}) must divide the rollouts per process "
-                        f"(per_device_train_batch_size x gradient_accumulation_steps x num_mini_batches = {local_batch})")
+                        "(per_device_train_batch_size x gradient_accumulation_steps x num_mini_batches = "
+                        f"{local_batch})")
     episodes = value("total_episodes")
     batch = local_batch * num_processes
     if episodes is not None and episodes < batch:

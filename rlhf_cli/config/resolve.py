@@ -346,7 +346,8 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
                         Setting(resolver.fields["ds3_gather_for_generation"].default, "default"))
     if cpu_only:  # DeepSpeed's CPU path: fp32 (TRL turns bf16 on by default) over gloo
         reason = "rlhf: no CUDA on this machine"
-        for name, value in (("bf16", False), ("fp16", False), ("ddp_backend", "gloo"), ("dataloader_pin_memory", False)):
+        cpu_defaults = (("bf16", False), ("fp16", False), ("ddp_backend", "gloo"), ("dataloader_pin_memory", False))
+        for name, value in cpu_defaults:
             settings.setdefault(name, Setting(value, reason))
         resolver.notes.append("no CUDA here: the ranks run on DeepSpeed's CPU path (DS_ACCELERATOR=cpu, gloo)")
     run = ResolvedRun(request.algorithm, recipe.path if recipe else None, settings, accelerate, cpu_only,

@@ -38,9 +38,9 @@ def draw(metrics: RunMetrics, out: Path, title: str) -> None:
     axes = figure.subplots(rows, min(len(metrics.panels), COLUMNS), squeeze=False).flatten()
     for axis in axes[len(metrics.panels):]:
         axis.remove()
-    for axis, (panel, names) in zip(axes, metrics.panels):
+    for axis, (panel, names) in zip(axes, metrics.panels, strict=False):
         for index, name in enumerate(names):
-            points = [(step, value) for step, value in zip(metrics.steps, metrics.series[name])
+            points = [(step, value) for step, value in zip(metrics.steps, metrics.series[name], strict=False)
                       if value is not None and math.isfinite(value)]
             steps, values = [p[0] for p in points], [p[1] for p in points]
             colour = f"C{index}"

@@ -77,7 +77,8 @@ class PPOTrainer(Trainer):
         super().__init__(model=self.policy_and_value, args=args, train_dataset=train_dataset,
                          processing_class=processing_class)
         world = self.accelerator.num_processes
-        self.local_batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.num_mini_batches
+        self.local_batch_size = (args.per_device_train_batch_size * args.gradient_accumulation_steps
+                                 * args.num_mini_batches)
         self.batch_size = self.local_batch_size * world
         self.local_mini_batch_size = self.local_batch_size // args.num_mini_batches
         total = args.total_episodes or int(args.num_train_epochs * len(train_dataset))
@@ -152,7 +153,8 @@ class PPOTrainer(Trainer):
             scored = torch.cat([queries[part], postprocessed[part]], 1)
             scores.append(self._score(scored, postprocessed[part], context_length))
         return {"queries": queries, "responses": responses, "query_responses": query_responses,
-                "postprocessed": postprocessed, "logprobs": torch.cat(logprobs), "ref_logprobs": torch.cat(ref_logprobs),
+                "postprocessed": postprocessed, "logprobs": torch.cat(logprobs),
+                "ref_logprobs": torch.cat(ref_logprobs),
                 "values": torch.cat(values), "scores": torch.cat(scores), "context_length": context_length}
 
     def _score(self, query_responses: torch.Tensor, responses: torch.Tensor, context_length: int) -> torch.Tensor:
