@@ -10,11 +10,18 @@ from rlhf_cli.rank.zero3 import apply_zero3_settings
 
 
 def _config(config_class: type, inputs: RankInputs, **extra: Any) -> Any:
-    """TRL's config with the recipe's trainer keys; ZeRO-3 knobs applied to its DeepSpeed plugin."""
+    """TRL's config with the recipe's trainer keys; ZeRO-3 knobs applied to its DeepSpeed plugin.
+
+    Seeds every RNG too: the builders load models before the trainer seeds anything, and a head that
+    starts from random weights (PPO's value head on a policy checkpoint) must start the same every run.
+    """
+    from transformers import set_seed
+
     values = dict(inputs.trainer)
     values["model_init_kwargs"] = {**inputs.model_init_kwargs(), **extra}
     config = config_class(**values)
     apply_zero3_settings(config, inputs.zero3)
+    set_seed(config.seed)
     return config
 
 
