@@ -49,8 +49,7 @@ def _what(algorithm: str) -> Section:
 
 LAUNCH: Section = ("How to run it (flags override these)", (
     Entry("num_processes", "processes (GPUs) in total, over all machines", 8),
-    Entry("gather", "true: gather the policy to generate (fast); false: use the shards (fits); auto: the plan decides",
-          True),
+    Entry("gather", "true: gather to generate (fast); false: generate from shards (fits); auto: plan picks", True),
     Entry("offload_optimizer", "none, cpu or nvme: where ZeRO-3 keeps optimizer states", "cpu"),
     Entry("offload_params", "none, cpu or nvme: where ZeRO-3 keeps parameter shards", "none"),
     Entry("nvme_path", "a local NVMe directory, needed with nvme offload", "/local_nvme", enabled=False),
