@@ -130,7 +130,9 @@ def launch(run: ResolvedRun, verbosity: str = "normal") -> Outcome:
     command = launch_command(run, verbosity=verbosity)
     started = time.monotonic()
     # The ranks get their own process group, so a terminal's Ctrl-C reaches them once, through us.
-    ranks = subprocess.Popen(command.argv, env={**os.environ, **command.env}, start_new_session=True)
+    # torch's launcher sets one OpenMP thread per rank anyway, with a banner; keep a user's own choice.
+    env = {"OMP_NUM_THREADS": "1", **os.environ, **command.env}
+    ranks = subprocess.Popen(command.argv, env=env, start_new_session=True)
     received: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:
