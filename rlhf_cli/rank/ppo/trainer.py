@@ -76,6 +76,8 @@ class PPOTrainer(Trainer):
         self.policy_and_value = PolicyAndValue(policy, value_model)
         super().__init__(model=self.policy_and_value, args=args, train_dataset=train_dataset,
                          processing_class=processing_class)
+        # transformers leaves accumulation to its own loop (1 here); ours uses `accelerator.accumulate`.
+        self.accelerator.gradient_accumulation_steps = args.gradient_accumulation_steps
         world = self.accelerator.num_processes
         self.local_batch_size = (args.per_device_train_batch_size * args.gradient_accumulation_steps
                                  * args.num_mini_batches)
