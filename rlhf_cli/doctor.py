@@ -11,7 +11,6 @@ import io
 import os
 import platform
 import shutil
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +23,9 @@ from typing import Callable
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
+
+from rlhf_cli.paths import hub_cache
+from rlhf_cli.plan.gpus import nvidia_smi
 
 OK, WARNING, PROBLEM = "ok", "warning", "problem"
 HUB_TIMEOUT_S = 3
@@ -105,15 +107,9 @@ class Gpu:
 @cache
 def gpus() -> tuple[Gpu, ...]:
     """The GPUs nvidia-smi lists, else those torch sees (ROCm included)."""
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            done = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                                  capture_output=True, text=True, timeout=20)
-        except (OSError, subprocess.TimeoutExpired):
-            return ()
-        rows = [line.rsplit(",", 1) for line in done.stdout.splitlines() if "," in line]
-        return tuple(Gpu(name.strip(), float(mib) / 1024) for name, mib in rows if mib.strip().isdigit())
+    if shutil.which("nvidia-smi"):
+        return tuple(Gpu(", ".join(row[:-1]), float(row[-1]) / 1024)
+                     for row in nvidia_smi("name,memory.total") if len(row) > 1 and row[-1].isdigit())
     try:
         import torch
     except ImportError:
@@ -200,16 +196,6 @@ def check_hub() -> list[Check]:
         reason = getattr(error, "reason", error)
         return [Check("hub", WARNING, f"{endpoint} not reachable ({reason}): only local models and data will load")]
     return [Check("hub", OK, f"{endpoint} reachable (HTTP {status}, {time.monotonic() - started:.1f} s)")]
-
-
-def hub_cache() -> Path:
-    """Where huggingface_hub keeps downloads, found the way it finds it."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
-    return cache_home / "huggingface" / "hub"
 
 
 def _size(path: Path) -> int:

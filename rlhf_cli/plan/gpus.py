@@ -52,17 +52,22 @@ class Hardware:
         return self.gpus_per_machine * self.machines
 
 
-def nvidia_gpu_memory() -> list[int]:
-    """Total memory of each NVIDIA GPU on this machine in bytes; empty without nvidia-smi or GPUs."""
+def nvidia_smi(fields: str) -> list[list[str]]:
+    """`nvidia-smi --query-gpu=FIELDS`: one row of values per GPU; empty without nvidia-smi or when it fails."""
     command = shutil.which("nvidia-smi")
     if command is None:
         return []
     try:
-        done = subprocess.run([command, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+        done = subprocess.run([command, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
                               capture_output=True, text=True, timeout=20, check=True)
     except (OSError, subprocess.SubprocessError):
         return []
-    return [int(float(line)) * 2**20 for line in done.stdout.split() if line.strip()]
+    return [[value.strip() for value in line.split(",")] for line in done.stdout.splitlines() if line.strip()]
+
+
+def nvidia_gpu_memory() -> list[int]:
+    """Total memory of each NVIDIA GPU on this machine in bytes; empty without nvidia-smi or GPUs."""
+    return [int(float(row[0])) * 2**20 for row in nvidia_smi("memory.total")]
 
 
 def available_ram(meminfo: Path = Path("/proc/meminfo")) -> int | None:

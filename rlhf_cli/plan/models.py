@@ -10,11 +10,12 @@ one module owns directly), which `tests/test_plan.py` checks against transformer
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rlhf_cli.paths import hub_cache
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -48,13 +49,6 @@ class _Layout:
     per_layer: list[int]  # parameters of each module inside one decoder layer
     final: list[int]  # final norm(s)
     head: int  # LM head or score head; 0 when tied to the input embedding
-
-
-def hub_cache() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = Path(os.environ["HF_HOME"]) if os.environ.get("HF_HOME") else Path.home() / ".cache" / "huggingface"
-    return home / "hub"
 
 
 def find_config(name_or_path: str, revision: str | None = None) -> Path:
