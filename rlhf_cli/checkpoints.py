@@ -52,10 +52,16 @@ class ResumePoint:
     skipped: tuple[str, ...]  # one line per newer checkpoint that is not whole, and why
 
 
+def checkpoint_step(checkpoint: Path | str) -> int | None:
+    """N of a `checkpoint-N` directory, or None for any other name."""
+    match = _CHECKPOINT_DIR.fullmatch(Path(checkpoint).name)
+    return int(match.group(1)) if match else None
+
+
 def newest_complete_checkpoint(output_dir: Path) -> ResumePoint:
     """The highest-step `checkpoint-N` whose files match its manifest, and the newer ones passed over."""
-    candidates = sorted(((int(match.group(1)), path) for path in output_dir.glob("checkpoint-*")
-                         if path.is_dir() and (match := _CHECKPOINT_DIR.fullmatch(path.name))), reverse=True)
+    candidates = sorted(((step, path) for path in output_dir.glob("checkpoint-*")
+                         if path.is_dir() and (step := checkpoint_step(path)) is not None), reverse=True)
     skipped = []
     for _, path in candidates:
         reason = incomplete_reason(path)

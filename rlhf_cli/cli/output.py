@@ -18,6 +18,7 @@ from rlhf_cli.config.resolve import ResolvedRun
 from rlhf_cli.errors import RlhfError
 from rlhf_cli.launch.runner import Outcome
 from rlhf_cli.metrics import headline
+from rlhf_cli.run_dir import RANKS_DIR, error_file
 from rlhf_cli.plan.memory import MARGIN
 
 if TYPE_CHECKING:
@@ -73,16 +74,19 @@ def _gib(value: int) -> str:
     return f"{value / 2**30:.1f}"
 
 
-def print_plan_compact(plan: Plan) -> None:
-    """The plan in a few lines on stderr, before a dry run's output and before every launch."""
+def _plan_verdict(plan: Plan) -> str:
+    """The plan's verdict and what would fit instead, one per line; or why there is no plan."""
     if not plan.known:
-        stderr.print(f"plan: unknown: {plan.why_unknown}", style="dim", highlight=False, markup=False)
-        return
+        return f"unknown: {plan.why_unknown}"
+    return "\n".join([plan.reason, *(f"instead: {suggestion}" for suggestion in plan.suggestions)])
+
+
+def print_plan_compact(plan: Plan) -> None:
+    """The plan in a few lines on stderr, before a dry run's output."""
     chosen = plan.chosen
-    style = "dim" if chosen is None or chosen.fits else "yellow"
-    stderr.print(f"plan: {plan.reason}", style=style, highlight=False, markup=False)
-    for suggestion in plan.suggestions:
-        stderr.print(f"plan: instead: {suggestion}", style=style, highlight=False, markup=False)
+    style = "yellow" if chosen is not None and not chosen.fits else "dim"
+    for line in _plan_verdict(plan).splitlines():
+        stderr.print(f"plan: {line}", style=style, highlight=False, markup=False)
 
 
 def _count(params: int) -> str:
@@ -180,12 +184,6 @@ def _precision(run: ResolvedRun) -> str:
     return "bf16" if run.value("bf16") else "fp16" if run.value("fp16") else "fp32"
 
 
-def _plan_verdict(plan: Plan) -> str:
-    if not plan.known:
-        return f"unknown: {plan.why_unknown}"
-    return "\n".join([plan.reason, *(f"instead: {suggestion}" for suggestion in plan.suggestions)])
-
-
 def print_header(run: ResolvedRun, plan: Plan) -> None:
     """The run at a glance, before the ranks start talking."""
     deepspeed = run.accelerate.get("deepspeed_config") or {}
@@ -239,9 +237,9 @@ def print_outcome(outcome: Outcome, run: ResolvedRun, quiet: bool) -> None:
                      style="yellow", highlight=False, markup=False)
     elif outcome.status == "failed":
         failure = outcome.failure
-        where = run.output_dir / "ranks"
+        where = run.output_dir / RANKS_DIR
         message = (f"rank {failure['rank']} on {failure['hostname']} failed: {failure['type']}: {failure['message']} "
-                   f"(traceback above and in {where}/rank-{failure['rank']}.error.json)" if failure else
+                   f"(traceback above and in {where / error_file(failure['rank'])})" if failure else
                    f"the ranks exited with code {outcome.exit_code} without recording an error (killed?); "
                    "see the output above")
         stderr.print(f"[bold red]Error:[/] {message}", highlight=False)

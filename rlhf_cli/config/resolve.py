@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from rlhf_cli.checkpoints import incomplete_reason, newest_complete_checkpoint
+from rlhf_cli.checkpoints import MANIFEST, incomplete_reason, newest_complete_checkpoint
 from rlhf_cli.config.accelerate import AccelerateChoices, build_accelerate_config
 from rlhf_cli.config.checks import check_ppo, check_reward_model
 from rlhf_cli.config.cluster import detect_layout
@@ -267,10 +267,11 @@ class _Resolver:
         if setting is None or setting.value is None:
             return
         if setting.value != RESUME_AUTO:
-            reason = incomplete_reason(Path(setting.value))
-            if reason and "manifest" not in reason:
+            checkpoint = Path(setting.value)
+            reason = incomplete_reason(checkpoint)
+            if reason and (checkpoint / MANIFEST).is_file():  # a save that finished, damaged since
                 self.problems.append(f"--resume {setting.value}: {reason}; pass an earlier checkpoint")
-            elif reason:
+            elif reason:  # a checkpoint rlhf did not write, or one whose save never finished: the user's call
                 self.notes.append(f"warning: --resume {setting.value}: {reason}; resuming from it as given")
             return
         if self.settings["output_dir"].source == "default":

@@ -13,7 +13,6 @@ ACCELERATE_FILE = "accelerate_config.yaml"
 LAUNCH_SCRIPT = "launch.sh"
 # Seconds the ranks get to checkpoint after a preemption signal before torch's agent kills them.
 PREEMPTION_GRACE_SECONDS = 300
-VERBOSITIES = ("quiet", "normal", "verbose")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ import yaml
 from rlhf_cli.config.resolve import RECIPE_FILE, ResolvedRun
 from rlhf_cli.launch.command import (ACCELERATE_FILE, LAUNCH_SCRIPT, launch_command, launch_script, machine_rank,
                                      run_files_dir)
-from rlhf_cli.run_dir import EXIT_PREEMPTED, FIRST_FAILURE_FILE, PREEMPTED_FILE, RANKS_DIR, RUN_FILE, SUMMARY_FILE
+from rlhf_cli.run_dir import (ERROR_FILES, EXIT_PREEMPTED, FIRST_FAILURE_FILE, PREEMPTED_FILE, RANKS_DIR, RUN_FILE,
+                              SUMMARY_FILE)
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 VERSIONED = ("torch", "transformers", "trl", "deepspeed", "accelerate", "datasets", "rlhf")
@@ -89,7 +90,7 @@ def _run_record(run: ResolvedRun, accelerate: dict[str, Any]) -> dict[str, Any]:
 def _clear_previous_outcome(run_dir: Path) -> None:
     """A resumed run reuses the output dir: the last attempt's ending must not be read as this one's."""
     for stale in (run_dir / PREEMPTED_FILE, run_dir / SUMMARY_FILE, run_dir / FIRST_FAILURE_FILE,
-                  *(run_dir / RANKS_DIR).glob("rank-*.error.json")):
+                  *(run_dir / RANKS_DIR).glob(ERROR_FILES)):
         stale.unlink(missing_ok=True)
 
 
@@ -101,7 +102,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def _first_failure(run_dir: Path) -> dict[str, Any] | None:
-    records = [record for path in sorted((run_dir / RANKS_DIR).glob("rank-*.error.json"))
+    records = [record for path in sorted((run_dir / RANKS_DIR).glob(ERROR_FILES))
                if (record := _read_json(path))]
     return min(records, key=lambda record: (not record.get("first"), record.get("time", 0)), default=None)
 

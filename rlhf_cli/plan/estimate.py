@@ -300,21 +300,19 @@ def plan_run(run: ResolvedRun) -> Plan:
 
 
 def choose_gather(run: ResolvedRun) -> tuple[bool, str]:
-    """`gather: auto`: gather when it fits with the margin, else no-gather; (choice, why). Errors name the fix."""
+    """`gather: auto`: the plan's choice (gather when it fits with the margin, else no-gather) and why.
+    Errors name the fix."""
     plan = plan_run(run)
     if not plan.known:
         raise ConfigError(f"gather: auto needs a memory plan, and there is none: {plan.why_unknown}; "
                           "pass --gather or --no-gather, or make config.json available")
-    assert plan.hardware is not None
+    assert plan.hardware is not None and plan.chosen is not None
     offload = _run_candidate(run, True)
     gathered, sharded = (plan.column(g, offload.offload_optimizer, offload.offload_params) for g in (True, False))
     assert gathered is not None and sharded is not None
     memory_text = gib(plan.hardware.gpu_memory)
-    if gathered.fits:
-        return True, f"rlhf plan: gathering needs {gib(gathered.peak)} of {memory_text}"
-    if sharded.fits:
-        return False, f"rlhf plan: gathering needs {gib(gathered.peak)} of {memory_text}"
+    if plan.chosen.fits:
+        return plan.chosen.candidate.gather, f"rlhf plan: gathering needs {gib(gathered.peak)} of {memory_text}"
     what = "; ".join(plan.suggestions)
     raise ConfigError(f"gather: auto: neither fits: gathering needs {gib(gathered.peak)} and generating from shards "
                       f"{gib(sharded.peak)} of {memory_text} per GPU ({memory.MARGIN:.0%} margin). {what}")
-

@@ -26,7 +26,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from rlhf_cli.checkpoints import write_manifest
-from rlhf_cli.run_dir import FIRST_FAILURE_FILE, PREEMPTED_FILE, RANKS_DIR
+from rlhf_cli.run_dir import FIRST_FAILURE_FILE, PREEMPTED_FILE, RANKS_DIR, error_file
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -133,7 +133,7 @@ def failures_recorded(output_dir: Path, watch_interval_s: float = 2.0) -> Iterat
         record = {"rank": rank, "hostname": socket.gethostname(), "first": first,
                   "type": type(error).__name__, "message": str(error).strip().splitlines()[0] if str(error) else "",
                   "traceback": text, "time": time.time()}
-        (output_dir / RANKS_DIR / f"rank-{rank}.error.json").write_text(json.dumps(record, indent=2) + "\n")
+        (output_dir / RANKS_DIR / error_file(rank)).write_text(json.dumps(record, indent=2) + "\n")
         if first:
             print(f"rank {rank} on {record['hostname']} failed:\n{text}", file=sys.stderr, flush=True)
         sys.stdout.flush()

@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from rlhf_cli.checkpoints import checkpoint_step
 from rlhf_cli.rank.zero3 import GenerationProbe
 from rlhf_cli.run_dir import RANKS_DIR, SUMMARY_FILE
 
@@ -46,7 +47,7 @@ def write_summary(trainer: Any, algorithm: str, status: str, wall_seconds: float
     step_logs = [entry for entry in state.log_history if "train_runtime" not in entry]
     output_dir = Path(trainer.args.output_dir)
     resumed = trainer.args.resume_from_checkpoint
-    first_step = int(Path(resumed).name.rpartition("-")[2]) if resumed else 0
+    first_step = (checkpoint_step(resumed) or 0) if resumed else 0
     summary = {
         "algorithm": algorithm,
         "status": status,
