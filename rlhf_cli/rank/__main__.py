@@ -48,14 +48,17 @@ def main(argv: list[str]) -> int:
         if stopper.stopped_at is not None:
             if trainer.accelerator.is_main_process:
                 write_preempted(output_dir, stopper.stopped_at, stop.signal_name)
-            write_summary(trainer, algorithm, "preempted", time.monotonic() - started)
-            trainer.accelerator.wait_for_everyone()
-            return EXIT_PREEMPTED
-        trainer.save_model(trainer.args.output_dir)
-        trainer.save_state()  # trainer_state.json: the logged metrics of every step
-        write_summary(trainer, algorithm, "finished", time.monotonic() - started)
+            status, exit_code = "preempted", EXIT_PREEMPTED
+        else:
+            trainer.save_model(trainer.args.output_dir)
+            trainer.save_state()  # trainer_state.json: the logged metrics of every step
+            status, exit_code = "finished", 0
+        write_summary(trainer, algorithm, status, time.monotonic() - started)
         trainer.accelerator.wait_for_everyone()
-    return 0
+        # Destroys the process group while the interpreter is whole: left to interpreter teardown, gloo's
+        # worker threads abort a finished rank now and then ("terminate called without an active exception").
+        trainer.accelerator.end_training()
+    return exit_code
 
 
 if __name__ == "__main__":
