@@ -15,12 +15,14 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES
+from rlhf_cli.algorithms import ALGORITHMS, algorithm
 
 pytestmark = pytest.mark.launch
 
 SMALL_BUCKETS = ("stage3_prefetch_bucket_size=2000", "stage3_param_persistence_threshold=0",
                  "stage3_max_live_parameters=20000")
-SCORE_METRIC = {"rloo": "reward", "online-dpo": "objective/scores"}
+# PPO, our own trainer, has its own end-to-end tests (test_ppo_end_to_end.py).
+TRL_COMMANDS = [entry.command for entry in ALGORITHMS.values() if entry.name != "ppo"]
 STALE_TRACE_CRASH = "The size of tensor a (0) must match the size of tensor b"
 
 
@@ -36,7 +38,7 @@ def rlhf(command: str, out: Path, *args: str, env: dict[str, str] | None = None)
 
 
 @pytest.mark.parametrize("gather", [True, False], ids=["gather", "no-gather"])
-@pytest.mark.parametrize("command", ["rloo", "online-dpo"])
+@pytest.mark.parametrize("command", TRL_COMMANDS)
 def test_smoke_recipe_trains_under_zero3(command: str, gather: bool, tmp_path: Path) -> None:
     out = tmp_path / "run"
     done = rlhf(command, out, "--gather" if gather else "--no-gather")
@@ -46,7 +48,7 @@ def test_smoke_recipe_trains_under_zero3(command: str, gather: bool, tmp_path: P
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 4
     steps = [entry for entry in state["log_history"] if "loss" in entry]
-    assert len(steps) == 4 and all(SCORE_METRIC[command] in entry for entry in steps)
+    assert len(steps) == 4 and all(algorithm(command).headline_metrics[0][0] in entry for entry in steps)
 
     # The saved policy is whole (consolidated from the ZeRO-3 shards), loads, and has been trained.
     from transformers import AutoModelForCausalLM

@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, REPO, write
+from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.config.resolve import RunRequest, resolve
-from rlhf_cli.errors import ConfigError
+from rlhf_cli.errors import ConfigError, PlanError
 from rlhf_cli.plan import memory
-from rlhf_cli.plan.estimate import choose_gather, plan_run
-from rlhf_cli.plan.gpus import SizeError, available_ram, detect_hardware, parse_size
+from rlhf_cli.plan.estimate import plan_run, planned
+from rlhf_cli.plan.gpus import available_ram, detect_hardware
 from rlhf_cli.plan.models import ModelConfigUnavailable, find_config, model_size, read_config
+from rlhf_cli.sizes import SizeError, parse_size
 
 FIXTURES = REPO / "tests" / "fixtures" / "models"
 SEED = RECIPES / "ppo" / "pythia-12b-descriptiveness.yaml"
@@ -199,7 +201,7 @@ def test_seed_case_gather_does_not_fit_no_gather_does(seed_models) -> None:
 
 
 def test_seed_case_gather_auto_picks_no_gather(seed_models) -> None:
-    run = seed_run(ds3_gather_for_generation=("--gather auto", "auto"))
+    run, _ = planned(seed_run(ds3_gather_for_generation=("--gather auto", "auto")))
     setting = run.settings["ds3_gather_for_generation"]
     assert setting.value is False
     assert setting.source.startswith("rlhf plan: gathering needs") and "of 23.7 GiB" in setting.source
@@ -207,8 +209,8 @@ def test_seed_case_gather_auto_picks_no_gather(seed_models) -> None:
 
 
 def test_gather_auto_with_nothing_that_fits_says_what_would(seed_models) -> None:
-    with pytest.raises(ConfigError) as caught:
-        seed_run(ds3_gather_for_generation=("--gather auto", "auto"), gpu_memory=("--gpu-memory", "12GiB"))
+    with pytest.raises(PlanError) as caught:
+        planned(seed_run(ds3_gather_for_generation=("--gather auto", "auto"), gpu_memory=("--gpu-memory", "12GiB")))
     message = str(caught.value)
     assert "neither fits" in message and "no-gather, opt+params->cpu fits" in message
     assert "no-gather, optimizer->cpu fits on" in message and "GPUs" in message
@@ -257,8 +259,9 @@ def test_plan_commands_take_exactly_the_training_flags(cli) -> None:
     def options(*command: str) -> set[str]:
         return {word.strip(",") for word in cli(*command, "--help").output.split() if word.startswith("--")}
 
-    assert {"ppo", "rloo", "online-dpo"} <= set(cli("plan", "--help").output.split())
-    for command in ("ppo", "rloo", "online-dpo"):
+    commands = [entry.command for entry in ALGORITHMS.values()]
+    assert set(commands) <= set(cli("plan", "--help").output.split())
+    for command in commands:
         assert options("plan", command) == options(command)
         assert {"--gpu-memory", "--num-gpus", "--gather", "--no-gather", "--json"} <= options(command)
 
@@ -283,7 +286,8 @@ def test_the_plan_is_printed_before_a_launch_and_in_dry_runs(cli, nothing_launch
 @pytest.mark.parametrize(("args", "message"), [
     (["auto"], "unexpected argument 'auto'; did you mean --gather auto?"),
     (["--no-gather", "auto"], "unexpected argument 'auto'; did you mean --gather auto?"),
-    (["--gather", "always"], "--gather takes no value but auto, got 'always'"),
+    (["--gather", "always"], "unexpected argument 'always'"),
+    (["--dry-run", "stray"], "unexpected argument 'stray'"),
     (["--set", "gather=sometimes"], "expected one of true, false, auto, got 'sometimes'"),
     (["--gpu-memory", "lots"], "Error: --gpu-memory: `gpu_memory`: 'lots' is not a memory size"),
 ])
@@ -307,18 +311,19 @@ def test_which_models_each_algorithm_holds(seed_models) -> None:
         == "EleutherAI/pythia-12b"
 
 
-def test_choose_gather_on_a_non_zero3_config_names_the_fix(tmp_path: Path) -> None:
+def test_gather_auto_on_a_non_zero3_config_names_the_fix(tmp_path: Path) -> None:
     config = write(tmp_path / "ddp.yaml", "distributed_type: MULTI_GPU\nnum_processes: 2\n")
-    run = resolve(RunRequest("rloo", "rloo/smoke", {"accelerate_config": ("--accelerate-config", str(config))}))
+    run = resolve(RunRequest("rloo", "rloo/smoke", {"accelerate_config": ("--accelerate-config", str(config))},
+                             ("gather=auto",)))
     assert not plan_run(run).known
-    with pytest.raises(ConfigError, match="not DeepSpeed ZeRO-3.*pass --gather or --no-gather"):
-        choose_gather(run)
+    with pytest.raises(PlanError, match="not DeepSpeed ZeRO-3.*pass --gather or --no-gather"):
+        planned(run)
 
 
 def test_gather_auto_in_a_recipe(tmp_path: Path) -> None:
     recipe = write(tmp_path / "auto.yaml", (RECIPES / "rloo" / "smoke.yaml").read_text().replace(
         "gather: true", "gather: auto").replace("../smoke/", f"{RECIPES}/smoke/"))
-    run = resolve(RunRequest("rloo", str(recipe), {"gpu_memory": ("--gpu-memory", "24GiB")}))
+    run, _ = planned(resolve(RunRequest("rloo", str(recipe), {"gpu_memory": ("--gpu-memory", "24GiB")})))
     assert run.value("ds3_gather_for_generation") is True
     source = run.settings["ds3_gather_for_generation"].source
     assert source.startswith("rlhf plan: gathering needs") and source.endswith("of 24.0 GiB")

@@ -1,10 +1,10 @@
-"""Checks that need a look at local model files or at several keys together; no model is loaded."""
+"""Checks that need a look at local model files; no model is loaded."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -25,38 +25,3 @@ def check_reward_model(value: Any, problems: list[str]) -> None:
     if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
         problems.append(f"`reward_model_name_or_path`: {path} is a {architectures[0]}, not a sequence classifier "
                         "(save it with AutoModelForSequenceClassification, num_labels=1)")
-
-
-def check_ppo(value: Callable[[str], Any], num_processes: int, problems: list[str]) -> None:
-    """Batch sizes that tile, a tokenizer with pad and EOS, a stop token inside the vocabulary."""
-    per_device, accumulation = value("per_device_train_batch_size"), value("gradient_accumulation_steps")
-    mini_batches, chunk = value("num_mini_batches"), value("local_rollout_forward_batch_size")
-    for name, number in (("per_device_train_batch_size", per_device), ("gradient_accumulation_steps", accumulation),
-                         ("num_mini_batches", mini_batches), ("local_rollout_forward_batch_size", chunk),
-                         ("num_ppo_epochs", value("num_ppo_epochs"))):
-        if number < 1:
-            problems.append(f"`{name}` must be at least 1, got {number}")
-            return
-    local_batch = per_device * accumulation * mini_batches
-    if local_batch % min(chunk, local_batch):
-        problems.append(f"`local_rollout_forward_batch_size` ({chunk}) must divide the rollouts per process "
-                        "(per_device_train_batch_size x gradient_accumulation_steps x num_mini_batches = "
-                        f"{local_batch})")
-    episodes = value("total_episodes")
-    batch = local_batch * num_processes
-    if episodes is not None and episodes < batch:
-        problems.append(f"`total_episodes` ({episodes}) is less than one batch of rollouts ({local_batch} per process "
-                        f"x {num_processes} processes = {batch})")
-
-    policy = _local(value("model_name_or_path"))
-    if policy is None:
-        return
-    tokenizer = _json(policy / "tokenizer_config.json")
-    if tokenizer:
-        for token in ("pad_token", "eos_token"):
-            if not tokenizer.get(token):
-                problems.append(f"`model_name_or_path`: the tokenizer in {policy} has no {token}; PPO needs both")
-    vocab_size = _json(policy / "config.json").get("vocab_size")
-    stop = value("stop_token_id")
-    if stop is not None and vocab_size is not None and not 0 <= stop < vocab_size:
-        problems.append(f"`stop_token_id` {stop} is not in the vocabulary of {policy} (0..{vocab_size - 1})")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlhf_cli.paths import hub_cache
+from rlhf_cli.hub import hub_cache
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 COMMIT = re.compile(r"^[0-9a-f]{40}$")

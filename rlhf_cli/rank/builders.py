@@ -1,8 +1,7 @@
-"""One builder per algorithm: resolved recipe -> a ready TRL trainer. A closed registry."""
+"""One builder per algorithm: resolved recipe -> a ready trainer. The registry (rlhf_cli.algorithms) names them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from rlhf_cli.rank.inputs import RankInputs, load_prompts, reward_funcs, reward_functions
@@ -85,7 +84,3 @@ def build_ppo(inputs: RankInputs) -> Any:
     return PPOTrainer(args=config, processing_class=tokenizer, policy=policy, ref_policy=reference,
                       value_model=value, reward_model=reward, reward_funcs=reward_functions(inputs),
                       train_dataset=_tokenize_prompts(train, tokenizer))
-
-
-BUILDERS: dict[str, Callable[[RankInputs], Any]] = {
-    "rloo": build_rloo, "online_dpo": build_online_dpo, "ppo": build_ppo}

@@ -17,11 +17,12 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader
 from transformers import GenerationConfig, PreTrainedTokenizerBase, Trainer, TrainerState
-from transformers.trainer_callback import ExportableState
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 
+from rlhf_cli import compat
 from rlhf_cli.rank.ppo import core
 from rlhf_cli.rank.ppo.config import PPOConfig
+from rlhf_cli.run_dir import TRAINER_STATE
 
 
 class PolicyAndValue(nn.Module):
@@ -182,11 +183,11 @@ class PPOTrainer(Trainer):
         self.state = TrainerState(
             is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero(),
             stateful_callbacks=[cb for cb in [*self.callback_handler.callbacks, self.control]
-                                if isinstance(cb, ExportableState)])
-        model, loader = self._prepare_for_training(self.num_updates, loader, resume_from_checkpoint)
+                                if isinstance(cb, compat.exportable_state_class())])
+        model, loader = compat.prepare_for_training(self, self.num_updates, loader, resume_from_checkpoint)
         if resume_from_checkpoint:
-            self.state = TrainerState.load_from_json(f"{resume_from_checkpoint}/trainer_state.json")
-            self._load_rng_state(resume_from_checkpoint)
+            self.state = TrainerState.load_from_json(f"{resume_from_checkpoint}/{TRAINER_STATE}")
+            compat.load_rng_state(self, resume_from_checkpoint)
         self.state.max_steps = self.num_updates
         self.state.logging_steps, self.state.save_steps = args.logging_steps, args.save_steps
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
@@ -206,7 +207,7 @@ class PPOTrainer(Trainer):
                 stats["eps"] = int(stats["episode"] / (time.time() - started))
                 self.log(stats)
             if self.control.should_save:
-                self._save_checkpoint(model, trial=None)
+                compat.save_checkpoint(self, model)
                 self.control = self.callback_handler.on_save(args, self.state, self.control)
             if self.control.should_training_stop:
                 break
