@@ -125,9 +125,23 @@ def test_batches_follow_the_trainers(tmp_path: Path) -> None:
     ppo = algorithm("ppo").batches(values(per_device_train_batch_size=2, gradient_accumulation_steps=4,
                                           num_mini_batches=2, local_rollout_forward_batch_size=4), 2)
     assert ppo == Batches(generation=4, train=2, score=4)
-    for name in ("rloo",):
+    for name in ("rloo", "grpo"):
         entry = algorithm(name)
         assert entry.batches(values(per_device_train_batch_size=4, gradient_accumulation_steps=2), 8) == \
             Batches(generation=8, train=4, score=4)
         assert entry.batches(values(per_device_train_batch_size=4, generation_batch_size=64), 8).generation == 8
     assert algorithm("online_dpo").batches(values(per_device_train_batch_size=3), 2) == Batches(6, 6, 6)
+
+
+@pytest.mark.parametrize("command", ["rloo", "grpo"])
+def test_generation_groups_are_checked_before_launch(cli, command: str) -> None:
+    """TRL would stop every rank at start-up; here the mistake is one line, exit 2, and a value that fits."""
+    result = cli(command, "-r", f"{command}/smoke", "--set", "num_generations=3", "--dry-run")
+    assert result.exit_code == 2
+    assert "`num_generations` (3) must divide the generation batch (4 = per_device_train_batch_size x processes " \
+           "x steps per generation): set num_generations to 2, or per_device_train_batch_size to a multiple of 3" \
+        in " ".join(result.output.split())
+    assert "at least 2" in cli(command, "-r", f"{command}/smoke", "--set", "num_generations=1", "--dry-run").output
+    both = cli(command, "-r", f"{command}/smoke", "--set", "generation_batch_size=8", "--set",
+               "steps_per_generation=2", "--dry-run")
+    assert "cannot both be set" in both.output and both.exit_code == 2

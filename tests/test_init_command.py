@@ -19,7 +19,8 @@ LIKELY_KEYS = {"model_name_or_path", "reward_model_name_or_path", "reward_funcs"
                "logging_steps", "save_strategy"}
 PER_ALGORITHM = {"ppo": {"kl_coef", "response_length", "total_episodes"},
                  "rloo": {"beta", "num_generations", "max_completion_length"},
-                 "online-dpo": {"beta", "max_new_tokens", "max_length"}}
+                 "online-dpo": {"beta", "max_new_tokens", "max_length"},
+                 "grpo": {"beta", "num_generations", "max_completion_length", "loss_type"}}
 
 
 @pytest.mark.parametrize("command", COMMANDS)

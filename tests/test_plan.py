@@ -307,6 +307,8 @@ def test_which_models_each_algorithm_holds(seed_models) -> None:
                              "reward": "EleutherAI/pythia-70m"}
     assert "reference" not in roles("rloo", "beta=0")
     assert set(roles("online_dpo")) == {"policy", "reference", "reward"}
+    assert set(roles("grpo")) == {"policy", "reward"}  # TRL's default beta 0: no reference model
+    assert set(roles("grpo", "beta=0.04")) == {"policy", "reference", "reward"}
     assert roles("ppo", "reward_model_name_or_path=null", "reward_funcs=[tests.fixtures.rewards:letter_e]")["value"] \
         == "EleutherAI/pythia-12b"
 

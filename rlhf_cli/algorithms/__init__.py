@@ -7,13 +7,14 @@ that each entry has all of these.
 
 from __future__ import annotations
 
-from rlhf_cli.algorithms import online_dpo, ppo, rloo
+from rlhf_cli.algorithms import grpo, online_dpo, ppo, rloo
 from rlhf_cli.algorithms.spec import Algorithm
 
 ALGORITHMS: dict[str, Algorithm] = {entry.name: entry for entry in (
     ppo.ALGORITHM,
     rloo.ALGORITHM,
     online_dpo.ALGORITHM,
+    grpo.ALGORITHM,
 )}
 
 

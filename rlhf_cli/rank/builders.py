@@ -24,13 +24,24 @@ def _config(config_class: type, inputs: RankInputs, **extra: Any) -> Any:
     return config
 
 
+def _build_generating(config_class: type, trainer_class: type, inputs: RankInputs) -> Any:
+    """TRL's generating trainers that load the policy (and a reference, when beta is not 0) from its path."""
+    config = _config(config_class, inputs)
+    train, evaluation = load_prompts(inputs)
+    return trainer_class(model=inputs.model_value("model_name_or_path"), reward_funcs=reward_funcs(inputs),
+                         args=config, train_dataset=train, eval_dataset=evaluation)
+
+
 def build_rloo(inputs: RankInputs) -> Any:
     from trl import RLOOConfig, RLOOTrainer
 
-    config = _config(RLOOConfig, inputs)
-    train, evaluation = load_prompts(inputs)
-    return RLOOTrainer(model=inputs.model_value("model_name_or_path"), reward_funcs=reward_funcs(inputs),
-                       args=config, train_dataset=train, eval_dataset=evaluation)
+    return _build_generating(RLOOConfig, RLOOTrainer, inputs)
+
+
+def build_grpo(inputs: RankInputs) -> Any:
+    from trl import GRPOConfig, GRPOTrainer
+
+    return _build_generating(GRPOConfig, GRPOTrainer, inputs)
 
 
 def build_online_dpo(inputs: RankInputs) -> Any:
