@@ -1,4 +1,9 @@
-"""What a run generates and trains on, per process: lengths and batch sizes read from the trainer's fields."""
+"""What a run generates and trains on, per process: lengths, batch sizes and kernels read from the trainer's fields.
+
+What differs per trainer is data here: which fields give the batches and the completion length, and how the
+trainer scores tokens (`LOGITS`). None of the three trainers has a padding-free mode in TRL 1.16 (only
+SFT and DPO do), so every batch is padded.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,26 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from rlhf_cli.plan.memory import SDPA, LogitsModel
+
 DEFAULT_PROMPT_LENGTH = 512  # tokens, when the recipe does not say (`plan_prompt_length`) nor the model limits it
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 COMPLETION_FIELD = {"ppo": "response_length", "rloo": "max_completion_length", "online_dpo": "max_new_tokens"}
 BATCH_FIELDS = {"ppo": ("local_rollout_forward_batch_size", "per_device_train_batch_size"),
                 "rloo": ("per_device_train_batch_size",), "online_dpo": ("per_device_train_batch_size",)}
+LOGITS = {
+    # rlhf_cli/rank/ppo/trainer.py: `output.logits` over every position stays referenced through the backward,
+    # with the completion's scaled logits and log-softmax; the backward adds a completion gradient or two and,
+    # through the slice, one over every position: at most 2 [sequence] and 4 [completion] copies at once
+    "ppo": LogitsModel(sequence_copies=2, completion_copies=4),
+    # trl/trainer/rloo_trainer.py: `add_fused_lm_head` scores only the completion tokens, in tiles, whatever
+    # `use_liger_kernel` says (TRL turns Liger's fused cross-entropy off)
+    "rloo": LogitsModel(fused_head=True),
+    # trl/experimental/online_dpo: `_forward` computes logits over every position and keeps the completion's
+    # log-softmax; the reference's `_forward` runs while the policy's is kept; the backward of the slice adds a
+    # gradient over every position
+    "online_dpo": LogitsModel(sequence_copies=1, completion_copies=3),
+}
 
 
 class WorkloadUnknown(Exception):
@@ -27,6 +47,9 @@ class Workload:
     train_sequence: int  # tokens per training sequence
     gradient_checkpointing: bool
     element_bytes: int  # bytes per parameter or activation element as the run trains
+    attention: str  # attn_implementation; transformers picks sdpa when the recipe does not say
+    liger: bool  # use_liger_kernel: Liger's RMSNorm and SwiGLU kernels in every decoder layer
+    logits: LogitsModel  # how the trainer scores tokens
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,5 +86,9 @@ def workload(algorithm: str, value: Callable[[str], Any], num_processes: int,
     else:  # online DPO: two completions per prompt, trained on together
         generation = train = score = 2 * per_device
         sequence = min(sequence, value("max_length"))
-    return Workload(prompt, completion, generation, train, score, sequence,
-                    bool(value("gradient_checkpointing")), element_bytes(algorithm, value))
+    checkpointing = value("activation_checkpointing")  # transformers 5's name; the old one is its alias
+    if checkpointing is None:
+        checkpointing = value("gradient_checkpointing")
+    return Workload(prompt, completion, generation, train, score, sequence, bool(checkpointing),
+                    element_bytes(algorithm, value), value("attn_implementation") or SDPA,
+                    bool(value("use_liger_kernel")), LOGITS[algorithm])
