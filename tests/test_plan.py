@@ -50,6 +50,8 @@ TINY = {"vocab_size": 320, "hidden_size": 64, "intermediate_size": 96, "num_hidd
 ARCHITECTURES = {
     "pythia-12b": json.loads((FIXTURES / "pythia-12b" / "config.json").read_text()),
     "pythia-70m": json.loads((FIXTURES / "pythia-70m" / "config.json").read_text()),
+    **{name: json.loads((FIXTURES / name / "config.json").read_text())
+       for name in ("qwen2.5-7b", "qwen3-0.6b", "llama-3.1-8b")},
     "llama-gqa": {**TINY, "model_type": "llama", "num_key_value_heads": 2},
     "llama-tied-bias": {**TINY, "model_type": "llama", "tie_word_embeddings": True, "attention_bias": True,
                         "mlp_bias": True},
