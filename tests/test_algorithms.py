@@ -62,6 +62,7 @@ FIELD_CHECKS: dict[str, Callable[[Algorithm], bool]] = {
     "trains_value_model": lambda e: isinstance(e.trains_value_model, bool),
     "bf16_unless_told": lambda e: isinstance(e.bf16_unless_told, bool),
     "sequence_cap_field": lambda e: e.sequence_cap_field is None or e.sequence_cap_field in catalogue(e.name),
+    "logits": lambda e: e.logits is not None and (e.logits.fused_head or e.logits.sequence_copies > 0),
     "headline_metrics": lambda e: bool(e.headline_metrics)
     and e.headline_metrics[0][0] in logged_metrics(e),  # the first is the score every logging step carries
     "renamed": lambda e: all(new in catalogue(e.name) and old != new for old, new in e.renamed.items()),
@@ -86,7 +87,7 @@ def test_a_missing_field_fails_its_check_not_the_import() -> None:
     incomplete = Algorithm(name="ppo", command="ppo")  # builds: a command reading it would fail, this test first
     failing = {field for field, check in FIELD_CHECKS.items() if not _passes(check, incomplete)}
     assert failing >= {"summary", "example", "config_class", "builder", "completion_field", "batch_fields",
-                       "batches", "has_reference", "headline_metrics", "starter"}
+                       "batches", "has_reference", "headline_metrics", "starter", "logits"}
 
 
 def _passes(check: Callable[[Algorithm], bool], entry: Algorithm) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rlhf_cli.algorithms.legacy import COMMON_RENAMED, PPO_ERA_RETIRED
 from rlhf_cli.algorithms.spec import Algorithm, StarterEntry
-from rlhf_cli.algorithms.trl_generating import generation_batches, group_checks
+from rlhf_cli.algorithms.trl_generating import FUSED_HEAD, generation_batches, group_checks
 
 ALGORITHM = Algorithm(
     name="grpo",
@@ -19,6 +19,7 @@ ALGORITHM = Algorithm(
     batch_fields=("per_device_train_batch_size",),
     batches=generation_batches,
     has_reference=lambda values: values("beta") != 0,  # TRL's default beta 0: no reference model, no KL term
+    logits=FUSED_HEAD,
     headline_metrics=(("reward", "reward"), ("kl", "kl"), ("loss", "loss"), ("entropy", "entropy")),
     renamed={**COMMON_RENAMED, "response_length": "max_completion_length", "kl_coef": "beta",
              "num_ppo_epochs": "num_iterations", "cliprange": "epsilon"},

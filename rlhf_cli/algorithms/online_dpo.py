@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rlhf_cli.algorithms.legacy import COMMON_RENAMED, PPO_ERA_RETIRED
-from rlhf_cli.algorithms.spec import Algorithm, Batches, StarterEntry, Values
+from rlhf_cli.algorithms.spec import Algorithm, Batches, LogitsModel, StarterEntry, Values
 
 
 def _batches(values: Values, num_processes: int) -> Batches:
@@ -25,6 +25,10 @@ ALGORITHM = Algorithm(
     batches=_batches,
     has_reference=lambda values: True,
     sequence_cap_field="max_length",
+    # trl/experimental/online_dpo: `_forward` computes logits over every position and keeps the completion's
+    # log-softmax; the reference's `_forward` runs while the policy's is kept; the backward of the slice adds a
+    # gradient over every position
+    logits=LogitsModel(sequence_copies=1, completion_copies=3),
     headline_metrics=(("objective/scores", "score"), ("objective/kl", "kl"), ("loss", "loss")),
     # TRL 1.16 declares `reward_model_path` but never reads it: read as the key it means.
     renamed={**COMMON_RENAMED, "response_length": "max_new_tokens", "kl_coef": "beta"},

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_cli.algorithms.legacy import COMMON_RENAMED, COMMON_RETIRED
-from rlhf_cli.algorithms.spec import Algorithm, Batches, StarterEntry, Values
+from rlhf_cli.algorithms.spec import Algorithm, Batches, LogitsModel, StarterEntry, Values
 
 
 def _batches(values: Values, num_processes: int) -> Batches:
@@ -76,6 +76,10 @@ ALGORITHM = Algorithm(
     has_reference=lambda values: True,
     trains_value_model=True,
     bf16_unless_told=False,
+    # rlhf_cli/rank/ppo/trainer.py: `output.logits` over every position stays referenced through the backward,
+    # with the completion's scaled logits and log-softmax; the backward adds a completion gradient or two and,
+    # through the slice, one over every position: at most 2 [sequence] and 4 [completion] copies at once
+    logits=LogitsModel(sequence_copies=2, completion_copies=4),
     headline_metrics=(("objective/scores", "score"), ("objective/kl", "kl"), ("loss/policy_avg", "loss"),
                       ("loss/value_avg", "value loss")),
     renamed=COMMON_RENAMED,

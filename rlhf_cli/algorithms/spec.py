@@ -36,6 +36,16 @@ class Batches:
     score: int  # one no-grad scoring forward pass (old log-probs, reference, reward)
 
 
+@dataclass(frozen=True)
+class LogitsModel:
+    """What one trainer holds at once to score tokens: [tokens, vocabulary] tensors, or a fused head's buffers.
+    Each entry cites the trainer code it was read from; the plan (rlhf_cli/plan/memory.py) turns it into bytes."""
+
+    sequence_copies: int = 0  # [prompt + completion, vocabulary] tensors in the model's dtype
+    completion_copies: int = 0  # [completion, vocabulary] tensors in the model's dtype
+    fused_head: bool = False  # TRL's chunked LM head: no [tokens, vocabulary] tensor at all
+
+
 def no_checks(values: Values, num_processes: int) -> list[str]:
     return []
 
@@ -71,6 +81,7 @@ class Algorithm:
     trains_value_model: bool = False  # PPO: a value model trained beside the policy
     bf16_unless_told: bool = True  # TRL's configs turn bf16 on when neither bf16 nor fp16 is set
     sequence_cap_field: str | None = None  # a key capping prompt + completion tokens in training (online DPO)
+    logits: LogitsModel | None = None  # how the trainer scores tokens, for the plan
     headline_metrics: tuple[tuple[str, str], ...] = ()  # (logged metric, label) for the progress line and summary
     renamed: Mapping[str, str] = field(default_factory=dict)  # an older name -> today's key
     retired: Mapping[str, str] = field(default_factory=dict)  # an older key with no counterpart -> what to do

@@ -3,7 +3,11 @@ and groups of `num_generations` completions per prompt."""
 
 from __future__ import annotations
 
-from rlhf_cli.algorithms.spec import Batches, Values
+from rlhf_cli.algorithms.spec import Batches, LogitsModel, Values
+
+# trl/trainer/{rloo,grpo}_trainer.py: `add_fused_lm_head` scores only the completion tokens, in tiles, whatever
+# `use_liger_kernel` says (TRL turns Liger's fused cross-entropy off)
+FUSED_HEAD = LogitsModel(fused_head=True)
 
 
 def generation_batches(values: Values, num_processes: int) -> Batches:

@@ -130,13 +130,14 @@ def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
     work = plan.work
     lines = [f"GPU memory: {plan.hardware.source}; fits: peak at most {1 - MARGIN:.0%} of it",
              "offload: none; opt = optimizer to CPU; opt+par = optimizer and parameters to CPU; * the run's own",
-             "peak = static rows + the larger of the gen and train rows", f"models: {models}"]
+             "peak = static rows + the largest of the gen, train and step rows", f"models: {models}"]
     for line in lines:
         stdout.print(line, highlight=False, markup=False)
     stdout.print(f"per GPU: generation batch {work.generation_batch} x ({work.prompt_length} prompt + "
                  f"{work.completion_length} completion tokens), training micro-batch {work.train_batch} x "
                  f"{work.train_sequence} tokens, {work.element_bytes}-byte elements, gradient checkpointing "
-                 f"{'on' if work.gradient_checkpointing else 'off'}", highlight=False, markup=False)
+                 f"{'on' if work.gradient_checkpointing else 'off'}, {work.attention} attention"
+                 f"{', Liger kernels' if work.liger else ''}", highlight=False, markup=False)
     stdout.print(f"* the run's own: {plan.reason}", highlight=False, markup=False)
     for line in plan.suggestions:
         stdout.print(f"instead: {line}", highlight=False, markup=False)

@@ -17,7 +17,7 @@ from rlhf_cli.config.resolve import ResolvedRun
 from rlhf_cli.errors import PlanError
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.gpus import Hardware, detect_hardware
-from rlhf_cli.plan.memory import GENERATION, STATIC, TRAINING, Component
+from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, TRAINING, Component
 from rlhf_cli.plan.models import ModelConfigUnavailable, ModelSize, model_size, read_config
 from rlhf_cli.plan.workload import Workload, WorkloadUnknown, workload
 from rlhf_cli.sizes import SizeError, gib, parse_size
@@ -181,15 +181,14 @@ def components(inputs: _Inputs, candidate: Candidate) -> list[Component]:
     """Every row of one candidate's column."""
     hw, work = inputs.hardware, inputs.work
     size_bytes = work.element_bytes
-    params_offloaded = candidate.offload_params != "none"
+    optimizer_offloaded, params_offloaded = candidate.offload_optimizer != "none", candidate.offload_params != "none"
     rows: list[Component] = []
     for role in inputs.roles:
         params = role.size.params
         if role.trained:
             cpu, gpu = memory.zero3_model_states(
-                params, role.size.largest_layer, hw.gpus_per_machine, hw.machines,
-                offload_optimizer=candidate.offload_optimizer != "none", offload_params=params_offloaded,
-                zero_init=inputs.zero_init)
+                params, size_bytes, hw.gpus_per_machine, hw.machines, offload_optimizer=optimizer_offloaded,
+                offload_params=params_offloaded, zero_init=inputs.zero_init)
             rows.append(Component(f"{role.name} states", STATIC, gpu, cpu))
         else:
             shard = memory.frozen_shard(params, size_bytes, hw.total_gpus)
@@ -203,14 +202,18 @@ def components(inputs: _Inputs, candidate: Candidate) -> list[Component]:
         engine, size_bytes, candidate.gather, inputs.max_live, largest)))
     rows.append(Component("gen KV cache", GENERATION, memory.kv_cache(
         policy, work.generation_batch, work.prompt_length + work.completion_length, size_bytes)))
-    rows.append(Component("train live params", TRAINING, memory.live_parameters(
+    rows.append(Component("train live params", TRAINING, memory.training_parameters(
         engine, size_bytes, inputs.max_live, largest)))
     trained = [role.size for role in inputs.roles if role.trained]
     rows.append(Component("train activations", TRAINING, sum(
-        memory.activations(size, work.train_batch, work.train_sequence, size_bytes, work.gradient_checkpointing)
+        memory.activations(size, work.train_batch, work.train_sequence, size_bytes, work.gradient_checkpointing,
+                           work.attention, work.liger)
         for size in trained)))
     rows.append(Component("train logits", TRAINING, memory.logits(
-        max(work.train_batch, work.score_batch), work.train_sequence, policy.vocab)))
+        work.logits, policy, max(work.train_batch, work.score_batch), work.train_sequence, work.completion_length,
+        size_bytes)))
+    rows.append(Component("step fp32 grads", STEP, memory.optimizer_step(
+        engine, largest, size_bytes, hw.total_gpus, optimizer_offloaded)))
     return rows
 
 

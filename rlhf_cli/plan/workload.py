@@ -1,4 +1,9 @@
-"""What a run generates and trains on, per process: lengths and batch sizes read from the trainer's fields."""
+"""What a run generates and trains on, per process: lengths, batch sizes and kernels read from the trainer's fields.
+
+What differs per trainer comes from its registry entry (rlhf_cli/algorithms): which fields give the batches and
+the completion length, and how the trainer scores tokens (`logits`). None of the generating trainers has a
+padding-free mode in TRL 1.16 (only SFT and DPO do), so every batch is padded.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rlhf_cli.algorithms import algorithm
+from rlhf_cli.algorithms.spec import LogitsModel
+from rlhf_cli.plan.memory import SDPA
 
 DEFAULT_PROMPT_LENGTH = 512  # tokens, when the recipe does not say (`plan_prompt_length`) nor the model limits it
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
@@ -26,6 +33,9 @@ class Workload:
     train_sequence: int  # tokens per training sequence
     gradient_checkpointing: bool
     element_bytes: int  # bytes per parameter or activation element as the run trains
+    attention: str  # attn_implementation; transformers picks sdpa when the recipe does not say
+    liger: bool  # use_liger_kernel: Liger's RMSNorm and SwiGLU kernels in every decoder layer
+    logits: LogitsModel  # how the trainer scores tokens
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,5 +63,9 @@ def workload(name: str, value: Callable[[str], Any], num_processes: int,
     if entry.sequence_cap_field:
         sequence = min(sequence, value(entry.sequence_cap_field))
     batches = entry.batches(value, num_processes)
+    checkpointing = value("activation_checkpointing")  # transformers 5's name; the old one is its alias
+    if checkpointing is None:
+        checkpointing = value("gradient_checkpointing")
     return Workload(prompt, completion, batches.generation, batches.train, batches.score, sequence,
-                    bool(value("gradient_checkpointing")), element_bytes(name, value))
+                    bool(checkpointing), element_bytes(name, value), value("attn_implementation") or SDPA,
+                    bool(value("use_liger_kernel")), entry.logits)
