@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_cli.checkpoints import checkpoint_step
-from rlhf_cli.rank.zero3 import GenerationProbe
+from rlhf_cli.rank.zero3 import GenerationProbe, PhaseMemory
 from rlhf_cli.run_dir import RANKS_DIR, SUMMARY_FILE
 
 
@@ -31,6 +31,7 @@ def write_rank_record(trainer: Any) -> Path:
             "full_numel": calls[0]["full_numel"] if calls else None,
             "per_call": calls,  # seconds, all_gathers, peak_bytes, rss_peak_bytes, ... of each call
         },
+        "phase_memory": PhaseMemory.active.record() if PhaseMemory.active else None,  # RLHF_PROBE_CUDA_MEMORY
     }
     path = Path(trainer.args.output_dir) / RANKS_DIR / f"rank-{accelerator.process_index}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
