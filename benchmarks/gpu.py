@@ -138,6 +138,12 @@ class Run:
         return {**self.algorithm.workload, self.algorithm.completion_key: setup.completion, "bf16": True,
                 "plan_prompt_length": setup.prompt_length}
 
+    def set_values(self, setup: Setup) -> dict[str, Any]:
+        """Every `--set KEY=VALUE` among the run's flags, the mode's included, VALUE read back."""
+        flags = self.flags(setup)
+        pairs = [flags[index + 1].split("=", 1) for index, flag in enumerate(flags) if flag == "--set"]
+        return {key: json.loads(value) for key, value in pairs}
+
     def output_dir(self, setup: Setup) -> Path:
         return setup.runs_dir / self.name.replace("/", "-").replace("+", "-")
 
@@ -250,7 +256,7 @@ def check_resolved(run: Run, resolved: dict[str, Any], setup: Setup, on_gpu: boo
         expected.update({"use_cpu": (accelerate.get("use_cpu"), False),
                          "mixed_precision": (accelerate.get("mixed_precision"), "bf16"),
                          "DS_ACCELERATOR": (resolved["launch"]["env"].get("DS_ACCELERATOR"), None)})
-    for key, value in run.settings(setup).items():
+    for key, value in run.set_values(setup).items():
         shown = [group[key] for group in groups if key in group]  # launch-only keys (plan_prompt_length) are not
         expected[key] = (shown[0] if shown else resolved["sources"].get(key), value if shown else "--set")
     return [f"{run.name}: {key} is {got!r} in the resolved run, expected {want!r}"
@@ -455,18 +461,21 @@ def version_of(name: str) -> str:
         return "not installed"
 
 
-def report(out: Path, setup: Setup, env: dict[str, Any], outcomes: list[Measured], skipped: list[str]) -> None:
-    """Print the tables; write gpu.md (tables and notes) and gpu.json (every number, every failure's output)."""
+def report(out: Path, setup: Setup, env: dict[str, Any], outcomes: list[Measured], skipped: list[str],
+           show: bool = True) -> None:
+    """Write gpu.md (tables and notes) and gpu.json (every number, every failure's output); `show`: print the
+    tables too."""
     title = (f"rlhf on one GPU: bf16, ZeRO-3, 1 process; {setup.steps} steps per run, {setup.completion} "
              f"completion tokens, prompts of up to {setup.prompt_length} tokens")
     time_rows, memory_rows = [time_row(m) for m in outcomes], [memory_row(m) for m in outcomes if m.status == "ok"]
-    print_table(title, TIME_COLUMNS, time_rows)
-    print_table("Peak memory per phase, measured and planned", MEMORY_COLUMNS, memory_rows)
+    if show:
+        print_table(title, TIME_COLUMNS, time_rows)
+        print_table("Peak memory per phase, measured and planned", MEMORY_COLUMNS, memory_rows)
     failures = [f"- `{m.planned.run.name}`: {m.status}: {(m.error or '').strip().splitlines()[-1] if m.error else ''}"
                 for m in outcomes if m.status != "ok"]
     text = "\n".join([
         f"# {title}", "",
-        f"Machine: {env['gpu']}; Python {env['python']}, torch {env['torch']}.", "",
+        f"Machine: {env['gpu']}; Python {env['python']}, torch {env['torch']}. {env['models']}.", "",
         "Packages: " + "; ".join(env["packages"]) + ".", "",
         markdown_table(TIME_COLUMNS, time_rows),
         markdown_table(MEMORY_COLUMNS, memory_rows),
@@ -502,13 +511,13 @@ def run_all(args: argparse.Namespace, setup: Setup, planned: list[Planned], skip
         print("no NVIDIA GPU here (nvidia-smi finds none): run with --dry-run, or on a GPU machine", file=sys.stderr)
         return 2
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # no CUDA context here: it would count in the runs'
-    for model, directory in ((POLICY, setup.policy), (REWARD, setup.reward)):
+    counts = []
+    for model, directory, role in ((POLICY, setup.policy, "policy"), (REWARD, setup.reward, "reward")):
         started = time.perf_counter()
-        count = write_weights(model, directory)
-        planned_count = planned[0].plan["models"]["policy" if model is POLICY else "reward"]["params"]
-        print(f"{directory.name}: {count / 1e6:.1f}M parameters (plan: {planned_count / 1e6:.1f}M), "
-              f"{time.perf_counter() - started:.0f} s", flush=True)
-    env = environment()
+        count, planned_count = write_weights(model, directory), planned[0].plan["models"][role]["params"]
+        counts.append(f"{role} {directory.name}: {count / 1e6:.1f}M parameters (rlhf plan: {planned_count / 1e6:.1f}M)")
+        print(f"{counts[-1]}, written in {time.perf_counter() - started:.0f} s", flush=True)
+    env = {**environment(), "models": "; ".join(counts)}
     print(f"{env['gpu']}; torch {env['torch']}; " + "; ".join(env["packages"]), flush=True)
     deadline = time.monotonic() + args.budget_s
     outcomes: list[Measured] = []
@@ -523,6 +532,7 @@ def run_all(args: argparse.Namespace, setup: Setup, planned: list[Planned], skip
         outcomes.append(measured)
         print(f"  {measured.status}" + (f" in {measured.wall_s:.0f} s" if measured.wall_s else "")
               + (f"\n{measured.error[-3000:]}" if measured.error else ""), flush=True)
+        report(args.out, setup, env, outcomes, skipped, show=False)  # so far: kept if the whole command is killed
     report(args.out, setup, env, outcomes, skipped)
     return 1 if any(m.status == "failed" for m in outcomes) else 0
 
