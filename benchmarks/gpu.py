@@ -471,7 +471,7 @@ def report(out: Path, setup: Setup, env: dict[str, Any], outcomes: list[Measured
     if show:
         print_table(title, TIME_COLUMNS, time_rows)
         print_table("Peak memory per phase, measured and planned", MEMORY_COLUMNS, memory_rows)
-    failures = [f"- `{m.planned.run.name}`: {m.status}: {(m.error or '').strip().splitlines()[-1] if m.error else ''}"
+    failures = [f"- `{m.planned.run.name}`: {m.status}" + (f": {m.error.strip().splitlines()[-1]}" if m.error else "")
                 for m in outcomes if m.status != "ok"]
     text = "\n".join([
         f"# {title}", "",
@@ -510,7 +510,8 @@ def run_all(args: argparse.Namespace, setup: Setup, planned: list[Planned], skip
     if not nvidia_gpu_memory():
         print("no NVIDIA GPU here (nvidia-smi finds none): run with --dry-run, or on a GPU machine", file=sys.stderr)
         return 2
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # no CUDA context here: it would count in the runs'
+    # torch asks NVML whether there is a GPU: this process makes no CUDA context, which would count in every run.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     counts = []
     for model, directory, role in ((POLICY, setup.policy, "policy"), (REWARD, setup.reward, "reward")):
         started = time.perf_counter()
