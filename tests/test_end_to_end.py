@@ -16,6 +16,7 @@ import pytest
 
 from conftest import RECIPES
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
+from rlhf_cli.run_dir import PROBE_CUDA_MEMORY_ENV, PROBE_GENERATION_ENV
 
 pytestmark = pytest.mark.launch
 
@@ -23,6 +24,7 @@ SMALL_BUCKETS = ("stage3_prefetch_bucket_size=2000", "stage3_param_persistence_t
                  "stage3_max_live_parameters=20000")
 # PPO, our own trainer, has its own end-to-end tests (test_ppo_end_to_end.py).
 TRL_COMMANDS = [entry.command for entry in ALGORITHMS.values() if entry.name != "ppo"]
+PROBES = {PROBE_GENERATION_ENV: "1", PROBE_CUDA_MEMORY_ENV: "1"}
 STALE_TRACE_CRASH = "The size of tensor a (0) must match the size of tensor b"
 
 
@@ -32,7 +34,7 @@ def rlhf(command: str, out: Path, *args: str, env: dict[str, str] | None = None)
     for pair in SMALL_BUCKETS:
         argv += ["--set", pair]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=480,
-                          env={**os.environ, "RLHF_PROBE_GENERATION": "1", **(env or {})})
+                          env={**os.environ, **PROBES, **(env or {})})
     print(done.stdout[-4000:], done.stderr[-8000:], sep="\n")  # shown by pytest when a later assertion fails
     return done
 
@@ -70,6 +72,11 @@ def test_smoke_recipe_trains_under_zero3(command: str, gather: bool, tmp_path: P
             assert probe["peak_fraction"] == 1.0  # the whole policy was gathered to generate
         else:
             assert probe["peak_fraction"] < 0.6  # generation only ever held a part of it
+        # The phase probe saw the same calls (no CUDA here: their times only), one after the other.
+        phases = record["phase_memory"]
+        assert phases["cuda"] is False and phases["phases"] == {}
+        starts = [call["started_s"] for call in phases["generation_calls"]]
+        assert len(starts) == probe["calls"] and starts == sorted(starts)
 
 
 def test_stock_trl_still_crashes_with_no_gather(tmp_path: Path) -> None:

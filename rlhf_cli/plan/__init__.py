@@ -15,8 +15,9 @@ Nothing here imports torch, transformers, deepspeed or accelerate.
   (use_liger_kernel), `logits` (how the trainer scores tokens: `sequence_copies`, `completion_copies`,
   `fused_head`).
 - `configurations`: one object per candidate: `label`, `gather`, `offload_optimizer`, `offload_params`,
-  `components` (row name -> GPU bytes), `peak_gpu` (bytes: static rows + the largest of the generation,
-  training and optimizer-step rows), `cpu_per_machine` (bytes of offloaded states), `fits`, `chosen` (the
+  `components` (row name -> GPU bytes), `phases` (`static`, `generation`, `training`, `step` -> the GPU bytes
+  of their rows), `peak_gpu` (bytes: static rows + the largest of the generation, training and optimizer-step
+  rows), `cpu_per_machine` (bytes of offloaded states), `fits`, `chosen` (the
   run's own).
 - `reason`: one line on the chosen configuration; `suggestions`: what would fit when it does not;
   `notes`: caveats (an architecture counted approximately).

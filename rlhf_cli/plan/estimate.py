@@ -109,6 +109,7 @@ class Plan:
                 {"label": c.candidate.label, "gather": c.candidate.gather,
                  "offload_optimizer": c.candidate.offload_optimizer, "offload_params": c.candidate.offload_params,
                  "components": {part.name: part.gpu for part in c.components},
+                 "phases": memory.phase_totals(c.components),
                  "peak_gpu": c.peak, "cpu_per_machine": c.cpu_per_machine, "fits": c.fits, "chosen": c.chosen}
                 for c in self.columns],
             "reason": self.reason, "suggestions": self.suggestions, "notes": self.notes,

@@ -220,12 +220,15 @@ class Component:
     cpu: int = 0
 
 
+def phase_totals(components: list[Component]) -> dict[str, int]:
+    """GPU bytes of the static rows and of each phase's rows."""
+    return {phase: sum(c.gpu for c in components if c.phase == phase) for phase in (STATIC, *PHASES)}
+
+
 def peak(components: list[Component]) -> int:
     """Static memory plus the largest phase."""
-    def total(phase: str) -> int:
-        return sum(c.gpu for c in components if c.phase == phase)
-
-    return total(STATIC) + max(total(phase) for phase in PHASES)
+    totals = phase_totals(components)
+    return totals[STATIC] + max(totals[phase] for phase in PHASES)
 
 
 def fits(gpu_bytes: int, gpu_memory: int) -> bool:

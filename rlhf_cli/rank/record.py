@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from rlhf_cli.rank.zero3 import GenerationProbe
+from rlhf_cli.rank.zero3 import GenerationProbe, PhaseMemory
 from rlhf_cli.run_dir import RunDir, checkpoint_step
 
 
@@ -30,6 +30,7 @@ def write_rank_record(trainer: Any) -> Path:
             "full_numel": calls[0]["full_numel"] if calls else None,
             "per_call": calls,  # seconds, all_gathers, peak_bytes, rss_peak_bytes, ... of each call
         },
+        "phase_memory": PhaseMemory.active.record() if PhaseMemory.active else None,  # RLHF_PROBE_CUDA_MEMORY
     }
     path = RunDir(Path(trainer.args.output_dir)).rank_record(accelerator.process_index)
     path.parent.mkdir(parents=True, exist_ok=True)

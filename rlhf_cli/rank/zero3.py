@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rlhf_cli import compat
-from rlhf_cli.run_dir import PROBE_GENERATION_ENV, STOCK_TRL_ENV
+from rlhf_cli.run_dir import PROBE_CUDA_MEMORY_ENV, PROBE_GENERATION_ENV, STOCK_TRL_ENV
 
 
 class GenerationClock:
@@ -54,7 +54,9 @@ def install_no_gather_fix(required: bool) -> None:
     def unwrap_without_stale_trace(model: Any, accelerator: Any, gather_deepspeed3_params: bool = True,
                                    *args: Any, **kwargs: Any) -> Iterator[Any]:
         started = time.perf_counter()
-        with (_probe(model, gather_deepspeed3_params) as probe,  # around the gathering too
+        phases = PhaseMemory.current()
+        with (phases.generating() if phases else contextlib.nullcontext(),
+              _probe(model, gather_deepspeed3_params) as probe,  # around the gathering too
               original(model, accelerator, gather_deepspeed3_params, *args, **kwargs) as unwrapped,
               probe.sampling(unwrapped)):
             yield unwrapped
@@ -199,3 +201,66 @@ class _NoProbe:
     @contextlib.contextmanager
     def sampling(self, module: Any) -> Iterator[None]:
         yield
+
+
+class PhaseMemory:
+    """Peak CUDA memory of each phase of a rank's run, when RLHF_PROBE_CUDA_MEMORY is set.
+
+    Phases: `load` until the first generation, `generation` inside TRL's generation context (gathering
+    included), `train` between generations (scoring, reference and policy passes, backward, optimizer step).
+    Peaks are torch's allocator peaks, reset at each phase change; `outside_allocator_bytes` is what the
+    device has in use beyond what the allocator reserved (CUDA context, NCCL and library workspaces). Each
+    generation call's start and seconds are kept too, so that a benchmark reads seconds per step from the
+    spacing of the calls. Without CUDA only the calls' times are kept.
+    """
+
+    active: PhaseMemory | None = None
+
+    def __init__(self, cuda: Any | None, clock: Any = time.perf_counter) -> None:
+        self.cuda = cuda  # `torch.cuda`, or None
+        self.clock = clock
+        self.started = clock()
+        self.phase = "load"
+        self.peaks: dict[str, dict[str, int]] = {}
+        self.generation_calls: list[dict[str, float]] = []
+
+    @classmethod
+    def current(cls) -> PhaseMemory | None:
+        """This rank's recorder when the probe is asked for (made at the first generation), else None."""
+        if cls.active is None and os.environ.get(PROBE_CUDA_MEMORY_ENV):
+            import torch
+
+            cls.active = cls(torch.cuda if torch.cuda.is_available() else None)
+        return cls.active
+
+    def _switch(self, phase: str) -> dict[str, int]:
+        """End the current phase (folding its peaks into its record) and start `phase` with fresh peaks."""
+        ended: dict[str, int] = {}
+        if self.cuda is not None:
+            self.cuda.synchronize()
+            free, total = self.cuda.mem_get_info()
+            ended = {"max_allocated_bytes": self.cuda.max_memory_allocated(),
+                     "max_reserved_bytes": self.cuda.max_memory_reserved(),
+                     "outside_allocator_bytes": total - free - self.cuda.memory_reserved()}
+            record = self.peaks.setdefault(self.phase, dict.fromkeys(ended, 0))
+            for key, value in ended.items():
+                record[key] = max(record[key], value)
+            self.cuda.reset_peak_memory_stats()
+        self.phase = phase
+        return ended
+
+    @contextlib.contextmanager
+    def generating(self) -> Iterator[None]:
+        self._switch("generation")
+        started = self.clock()
+        try:
+            yield
+        finally:
+            peaks = self._switch("train")
+            self.generation_calls.append({"started_s": started - self.started, "seconds": self.clock() - started,
+                                          **peaks})
+
+    def record(self) -> dict[str, Any]:
+        """What the rank writes into `ranks/rank-N.json`; ends the open phase."""
+        self._switch(self.phase)
+        return {"cuda": self.cuda is not None, "phases": self.peaks, "generation_calls": self.generation_calls}
