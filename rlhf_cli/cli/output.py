@@ -1,22 +1,18 @@
-"""Everything the CLI prints: data to stdout, notes and errors to stderr, one error boundary."""
+"""Everything the CLI prints: data to stdout, notes and errors to stderr (the error boundary is cli/errors.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-import typer
 from rich import box
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.resolve import ResolvedRun
-from rlhf_cli.errors import RlhfError
 from rlhf_cli.launch.runner import Outcome
 from rlhf_cli.run_dir import RunDir
 from rlhf_cli.plan.memory import MARGIN
@@ -28,17 +24,9 @@ stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)
 
 
-@contextmanager
-def fail_on_user_errors() -> Iterator[None]:
-    """Turn user errors into `Error: ...` lines and an exit code; RLHF_DEBUG=1 shows tracebacks."""
-    try:
-        yield
-    except RlhfError as error:
-        if os.environ.get("RLHF_DEBUG"):
-            raise
-        for line in str(error).splitlines():
-            stderr.print(f"[bold red]Error:[/] {line}", highlight=False, markup=True)
-        raise typer.Exit(error.exit_code) from None
+def print_error(line: str) -> None:
+    """`Error: ...` on stderr; the line is printed as text, never read as markup (a path may hold `[/x]`)."""
+    stderr.print(Text.assemble(("Error:", "bold red"), " ", line), highlight=False)
 
 
 def print_notes(run: ResolvedRun) -> None:
