@@ -138,8 +138,8 @@ def _settings_table(run: ResolvedRun) -> Table:
     table.add_column("value", overflow="fold")
     table.add_column("from", style="dim")
     for name in sorted(run.settings):
-        setting = run.settings[name]
-        table.add_row(name, json.dumps(setting.value, default=str), setting.source)
+        setting = run.settings[name]  # values and sources quote the user's text: never read as markup
+        table.add_row(name, Text(json.dumps(setting.value, default=str)), Text(setting.source))
     return table
 
 
@@ -154,7 +154,7 @@ def _accelerate_table(run: ResolvedRun) -> Table:
     rows.update({f"deepspeed_config.{key}": value for key, value in deepspeed.items()})
     for key, value in rows.items():
         if value is not None:
-            table.add_row(key, str(value))
+            table.add_row(key, Text(str(value)))
     return table
 
 
@@ -197,7 +197,7 @@ def print_header(run: ResolvedRun, plan: Plan) -> None:
     grid.add_column(overflow="fold")
     for key, value in rows.items():
         if value not in (None, ""):
-            grid.add_row(key, str(value))
+            grid.add_row(key, Text(str(value)))
     stderr.print(Panel(grid, title=f"rlhf {algorithm(run.algorithm).command}", title_align="left", expand=False))
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_cli.config.fields import Field, ranges
+from rlhf_cli.config.paths import path_state
 
 # A decoder's sizes as config.json names them (GPT-2's names second); each must be a positive integer.
 MODEL_SIZES = (("num_attention_heads", "n_head"), ("hidden_size", "n_embd"), ("num_hidden_layers", "n_layer"),
@@ -22,7 +23,7 @@ def _json(path: Path) -> dict[str, Any]:
 
 
 def _local(path: Any) -> Path | None:
-    return Path(path) if isinstance(path, str) and Path(path, "config.json").is_file() else None
+    return Path(path) if isinstance(path, str) and path_state(Path(path, "config.json")).kind == "file" else None
 
 
 def check_model_config(name: str, value: Any, where: str, problems: list[str]) -> None:

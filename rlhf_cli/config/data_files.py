@@ -41,6 +41,8 @@ def _json_rows(path: Path) -> tuple[list[str], list[tuple[int, Any]]]:
     text = _head(path)
     if not text.strip():
         raise DataFileError(f"{path} is empty")
+    if text.lstrip().startswith("["):
+        return _json_document(path, 1, None)
     rows: list[tuple[int, Any]] = []
     for number, line in enumerate(text.splitlines(), start=1):
         if len(rows) == ROWS_READ:
@@ -56,9 +58,11 @@ def _json_rows(path: Path) -> tuple[list[str], list[tuple[int, Any]]]:
     return _columns(path, rows), rows
 
 
-def _json_document(path: Path, line: int, first_error: ValueError) -> tuple[list[str], list[tuple[int, Any]]]:
+def _json_document(path: Path, line: int, first_error: ValueError | None) -> tuple[list[str], list[tuple[int, Any]]]:
     """A .json file that is not JSON Lines: one document, a list of rows or a mapping of column -> values."""
     if path.stat().st_size > WHOLE_JSON_LIMIT:
+        if first_error is None:
+            return [], []  # a list too large to parse here: `datasets` reads it
         raise DataFileError(f"{path}:{line}: not valid JSON Lines ({first_error.args[0].split(':')[0]})")
     try:
         document = json.loads(path.read_bytes())

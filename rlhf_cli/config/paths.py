@@ -41,13 +41,13 @@ def _file_on_the_way(path: Path) -> str:
 
 
 def describe(path: Path | str, state: PathState, wanted: str) -> str:
-    """What is wrong with a path that should be `wanted` (a file, a directory), or was not found."""
+    """What is wrong with a path that should be a `wanted` (file, directory, YAML file), or was not found."""
     if state.kind == "error":
         return f"{path}: {state.reason}"
     if state.kind == "missing":
         return f"{path}: {state.reason}" if state.reason else f"{wanted} {path} not found"
-    kind = {"file": "a file", "dir": "a directory"}.get(state.kind, "not a regular file or directory")
-    return f"{path} is {kind}, not {wanted}"
+    kind = {"file": "a file", "dir": "a directory"}.get(state.kind, "neither a file nor a directory")
+    return f"{path} is {kind}, not a {wanted}"
 
 
 def _probe_write(directory: Path) -> str | None:
@@ -63,14 +63,12 @@ def _probe_write(directory: Path) -> str | None:
 
 def writable_dir_problem(path: Path, *, may_create: bool) -> str | None:
     """Why `path` cannot be a directory rlhf writes into (creating it if `may_create`), or None."""
-    if not str(path).strip():
-        return "is empty; give a directory"
     state = path_state(path)
     if state.kind == "dir":
         reason = _probe_write(path)
         return f"{path} is not writable ({reason})" if reason else None
     if state.kind != "missing" or state.reason or not may_create:
-        return describe(path, state, "a directory")
+        return describe(path, state, "directory")
     ancestor = next(parent for parent in path.parents if path_state(parent).exists)
     if path_state(ancestor).kind != "dir":
         return f"{path} cannot be created: {ancestor} is not a directory"

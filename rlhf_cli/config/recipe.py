@@ -30,7 +30,7 @@ def find_recipe(name: str) -> Path:
     if state.kind == "file":
         return path
     if state.kind != "missing" or state.reason:
-        raise ConfigError(f"--recipe {describe(path, state, 'a YAML file')}")
+        raise ConfigError(f"--recipe {describe(path, state, 'YAML file')}")
     bundled = bundled_dir("recipes") / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
     if not path.is_absolute() and path_state(bundled).kind == "file":
         return bundled

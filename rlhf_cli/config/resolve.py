@@ -182,7 +182,10 @@ class _Resolver:
             self.settings.pop(name, None)  # an earlier layer's value is not the one asked for either
             return
         self.refused.discard(name)
+        found = len(self.problems)
         self.settings[name] = Setting(self.locate(self.fields[name], value, where, base_dirs), source)
+        if len(self.problems) > found:  # a path not found, a bad entry: later checks must not judge it again
+            self.refused.add(name)
 
     # -- paths and values that name files ----------------------------------------------------
     def locate(self, field: Field, value: Any, where: str, base_dirs: tuple[Path, ...]) -> Any:
@@ -414,7 +417,7 @@ class _Resolver:
     def find_resume_point(self) -> None:
         """`auto`: the newest whole checkpoint in the output dir; a given one: check that it is whole."""
         setting = self.settings.get("resume_from_checkpoint")
-        if setting is None or setting.value is None:
+        if setting is None or setting.value is None or {"resume_from_checkpoint", "output_dir"} & self.refused:
             return
         if setting.value != RESUME_AUTO:
             checkpoint = Path(setting.value)
@@ -442,7 +445,8 @@ class _Resolver:
         """A directory this machine can write (made if missing); machine rank 0's must not hold a run already."""
         setting = self.settings["output_dir"]
         flag = self.layers.get("output_dir", ("", "`output_dir`"))[1]
-        problem = writable_dir_problem(Path(setting.value), may_create=True)
+        problem = writable_dir_problem(Path(setting.value), may_create=True) if setting.value.strip() \
+            else "is empty; give a directory"
         if problem:
             self.problems.append(f"{flag}: output dir {problem}")
             return
@@ -466,7 +470,8 @@ class _Resolver:
         for name in MODEL_FIELDS:
             if name in self.fields and name not in self.refused:
                 check_model_config(name, self.value(name), self.layers.get(name, ("", ""))[1], self.problems)
-        check_reward_model(self.value("reward_model_name_or_path"), self.problems)
+        if "reward_model_name_or_path" not in self.refused:
+            check_reward_model(self.value("reward_model_name_or_path"), self.problems)
 
     def check_data(self) -> None:
         """The first rows of each local prompt file parse and hold the prompt column."""
@@ -568,7 +573,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     cpu_only = not (_cuda_present() if cuda is None else cuda) or environ.get("DS_ACCELERATOR") == "cpu"
     accelerate, accelerate_notes = build_accelerate_config(
         AccelerateChoices(
-            user_config=resolver.value("accelerate_config"),
+            user_config=None if "accelerate_config" in resolver.refused else resolver.value("accelerate_config"),
             num_processes=None if resolver.outranks("num_gpus", "num_processes") else resolver.value("num_processes"),
             num_gpus=resolver.value("num_gpus"),
             machines={name: resolver.explicit(name) for name in MACHINE_FIELDS if resolver.explicit(name) is not None},

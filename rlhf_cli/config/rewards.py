@@ -46,7 +46,8 @@ def check_file_function(path: Path, function: str) -> None:
     except OSError as error:
         raise RewardSpecError(f"{path}: cannot read it ({error.strerror or error})") from None
     except SyntaxError as error:
-        raise RewardSpecError(f"{path}:{error.lineno}: syntax error ({error.msg}); fix the file") from None
+        line = f":{error.lineno}" if error.lineno else ""
+        raise RewardSpecError(f"{path}{line}: syntax error ({error.msg}); fix the file") from None
     except ValueError as error:  # null bytes, an undecodable file
         raise RewardSpecError(f"{path}: not Python source ({error})") from None
     names = _defined_names(tree)
@@ -90,7 +91,7 @@ def locate_reward(spec: str, trl_names: tuple[str, ...], base_dirs: tuple[Path, 
     found = next((candidate for candidate, state in states if state.kind == "file"), None)
     if found is None:
         candidate, state = next(((c, s) for c, s in states if s.kind != "missing" or s.reason), (target, None))
-        raise RewardSpecError(describe(candidate, state, "a Python file") if state else f"file {target} not found")
+        raise RewardSpecError(describe(candidate, state, "Python file") if state else f"file {target} not found")
     found = found.resolve()
     check_file_function(found, function)
     return f"{found}:{function}"
