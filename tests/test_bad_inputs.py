@@ -150,7 +150,8 @@ CASES = [
            "report_to: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n",
            "YAML aliases (*name) expand to more than 100000 values here; write the values out"),
     recipe("traceback: YAML aliases", "reward_funcs: &r [x, *r]\n", "a YAML alias refers to a value that contains it"),
-    recipe("traceback: YAML nesting", "report_to: " + "[" * 1000 + "]" * 1000 + "\n", "nested too deeply to be a recipe"),
+    recipe("traceback: YAML nesting", "report_to: " + "[" * 1000 + "]" * 1000 + "\n",
+           "nested too deeply to be a recipe"),
     flags("traceback: output is a file", "-o", "{tmp}/taken", message="output dir {tmp}/taken is a file, not a "
           "directory", files={"taken": "x"}),
 
