@@ -265,6 +265,7 @@ CASES = [
     sets("range", "stop_token_id=-2", "`stop_token_id`: must be at least 0, got -2", command="ppo"),
     sets("range", "max_new_tokens=0", "`max_new_tokens`: must be at least 1, got 0", command="online-dpo"),
     sets("range", "max_length=-1", "`max_length`: must be at least 1, got -1", command="online-dpo"),
+    sets("range", "beta=[0.1, -0.1]", "`beta`: must be at least 0, got -0.1", command="online-dpo"),
     sets("range", "loss_type=hinge", "`loss_type`: expected one of sigmoid, ipo, got 'hinge'", command="online-dpo"),
     recipe("cross-field", "bf16: true\nfp16: true\n", "`bf16` and `fp16` are both true; keep one"),
     recipe("cross-field", "load_best_model_at_end: true\n", "`load_best_model_at_end` needs evaluation: set "
@@ -405,6 +406,11 @@ CASES = [
     mixture("datasets:\n  - path: json\n    data_files: {tmp}/p.jsonl\n    columns: [other]\n",
            "`datasets[0]`: {tmp}/p.jsonl: no `prompt` column (it has: other)",
            files={"p.jsonl": '{"prompt": "a", "other": 1}\n'}),
+    mixture("datasets:\n  - {path: json, data_files: {tmp}/p.jsonl, fraction: 0.5}\n  - {path: json, data_files: "
+            "{tmp}/p.jsonl}\n", "`fraction` is set for some datasets of the mixture and not for others",
+            files={"p.jsonl": '{"prompt": "a"}\n'}),
+    mixture("streaming: true\ndatasets:\n  - {path: json, data_files: {tmp}/p.jsonl, fraction: 0.5}\n",
+            "`fraction` cannot be used with `streaming: true`", files={"p.jsonl": '{"prompt": "a"}\n'}),
     recipe("message", "datasets:\n  - path: json\n    data_files: {tmp}/p.jsonl\n", "`dataset_name` and `datasets` "
            "both name training data (TRL would silently use `datasets`); keep one",
            files={"p.jsonl": '{"prompt": "a"}\n'}),

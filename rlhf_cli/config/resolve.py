@@ -491,6 +491,20 @@ class _Resolver:
                 except DataFileError as error:
                     self.problems.append(f"{where}: {error}")
 
+    def check_mixture(self) -> None:
+        """TRL's rules for `fraction` in a dataset mixture, which it checks only while loading, on every rank."""
+        entries = [entry for entry in self.value("datasets") or [] if isinstance(entry, dict)]
+        given = [entry.get("fraction") is not None for entry in entries]
+        if "datasets" in self.refused or not any(given):
+            return
+        where = self.layers["datasets"][1]
+        if not all(given):
+            self.problems.append(f"{where}: `datasets`: `fraction` is set for some datasets of the mixture and not "
+                                 "for others; set it for all of them or for none")
+        elif self.value("streaming"):
+            self.problems.append(f"{where}: `datasets`: `fraction` cannot be used with `streaming: true` (a stream's "
+                                 "length is unknown); drop one")
+
     def check_deepspeed_field(self, accelerate: dict[str, Any]) -> None:
         """TrainingArguments' own `deepspeed` setting must not contradict the accelerate config rlhf launches with."""
         value = self.value("deepspeed")
@@ -570,6 +584,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     resolver.check_nvme_path()
     resolver.check_gpu_memory()
     resolver.check_data()
+    resolver.check_mixture()
     cpu_only = not (_cuda_present() if cuda is None else cuda) or environ.get("DS_ACCELERATOR") == "cpu"
     accelerate, accelerate_notes = build_accelerate_config(
         AccelerateChoices(
