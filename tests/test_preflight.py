@@ -75,8 +75,8 @@ def test_a_reward_module_that_hangs_is_stopped_with_its_children(tmp_path: Path)
                                  "def score(**kwargs):\n    return []\n")
     run = resolve(RunRequest("rloo", "rloo/smoke", sets=("reward_funcs=[hangs.py:score]",)), cwd=tmp_path, cuda=False)
     with pytest.raises(ConfigError) as raised:
-        check_before_launch(run, timeout=15)
-    assert raised.value.problems == [f"the pre-launch check did not finish in 15 s while importing reward function "
+        check_before_launch(run, timeout=8)
+    assert raised.value.problems == [f"the pre-launch check did not finish in 8 s while importing reward function "
                                      f"{tmp_path}/hangs.py:score; a reward module that waits on something at import "
                                      "hangs every rank too"]
     child = int(pid_file.read_text())
