@@ -8,9 +8,10 @@ Both run with --gather: stock TRL crashes without it. The two are timed end to e
 interleaved, `--repeats` times each, in one run of this script; the ratio of the medians is reported.
 
 Start-up: the median of 5 runs of `rlhf --help`, `rlhf rloo -r rloo/smoke --dry-run`, `trl --help` and
-`accelerate --help`.
+`accelerate --help`; and what the pre-launch check (the trainer config built and the reward functions imported in
+a process of their own, rlhf_cli/launch/preflight.py) adds to a launch: the seconds the launcher waits for it.
 
-    python benchmarks/launcher.py [--steps 4] [--repeats 2] [--out benchmarks/results]
+    python benchmarks/launcher.py [--steps 4] [--repeats 2] [--out benchmarks/results] [--startup-only]
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
-from _common import (RECIPES, RESULTS, WORK, bar_charts, json_output, markdown_table, median_seconds, print_table,
-                     python_module, run_timed, write_markdown)
+from _common import (REPO, RECIPES, RESULTS, WORK, bar_charts, json_output, markdown_table, median_seconds,
+                     print_table, python_module, run_timed, write_markdown)
 
 RECIPE = RECIPES / "rloo" / "smoke.yaml"
 STARTUP_REPEATS = 5
@@ -64,14 +66,54 @@ def trl_run(work: Path, steps: int) -> tuple[list[str], dict[str, str]]:
     return argv, resolved["launch"]["env"]
 
 
+PREFLIGHT_TIMED = """
+import sys, time
+from pathlib import Path
+from rlhf_cli.config.resolve import RunRequest, resolve
+from rlhf_cli.launch.preflight import check_before_launch
+
+run = resolve(RunRequest("rloo", sys.argv[1], {"output_dir": ("-o", sys.argv[2])}, overwrite=True))
+started = time.perf_counter()
+check_before_launch(run)
+print(time.perf_counter() - started)
+"""
+
+
+def startup_seconds(work: Path) -> dict[str, float]:
+    commands = {
+        "rlhf --help": python_module("rlhf_cli", "--help"),
+        "rlhf rloo -r rloo/smoke --dry-run": python_module("rlhf_cli", "rloo", "-r", "rloo/smoke", "--dry-run"),
+        "trl --help": [console_script("trl"), "--help"],
+        "accelerate --help": [console_script("accelerate"), "--help"],
+    }
+    seconds = {name: median_seconds(argv, STARTUP_REPEATS) for name, argv in commands.items()}
+    seconds["pre-launch check (waited for by every launch)"] = preflight_seconds(work, STARTUP_REPEATS)
+    return seconds
+
+
+def preflight_seconds(work: Path, repeats: int) -> float:
+    """Median seconds `rlhf rloo -r rloo/smoke` waits for its pre-launch check before it starts the ranks."""
+    argv = [sys.executable, "-c", PREFLIGHT_TIMED, str(RECIPE), str(work / "preflight-run")]
+    return statistics.median(float(subprocess.run(argv, check=True, capture_output=True, text=True, cwd=REPO)
+                                   .stdout.split()[-1]) for _ in range(repeats))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=4, help="training steps per run (the smoke recipe's 4)")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each launcher, interleaved")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--work-dir", type=Path, default=WORK, help="where the runs go (not in git)")
+    parser.add_argument("--startup-only", action="store_true",
+                        help="only the start-up table: no runs, nothing written to --out")
     args = parser.parse_args()
     work = args.work_dir / "launcher"
+    startup = startup_seconds(work)
+    startup_columns = ["command", f"median s of {STARTUP_REPEATS}"]
+    startup_rows = [[name, f"{value:.2f}"] for name, value in startup.items()]
+    if args.startup_only:
+        print_table("Start-up", startup_columns, startup_rows)
+        return
 
     trl_argv, trl_env = trl_run(work, args.steps)
     seconds: dict[str, list[float]] = {"rlhf rloo": [], "TRL rloo.py": []}
@@ -84,21 +126,11 @@ def main() -> None:
     medians = {name: statistics.median(values) for name, values in seconds.items()}
     ratio = medians["rlhf rloo"] / medians["TRL rloo.py"]
 
-    startup_commands = {
-        "rlhf --help": python_module("rlhf_cli", "--help"),
-        "rlhf rloo -r rloo/smoke --dry-run": python_module("rlhf_cli", "rloo", "-r", "rloo/smoke", "--dry-run"),
-        "trl --help": [console_script("trl"), "--help"],
-        "accelerate --help": [console_script("accelerate"), "--help"],
-    }
-    startup = {name: median_seconds(argv, STARTUP_REPEATS) for name, argv in startup_commands.items()}
-
     title = (f"Launcher overhead: RLOO smoke run, {args.steps} steps, 2 CPU processes, ZeRO-3, gather; "
              f"{args.repeats} interleaved runs each")
     run_columns = ["launcher", "wall s (each run)", "median s", "ratio rlhf/trl"]
     run_rows = [[name, ", ".join(f"{value:.1f}" for value in values), f"{medians[name]:.1f}",
                  f"{ratio:.3f}" if name == "rlhf rloo" else ""] for name, values in seconds.items()]
-    startup_columns = ["command", f"median s of {STARTUP_REPEATS}"]
-    startup_rows = [[name, f"{value:.2f}"] for name, value in startup.items()]
     print_table(title, run_columns, run_rows)
     print_table("Start-up", startup_columns, startup_rows)
     bar_charts(args.out / "launcher.png", title, [("wall seconds, median", medians), ("start-up seconds", startup)])

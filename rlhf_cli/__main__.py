@@ -1,3 +1,5 @@
+import sys
+
 from rlhf_cli.cli.app import main
 
-main()
+sys.exit(main())

@@ -60,6 +60,10 @@ INTERNALS = (
              "the launch agent tells a signal that stopped the ranks from a rank failure", "torch exports it"),
     Internal("torch.distributed.elastic.multiprocessing.errors:ChildFailedError.get_first_failure",
              "the launch agent's exit code is the first failing rank's", "never: public enough"),
+    Internal("transformers:TrainingArguments._setup_devices",
+             "the launcher's pre-launch check builds the trainer config outside any rank: without a process "
+             "group, on no device, with the run's number of processes as its world size",
+             "TrainingArguments validates its values without setting up devices"),
 )
 
 
@@ -183,3 +187,26 @@ def launch_errors() -> tuple[type, type]:
 def first_failure_exitcode(failed: Any) -> int:
     _, failure = failed.get_first_failure()
     return failure.exitcode
+
+
+# -- transformers' TrainingArguments, built outside a rank -------------------------------------------------------
+
+def detached_config_class(config_class: type, processes: int) -> type:
+    """`config_class` (a TrainingArguments dataclass) as a rank of a `processes`-process run validates it, but
+    built where no rank is: its __post_init__ sets up no device and no process group (transformers would start
+    one, or take the GPU, in whatever process builds it) and sees the run's world size, on which its batch
+    checks depend."""
+    import torch
+
+    class Detached(config_class):  # type: ignore[misc, valid-type]
+        @property
+        def world_size(self) -> int:
+            return processes
+
+        @property
+        def _setup_devices(self) -> torch.device:
+            return torch.device("cpu")
+
+    Detached.__name__ = Detached.__qualname__ = config_class.__name__
+    return Detached
+

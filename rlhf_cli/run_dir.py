@@ -16,6 +16,9 @@ OUTPUT_MODE_ENV = "RLHF_OUTPUT"  # quiet | normal | verbose, from --quiet / --ve
 PROBE_GENERATION_ENV = "RLHF_PROBE_GENERATION"  # set: each rank records what generation cost it
 STOCK_TRL_ENV = "RLHF_STOCK_TRL_GENERATION"  # set: TRL's no-gather generation as shipped (the upstream-bug canary)
 PROBE_CUDA_MEMORY_ENV = "RLHF_PROBE_CUDA_MEMORY"  # set: each rank records its peak CUDA memory per phase
+# The pre-launch check (rlhf_cli/rank/preflight.py) marks each step on stderr with this, for the launcher to say
+# which step hung.
+PREFLIGHT_STEP_MARK = "[rlhf preflight] "
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the ranks checkpointed and stopped; run again with --resume auto
 

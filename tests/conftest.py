@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
@@ -22,16 +22,26 @@ def isolated_environment(tmp_path_factory: pytest.TempPathFactory, monkeypatch: 
     monkeypatch.delenv("RLHF_DEBUG", raising=False)
 
 
+class Program:
+    """`rlhf` as the console script runs it, through `main()` and its one error boundary, for click's CliRunner
+    (which calls `main(args=..., prog_name=...)` and reads the exit code from SystemExit)."""
+
+    name = "rlhf"
+
+    def main(self, args: list[str], prog_name: str | None = None, **_: object) -> None:
+        from rlhf_cli.cli.app import main
+
+        raise SystemExit(main(list(args)))
+
+
 @pytest.fixture
 def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Run `rlhf ARGS` in-process from a fresh working directory; returns the click Result."""
-    from rlhf_cli.cli.app import app
-
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
 
     def invoke(*args: str):
-        return runner.invoke(app, [str(a) for a in args])
+        return runner.invoke(Program(), [str(a) for a in args])
 
     return invoke
 
@@ -44,8 +54,9 @@ def write(path: Path, text: str) -> Path:
 
 @pytest.fixture
 def nothing_launches(monkeypatch: pytest.MonkeyPatch) -> list:
-    """Any launch is recorded instead of started; the list holds the runs that would have started."""
-    from rlhf_cli.launch import runner
+    """Any launch is recorded instead of started, and so is the pre-launch check (its own process, seconds of
+    TRL's import; tests/test_preflight.py runs it); the list holds the runs that would have started."""
+    from rlhf_cli.launch import preflight, runner
 
     launched: list = []
 
@@ -54,4 +65,5 @@ def nothing_launches(monkeypatch: pytest.MonkeyPatch) -> list:
         return runner.Outcome(0, "finished")
 
     monkeypatch.setattr(runner, "launch", record)
+    monkeypatch.setattr(preflight, "check_before_launch", lambda run: None)
     return launched

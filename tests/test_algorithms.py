@@ -70,6 +70,7 @@ FIELD_CHECKS: dict[str, Callable[[Algorithm], bool]] = {
     "starter": lambda e: bool(e.starter) and all(line.key in catalogue(e.name) for line in e.starter),
     "starter_models": lambda e: all(line.key in catalogue(e.name) for line in e.starter_models),
     "checks": lambda e: e.checks(smoke_values(e), 2) == [],
+    "reward_keywords": lambda e: {"prompts", "completions", "completion_ids"} <= set(e.reward_keywords),
 }
 
 

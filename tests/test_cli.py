@@ -90,7 +90,8 @@ BAD_INPUT = [
      "Error: --model: `model_name_or_path`: model directory ./no-model not found"),
     (["-r", "rloo/smoke", "--dataset", "./prompts.jsonl"],
      "Error: --dataset: `dataset_name`: dataset ./prompts.jsonl not found"),
-    (["-r", "rloo/smoke", "--offload-optimizer", "disk"], "Invalid value for '--offload-optimizer'"),
+    (["-r", "rloo/smoke", "--offload-optimizer", "disk"],
+     "Error: --offload-optimizer: `offload_optimizer`: expected one of none, cpu, nvme, got 'disk'"),
     (["-r", "rloo/smoke", "--json"], "--json goes with --dry-run"),
 ]
 

@@ -92,7 +92,7 @@ def test_legacy_names_are_mapped_with_a_note_or_refused_with_todays_field(tmp_pa
     assert f"{ok}:1: `rloo_k` is the old name of `num_generations`; using it as `num_generations`" in run.notes
     ok = str(ok)
     refused = problems(RunRequest("rloo", ok, sets=("total_episodes=200",)), tmp_path)
-    assert refused == ["--set total_episodes: `total_episodes` has no counterpart in today's rloo: set "
+    assert refused == ["--set total_episodes: `total_episodes` (a ppo key) has no counterpart in today's rloo: set "
                        "`max_steps` (one step consumes per_device_train_batch_size x gradient_accumulation_steps "
                        "x processes completions)"]
 
@@ -137,6 +137,7 @@ def test_missing_things_are_named(tmp_path: Path) -> None:
 
 def test_reward_functions_from_files_and_modules(tmp_path: Path) -> None:
     write(tmp_path / "rewards.py", "def length(completions, **kw):\n    return [len(c) for c in completions]\n")
+    write(tmp_path / "my_pkg" / "scores.py", "def fn(completions, **kw):\n    return [0.0 for c in completions]\n")
     path = write(tmp_path / "r.yaml", SMOKE_MODELS + "reward_funcs: [rewards.py:length, my_pkg.scores:fn]\n")
     run = resolve(RunRequest("rloo", str(path)), cwd=tmp_path, cuda=False)
     assert run.value("reward_funcs") == [f"{tmp_path}/rewards.py:length", "my_pkg.scores:fn"]
@@ -224,7 +225,8 @@ def test_ppo_batch_sizes_must_tile(tmp_path: Path) -> None:
         "gradient_accumulation_steps x num_mini_batches = 4)"]
     assert ppo_problems(tmp_path, "total_episodes=4") == [
         "`total_episodes` (4) is less than one batch of rollouts (4 per process x 2 processes = 8)"]
-    assert ppo_problems(tmp_path, "num_mini_batches=0") == ["`num_mini_batches` must be at least 1, got 0"]
+    assert ppo_problems(tmp_path, "num_mini_batches=0") == [
+        "--set num_mini_batches: `num_mini_batches`: must be at least 1, got 0"]
 
 
 def test_ppo_reward_model_must_be_a_sequence_classifier(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from rlhf_cli.schema import snapshot
-from rlhf_cli.config.fields import catalogue
+from rlhf_cli.config.fields import catalogue, coerce
 
 
 def test_snapshot_matches_installed_trl() -> None:
@@ -23,3 +23,18 @@ def test_catalogue_has_trl_fields_and_ours() -> None:
     assert fields["reward_funcs"].group == "script"
     assert fields["offload_optimizer"].choices == ("none", "cpu", "nvme")
     assert fields["stage3_prefetch_bucket_size"].group == "zero3"
+
+
+def test_every_range_names_a_real_key_and_admits_its_default() -> None:
+    """A typo in ranges.yaml would check nothing; a range that refuses TRL's own default would refuse every run."""
+    from rlhf_cli.algorithms import ALGORITHMS
+    from rlhf_cli.config.fields import generation_fields, ranges, snapshot_list
+
+    known = set().union(*(catalogue(name) for name in ALGORITHMS))
+    assert set(ranges()["fields"]) <= known
+    assert set(generation_fields()) <= set(snapshot_list("rloo", "generation_keys"))
+    assert {key for rule in ranges()["cross_field"] for key in rule["when"]} <= known
+    for name in ALGORITHMS:
+        for field in catalogue(name).values():
+            if field.limits is not None and field.default is not None:
+                assert coerce(field, field.default) == field.default, (name, field.name)

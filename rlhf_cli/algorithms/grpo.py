@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rlhf_cli.algorithms.legacy import COMMON_RENAMED, PPO_ERA_RETIRED
 from rlhf_cli.algorithms.spec import Algorithm, StarterEntry
-from rlhf_cli.algorithms.trl_generating import FUSED_HEAD, generation_batches, group_checks
+from rlhf_cli.algorithms.trl_generating import FUSED_HEAD, TRL_REWARD_KEYWORDS, generation_batches, group_checks
 
 ALGORITHM = Algorithm(
     name="grpo",
@@ -37,4 +37,5 @@ ALGORITHM = Algorithm(
         StarterEntry("gradient_checkpointing", "recompute activations: less memory, slower", True),
     ),
     checks=group_checks,
+    reward_keywords=TRL_REWARD_KEYWORDS,
 )

@@ -45,4 +45,5 @@ ALGORITHM = Algorithm(
         StarterEntry("temperature", "sampling temperature"),
         StarterEntry("gradient_checkpointing", "recompute activations: less memory, slower", True),
     ),
+    reward_keywords=("prompts", "completions", "completion_ids", "trainer_state"),
 )

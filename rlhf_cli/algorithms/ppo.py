@@ -26,15 +26,11 @@ def _json(path: Path) -> dict[str, Any]:
 
 
 def _checks(values: Values, num_processes: int) -> list[str]:
-    """Batch sizes that tile, a tokenizer with pad and EOS, a stop token inside the vocabulary."""
+    """Batch sizes that tile, a tokenizer with pad and EOS, a stop token inside the vocabulary (each size is at least
+    1 by then: rlhf_cli/schema/ranges.yaml)."""
     problems = []
     per_device, accumulation = values("per_device_train_batch_size"), values("gradient_accumulation_steps")
     mini_batches, chunk = values("num_mini_batches"), values("local_rollout_forward_batch_size")
-    for name, number in (("per_device_train_batch_size", per_device), ("gradient_accumulation_steps", accumulation),
-                         ("num_mini_batches", mini_batches), ("local_rollout_forward_batch_size", chunk),
-                         ("num_ppo_epochs", values("num_ppo_epochs"))):
-        if number < 1:
-            return [f"`{name}` must be at least 1, got {number}"]
     local_batch = per_device * accumulation * mini_batches
     if local_batch % min(chunk, local_batch):
         problems.append(f"`local_rollout_forward_batch_size` ({chunk}) must divide the rollouts per process "
@@ -105,4 +101,5 @@ ALGORITHM = Algorithm(
         StarterEntry("temperature", "sampling temperature of rollouts"),
     ),
     checks=_checks,
+    reward_keywords=("prompts", "completions", "completion_ids"),  # rlhf_cli/rank/ppo/trainer.py's _score
 )

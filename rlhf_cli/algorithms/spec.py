@@ -88,6 +88,9 @@ class Algorithm:
     starter: tuple[StarterEntry, ...] = ()  # the Training section of `rlhf init`
     starter_models: tuple[StarterEntry, ...] = ()  # extra entries in the "What to train" section
     checks: Callable[[Values, int], list[str]] = no_checks  # (values, processes) -> problems found before launch
+    # the keyword arguments the trainer calls each reward function with (TRL's also pass the dataset's other
+    # columns: a function takes them, or **kwargs)
+    reward_keywords: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "renamed", MappingProxyType(dict(self.renamed)))

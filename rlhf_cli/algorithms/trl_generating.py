@@ -9,6 +9,9 @@ from rlhf_cli.algorithms.spec import Batches, LogitsModel, Values
 # `use_liger_kernel` says (TRL turns Liger's fused cross-entropy off)
 FUSED_HEAD = LogitsModel(fused_head=True)
 
+# RLOOTrainer and GRPOTrainer call each reward function with these (and every other dataset column).
+TRL_REWARD_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+
 
 def generation_batches(values: Values, num_processes: int) -> Batches:
     """Per process: the generation batch covers `steps_per_generation` micro-batches (default: the accumulation)."""
@@ -20,28 +23,33 @@ def generation_batches(values: Values, num_processes: int) -> Batches:
 
 
 def group_checks(values: Values, num_processes: int) -> list[str]:
-    """The generation batch over all processes holds whole groups of `num_generations` (TRL checks it at start-up,
-    on every rank; here it is found before anything starts)."""
+    """The generation batch over all processes holds whole groups of `num_generations`, and so does the evaluation
+    batch when evaluating (TRL checks both at start-up, on every rank; here they are found before anything starts).
+    Ranges (num_generations at least 2, batch sizes at least 1) are checked before, from rlhf_cli/schema/ranges.yaml.
+    """
     per_device, generations = values("per_device_train_batch_size"), values("num_generations")
     total, steps = values("generation_batch_size"), values("steps_per_generation")
-    if not isinstance(per_device, int) or per_device < 1 or not isinstance(generations, int):
-        return []  # a value outside its range is reported by the range checks
+    if generations is None:
+        return ["`num_generations` must be set: completions per prompt, at least 2"]
     if total is not None and steps is not None:
         return ["`generation_batch_size` and `steps_per_generation` cannot both be set; keep one"]
-    if generations < 2:
-        return [f"`num_generations` must be at least 2 (a group needs another completion to compare with), "
-                f"got {generations}"]
+    problems = []
     global_batch = per_device * num_processes
-    if total is not None:
-        if total % global_batch:
-            return [f"`generation_batch_size` ({total}) must be a multiple of per_device_train_batch_size x "
-                    f"processes ({per_device} x {num_processes} = {global_batch})"]
-    else:
-        total = global_batch * (steps or values("gradient_accumulation_steps"))
+    if total is not None and total % global_batch:
+        return [f"`generation_batch_size` ({total}) must be a multiple of per_device_train_batch_size x "
+                f"processes ({per_device} x {num_processes} = {global_batch})"]
+    total = total if total is not None else global_batch * (steps or values("gradient_accumulation_steps"))
     if total % generations:
         fitting = [d for d in range(2, generations) if total % d == 0]
         instead = f"set num_generations to {fitting[-1]}, or " if fitting else "set "
-        return [f"`num_generations` ({generations}) must divide the generation batch ({total} = "
-                f"per_device_train_batch_size x processes x steps per generation): {instead}"
-                f"per_device_train_batch_size to a multiple of {generations}"]
-    return []
+        problems.append(f"`num_generations` ({generations}) must divide the generation batch ({total} = "
+                        f"per_device_train_batch_size x processes x steps per generation): {instead}"
+                        f"per_device_train_batch_size to a multiple of {generations}")
+    if values("eval_strategy") != "no":
+        eval_generations = values("num_generations_eval") or generations
+        eval_batch = values("per_device_eval_batch_size") * num_processes
+        if eval_batch % eval_generations:
+            problems.append(f"the evaluation batch (per_device_eval_batch_size x processes = {eval_batch}) must be a "
+                            f"multiple of num_generations_eval or num_generations ({eval_generations}): set "
+                            "per_device_eval_batch_size to a multiple of it")
+    return problems

@@ -32,7 +32,7 @@ def root(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Print the version and exit.")] = False,
 ) -> None:
-    """Set RLHF_DEBUG=1 to see tracebacks for errors."""
+    """Set RLHF_DEBUG=1 (or true, yes) to see tracebacks for errors."""
 
 
 for _entry in ALGORITHMS.values():
@@ -55,5 +55,14 @@ for _command, _example in ((recipes.recipes, recipes.EXAMPLE), (init.init, init.
     app.command(epilog=f"Example: {_example}")(_command)
 
 
-def main() -> None:
-    app()
+def main(argv: list[str] | None = None) -> int:
+    """`rlhf`: run the command; any error becomes one line per problem and an exit code (cli/errors.py)."""
+    from rlhf_cli.cli.errors import exit_code_for
+
+    try:
+        return typer.main.get_command(app).main(args=argv, prog_name="rlhf", standalone_mode=False) or 0
+    except Exception as error:  # noqa: BLE001 - the one boundary: cli/errors.py decides what each type means
+        return exit_code_for(error)
+    except KeyboardInterrupt as error:
+        return exit_code_for(error)
+

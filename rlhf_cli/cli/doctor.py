@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from rlhf_cli.cli.output import stdout
 
@@ -28,7 +29,8 @@ def doctor(
     else:
         table = Table.grid(padding=(0, 2))
         for check in found:
-            table.add_row(f"[{STYLES[check.status]}]{check.status}[/]", f"[bold]{check.name}[/]", check.detail)
+            table.add_row(Text(check.status, style=STYLES[check.status]), Text(check.name, style="bold"),
+                          Text(check.detail))  # details quote paths and library messages: text, never markup
         stdout.print(table, highlight=False)
         warnings = sum(check.status == checks.WARNING for check in found)
         counts = f"{len(problems)} problem{'s' * (len(problems) != 1)}, {warnings} warning{'s' * (warnings != 1)}"

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from rlhf_cli.algorithms import ALGORITHMS
-from rlhf_cli.cli.output import fail_on_user_errors, stderr
+from rlhf_cli.cli.output import stderr
 from rlhf_cli.errors import RlhfError
 
 EXAMPLE = "rlhf init rloo --out my-rloo.yaml && rlhf rloo -r my-rloo.yaml --dry-run"
@@ -32,14 +32,13 @@ def init(
     if out is None:
         print(starter_recipe(algorithm.value), end="")
         return
-    with fail_on_user_errors():
-        if out.is_dir():
-            raise RlhfError(f"{out} is a directory; --out takes a file name like {out / 'recipe.yaml'}")
-        if out.exists() and not force:
-            raise RlhfError(f"{out} already exists; choose another --out or pass --force to overwrite it")
-        try:
-            out.write_text(starter_recipe(algorithm.value, str(out)))
-        except OSError as error:
-            raise RlhfError(f"{out}: cannot write the recipe ({error.strerror})") from None
+    if out.is_dir():
+        raise RlhfError(f"{out} is a directory; --out takes a file name like {out / 'recipe.yaml'}")
+    if out.exists() and not force:
+        raise RlhfError(f"{out} already exists; choose another --out or pass --force to overwrite it")
+    try:
+        out.write_text(starter_recipe(algorithm.value, str(out)))
+    except OSError as error:
+        raise RlhfError(f"{out}: cannot write the recipe ({error.strerror})") from None
     stderr.print(f"Wrote {out}. Check it with: rlhf {algorithm.value} -r {out} --dry-run", highlight=False,
                  markup=False)

@@ -1,22 +1,18 @@
-"""Everything the CLI prints: data to stdout, notes and errors to stderr, one error boundary."""
+"""Everything the CLI prints: data to stdout, notes and errors to stderr (the error boundary is cli/errors.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-import typer
 from rich import box
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.resolve import ResolvedRun
-from rlhf_cli.errors import RlhfError
 from rlhf_cli.launch.runner import Outcome
 from rlhf_cli.run_dir import RunDir
 from rlhf_cli.plan.memory import MARGIN
@@ -28,17 +24,9 @@ stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)
 
 
-@contextmanager
-def fail_on_user_errors() -> Iterator[None]:
-    """Turn user errors into `Error: ...` lines and an exit code; RLHF_DEBUG=1 shows tracebacks."""
-    try:
-        yield
-    except RlhfError as error:
-        if os.environ.get("RLHF_DEBUG"):
-            raise
-        for line in str(error).splitlines():
-            stderr.print(f"[bold red]Error:[/] {line}", highlight=False, markup=True)
-        raise typer.Exit(error.exit_code) from None
+def print_error(line: str) -> None:
+    """`Error: ...` on stderr; the line is printed as text, never read as markup (a path may hold `[/x]`)."""
+    stderr.print(Text.assemble(("Error:", "bold red"), " ", line), highlight=False)
 
 
 def print_notes(run: ResolvedRun) -> None:
@@ -151,8 +139,8 @@ def _settings_table(run: ResolvedRun) -> Table:
     table.add_column("value", overflow="fold")
     table.add_column("from", style="dim")
     for name in sorted(run.settings):
-        setting = run.settings[name]
-        table.add_row(name, json.dumps(setting.value, default=str), setting.source)
+        setting = run.settings[name]  # values and sources quote the user's text: never read as markup
+        table.add_row(name, Text(json.dumps(setting.value, default=str)), Text(setting.source))
     return table
 
 
@@ -167,7 +155,7 @@ def _accelerate_table(run: ResolvedRun) -> Table:
     rows.update({f"deepspeed_config.{key}": value for key, value in deepspeed.items()})
     for key, value in rows.items():
         if value is not None:
-            table.add_row(key, str(value))
+            table.add_row(key, Text(str(value)))
     return table
 
 
@@ -210,7 +198,7 @@ def print_header(run: ResolvedRun, plan: Plan) -> None:
     grid.add_column(overflow="fold")
     for key, value in rows.items():
         if value not in (None, ""):
-            grid.add_row(key, str(value))
+            grid.add_row(key, Text(str(value)))
     stderr.print(Panel(grid, title=f"rlhf {algorithm(run.algorithm).command}", title_align="left", expand=False))
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from rlhf_cli.cli.output import fail_on_user_errors, stdout
+from rlhf_cli.cli.output import stdout
 
 EXAMPLE = "rlhf recipes, then: rlhf rloo -r rloo/smoke --dry-run"
 
@@ -19,8 +19,7 @@ def recipes(
     """List the bundled recipes: the name to pass to -r, the algorithm, the model and what each is for."""
     from rlhf_cli.config.bundled import bundled_recipes
 
-    with fail_on_user_errors():
-        found = bundled_recipes()
+    found = bundled_recipes()
     if json_:
         print(json.dumps([{"name": r.name, "algorithm": r.algorithm, "model": r.model, "purpose": r.purpose,
                            "path": str(r.path)} for r in found], indent=2))

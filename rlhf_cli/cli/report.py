@@ -9,11 +9,12 @@ import typer
 from rich.measure import Measurement
 from rich.segment import Segments
 from rich.table import Table
+from rich.text import Text
 
-from rlhf_cli.cli.output import fail_on_user_errors, stderr, stdout
+from rlhf_cli.cli.output import stderr, stdout
 from rlhf_cli.errors import RlhfError
 from rlhf_cli.report.metrics import RunMetrics, load_metrics, sample_rows
-from rlhf_cli.report.plot import draw
+from rlhf_cli.report.plot import draw, image_formats
 
 EXAMPLE = "rlhf report runs/rloo-20250101-120000 --out rloo.png"
 TABLE_ROWS = 20
@@ -24,7 +25,7 @@ def _table(metrics: RunMetrics, title: str) -> Table:
     rows = sample_rows(len(metrics.steps), TABLE_ROWS)
     shown = f"{len(rows)} of {len(metrics.steps)} logged steps, first and last included" \
         if len(rows) < len(metrics.steps) else f"{len(rows)} logged steps"
-    table = Table(title=title, caption=f"{shown}; from {metrics.source}", title_justify="left",
+    table = Table(title=Text(title), caption=Text(f"{shown}; from {metrics.source}"), title_justify="left",
                   caption_justify="left")
     table.add_column("step", justify="right", style="cyan")
     for name in names:
@@ -44,12 +45,15 @@ def report(
     """Plot a run's curves (reward, KL, loss; PPO: value loss, clip fraction) to a PNG and print them as a table."""
     png = out or run_dir / "report.png"
     title = run_dir.resolve().name
-    with fail_on_user_errors():
-        metrics = load_metrics(run_dir)
-        try:
-            draw(metrics, png, title)
-        except OSError as error:
-            raise RlhfError(f"{png}: cannot write the plot ({error.strerror})") from None
+    formats = image_formats()
+    if png.suffix.lower().lstrip(".") not in formats:
+        raise RlhfError(f"--out {png}: matplotlib cannot write a {png.suffix or 'suffix-less'} file; "
+                        f"end the name with .png (or .{', .'.join(f for f in formats if f != 'png')})")
+    metrics = load_metrics(run_dir)
+    try:
+        draw(metrics, png, title)
+    except OSError as error:
+        raise RlhfError(f"{png}: cannot write the plot ({error.strerror})") from None
     table = _table(metrics, title)
     # Never cut numbers off: a table wider than the terminal (or a log file's 80 columns) is printed whole.
     width = max(stdout.width, Measurement.get(stdout, stdout.options.update_width(10**4), table).maximum)

@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import inspect
-from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from rlhf_cli.cli.output import (fail_on_user_errors, print_header, print_notes, print_outcome,
-                                 print_plan_compact, print_plan_table, print_run_human, print_run_json)
+from rlhf_cli.cli.output import (print_header, print_notes, print_outcome, print_plan_compact, print_plan_table,
+                                 print_run_human, print_run_json)
+from rlhf_cli.config.fields import OFFLOAD_DEVICES
 
 if TYPE_CHECKING:
     from rlhf_cli.config.resolve import ResolvedRun
-
-
-class Offload(str, Enum):
-    none = "none"
-    cpu = "cpu"
-    nvme = "nvme"
 
 
 LAUNCH = "Launch and ZeRO-3"
@@ -26,41 +20,48 @@ SHORTCUTS = "Shortcuts for recipe keys"
 
 RecipeOpt = Annotated[Optional[str], typer.Option(
     "--recipe", "-r", metavar="PATH", help="YAML recipe (TRL-style flat keys), or a bundled one like rloo/smoke.")]
-GatherOpt = Annotated[Optional[bool], typer.Option(
-    "--gather/--no-gather", rich_help_panel=LAUNCH, show_default=False,
-    help="Gather the whole policy on every GPU to generate (fast, needs memory), or generate from "
-         "ZeRO-3 shards (fits, slower). [bold]--gather auto[/]: gather when the memory plan says it fits. "
-         "Default: the recipe's, else TRL's (gather).")]
+# Two flags, not Typer's `--gather/--no-gather`, so that giving both is an error instead of the last one winning.
+GatherOpt = Annotated[bool, typer.Option(
+    "--gather", rich_help_panel=LAUNCH, show_default=False,
+    help="Gather the whole policy on every GPU to generate (fast, needs memory). [bold]--gather auto[/]: gather "
+         "when the memory plan says it fits. Default: the recipe's, else TRL's (gather).")]
+NoGatherOpt = Annotated[bool, typer.Option(
+    "--no-gather", rich_help_panel=LAUNCH, show_default=False,
+    help="Generate from ZeRO-3 shards (fits, slower): TRL's ds3_gather_for_generation=false.")]
 # `--gather auto`: Typer flags take no value, so `auto` arrives as an extra argument (`ctx.args`); the
 # commands are registered with EXTRA_ARGS to allow it.
 EXTRA_ARGS = {"allow_extra_args": True}
-OffloadOptimizerOpt = Annotated[Optional[Offload], typer.Option(
-    "--offload-optimizer", rich_help_panel=LAUNCH, show_default=False,
+# Numbers and choices arrive as text and are checked by the config layer against the recipe key they set, so
+# that a mistyped flag is one more line in the report of every problem, not the only one.
+OffloadOptimizerOpt = Annotated[Optional[str], typer.Option(
+    "--offload-optimizer", metavar="none|cpu|nvme", rich_help_panel=LAUNCH, show_default=False,
+    autocompletion=lambda: list(OFFLOAD_DEVICES),
     help="Keep optimizer states on the GPU (none), in CPU memory or on NVMe.")]
-OffloadParamsOpt = Annotated[Optional[Offload], typer.Option(
-    "--offload-params", rich_help_panel=LAUNCH, show_default=False,
+OffloadParamsOpt = Annotated[Optional[str], typer.Option(
+    "--offload-params", metavar="none|cpu|nvme", rich_help_panel=LAUNCH, show_default=False,
+    autocompletion=lambda: list(OFFLOAD_DEVICES),
     help="Keep ZeRO-3 parameter shards on the GPU (none), in CPU memory or on NVMe.")]
 NvmePathOpt = Annotated[Optional[str], typer.Option(
     "--nvme-path", metavar="DIR", rich_help_panel=LAUNCH, help="Local NVMe directory for nvme offload.")]
-NumProcessesOpt = Annotated[Optional[int], typer.Option(
+NumProcessesOpt = Annotated[Optional[str], typer.Option(
     "--num-processes", metavar="N", rich_help_panel=LAUNCH, show_default=False,
     help="Processes (GPUs) in total. Default: the recipe's, else the accelerate config's.")]
-NumGpusOpt = Annotated[Optional[int], typer.Option(
+NumGpusOpt = Annotated[Optional[str], typer.Option(
     "--num-gpus", metavar="N", rich_help_panel=LAUNCH, show_default=False,
     help="GPUs per machine: num_processes = N x machines. Default: num_processes.")]
 GpuMemoryOpt = Annotated[Optional[str], typer.Option(
     "--gpu-memory", metavar="SIZE", rich_help_panel=LAUNCH,
     help="Memory of each GPU for the memory plan (24GiB, 24GB, 24576MiB, bytes). Default: from nvidia-smi.")]
-NumMachinesOpt = Annotated[Optional[int], typer.Option(
+NumMachinesOpt = Annotated[Optional[str], typer.Option(
     "--num-machines", metavar="N", rich_help_panel=LAUNCH, show_default=False,
     help="Machines in the job. Default: the recipe's, SLURM's or torchrun's, else 1.")]
-MachineRankOpt = Annotated[Optional[int], typer.Option(
+MachineRankOpt = Annotated[Optional[str], typer.Option(
     "--machine-rank", metavar="N", rich_help_panel=LAUNCH, show_default=False,
     help="This machine's rank (0 starts the rendezvous). Default: from SLURM or torchrun.")]
 MainProcessIpOpt = Annotated[Optional[str], typer.Option(
     "--main-process-ip", metavar="HOST", rich_help_panel=LAUNCH,
     help="Address of machine rank 0. Default: the first SLURM host, or MASTER_ADDR.")]
-MainProcessPortOpt = Annotated[Optional[int], typer.Option(
+MainProcessPortOpt = Annotated[Optional[str], typer.Option(
     "--main-process-port", metavar="PORT", rich_help_panel=LAUNCH, show_default=False,
     help="Rendezvous port on machine rank 0. Default: MASTER_PORT, else free (1 machine) or 29500.")]
 AccelerateConfigOpt = Annotated[Optional[str], typer.Option(
@@ -77,9 +78,9 @@ DatasetOpt = Annotated[Optional[str], typer.Option(
 OutputDirOpt = Annotated[Optional[str], typer.Option(
     "--output-dir", "-o", metavar="DIR", rich_help_panel=SHORTCUTS,
     help="Where the run, its record and the model go (output_dir). Default: runs/ALGO-TIME.")]
-MaxStepsOpt = Annotated[Optional[int], typer.Option(
+MaxStepsOpt = Annotated[Optional[str], typer.Option(
     "--max-steps", metavar="N", rich_help_panel=SHORTCUTS, show_default=False, help="Training steps (max_steps).")]
-SeedOpt = Annotated[Optional[int], typer.Option(
+SeedOpt = Annotated[Optional[str], typer.Option(
     "--seed", metavar="N", rich_help_panel=SHORTCUTS, show_default=False, help="Random seed (seed).")]
 SetOpt = Annotated[Optional[list[str]], typer.Option(
     "--set", "-s", metavar="KEY=VALUE", show_default=False,
@@ -116,7 +117,8 @@ FLAGS = {
 def train(
     ctx: typer.Context,
     recipe: RecipeOpt = None,
-    gather: GatherOpt = None,
+    gather: GatherOpt = False,
+    no_gather: NoGatherOpt = False,
     offload_optimizer: OffloadOptimizerOpt = None,
     offload_params: OffloadParamsOpt = None,
     nvme_path: NvmePathOpt = None,
@@ -146,20 +148,18 @@ def train(
     options = dict(locals())
     from rlhf_cli.plan.estimate import planned
 
-    with fail_on_user_errors():
-        if json_ and not dry_run:
-            raise typer.BadParameter("--json goes with --dry-run", param_hint="--json")
-        if quiet and verbose:
-            raise typer.BadParameter("--quiet and --verbose contradict each other; keep one", param_hint="--quiet")
-        run, plan = planned(_resolve(ctx, options, planning=False))
-        if dry_run:
-            print_plan_compact(plan)
-            print_run_json(run, plan) if json_ else print_run_human(run)
-            return
+    run, plan = planned(_resolve(ctx, options, planning=False))
+    if dry_run:
+        print_plan_compact(plan)
+        print_run_json(run, plan) if json_ else print_run_human(run)
+        return
     if not quiet:
         print_notes(run)
         print_header(run, plan)
+    from rlhf_cli.launch.preflight import check_before_launch
     from rlhf_cli.launch.runner import launch
+
+    check_before_launch(run)
 
     outcome = launch(run, verbosity="quiet" if quiet else "verbose" if verbose else "normal")
     print_outcome(outcome, run, quiet)
@@ -174,9 +174,8 @@ def plan(ctx: typer.Context, **options: Any) -> None:
     """
     from rlhf_cli.plan.estimate import plan_run
 
-    with fail_on_user_errors():
-        run = _resolve(ctx, options, planning=True)
-        plan = plan_run(run)
+    run = _resolve(ctx, options, planning=True)
+    plan = plan_run(run)
     print_plan_table(run, plan, as_json=options["json_"])
     print_notes(run)
 
@@ -188,26 +187,38 @@ plan.__signature__ = inspect.signature(train, eval_str=True)  # type: ignore[att
 def _resolve(ctx: typer.Context, options: dict[str, Any], planning: bool) -> ResolvedRun:
     from rlhf_cli.config.resolve import RunRequest, resolve
 
-    flags = {key: (flag, _plain(options[parameter])) for key, (flag, parameter) in FLAGS.items()
+    flags = {key: (flag, options[parameter]) for key, (flag, parameter) in FLAGS.items()
              if options.get(parameter) is not None}
-    gather = _gather_flag(options["gather"], ctx.args)
-    if gather[1] is not None:
+    problems = _flag_problems(options, planning)
+    gather = _gather_flag(options["gather"], options["no_gather"], ctx.args, problems)
+    if gather is not None:
         flags["ds3_gather_for_generation"] = gather
     algorithm = ctx.info_name.replace("-", "_")
     return resolve(RunRequest(algorithm, options["recipe"], flags, tuple(options["set_"] or ()),
-                              options.get("overwrite", False), planning=planning))
+                              options.get("overwrite", False), planning=planning, problems=tuple(problems)))
 
 
-def _plain(value: Any) -> Any:
-    """An enum choice as its value."""
-    return value.value if isinstance(value, Enum) else value
+def _flag_problems(options: dict[str, Any], planning: bool) -> list[str]:
+    """Flags that contradict each other; reported with every other problem of the run."""
+    problems = []
+    if options["json_"] and not options["dry_run"] and not planning:
+        problems.append("--json goes with --dry-run (or rlhf plan); add --dry-run or drop --json")
+    if options["quiet"] and options["verbose"]:
+        problems.append("--quiet and --verbose contradict each other; keep one")
+    return problems
 
 
-def _gather_flag(gather: bool | None, extra: list[str]) -> tuple[str, bool | str | None]:
-    """The flag as typed and its value: --gather, --no-gather, or --gather auto; any other word is an error."""
-    if gather is True and extra == ["auto"]:
+def _gather_flag(gather: bool, no_gather: bool, extra: list[str], problems: list[str]) -> tuple[str, Any] | None:
+    """The flag as typed and its value: --gather, --no-gather, or --gather auto; any other word is a problem."""
+    if gather and no_gather:
+        problems.append("--gather and --no-gather contradict each other; keep one")
+        return None
+    if gather and extra == ["auto"]:
         return ("--gather auto", "auto")
     if extra:
-        hint = "; did you mean --gather auto?" if "auto" in extra and gather is not True else ""
-        raise typer.BadParameter(f"unexpected argument {' '.join(extra)!r}{hint}", param_hint="the command line")
-    return ("--gather" if gather else "--no-gather", gather)
+        hint = "; did you mean --gather auto?" if "auto" in extra and not gather else ""
+        problems.append(f"unexpected argument {' '.join(extra)!r}{hint}")
+        return None
+    if gather or no_gather:
+        return ("--gather", True) if gather else ("--no-gather", False)
+    return None

@@ -1,20 +1,27 @@
 """The accelerate config a run launches with: the bundled ZeRO-3 file (or the user's), with flags applied.
 
-Pure: takes the choices, returns a new config dict and notes; reading files is the only I/O.
+Pure: takes the choices, returns a new config dict and notes; reading files is the only I/O. A user's file is
+checked key by key first (a number that is text, a section that is a list), so that what follows can trust it.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from rlhf_cli.config.bundled import bundled_dir
+from rlhf_cli.config.fields import FieldTypeError, coerce, own_field
+from rlhf_cli.config.yaml_file import read_yaml
+from rlhf_cli.errors import ConfigError
 
 BUNDLED_CONFIG = "deepspeed_zero3.yaml"
+LAYOUT_KEYS = ("num_processes", "num_machines", "machine_rank", "main_process_port")
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
+ZERO_STAGES = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -29,38 +36,81 @@ class AccelerateChoices:
     gather: bool = True
     zero3: dict[str, int] = field(default_factory=dict)
     cpu_only: bool = False
+    # key -> how a problem names its value and where it came from: `--machine-rank {value}`, `SLURM_NODEID={value}`
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+
+def _checked(config: dict[str, Any], source: Path, lines: Mapping[str, int], problems: list[str]) -> dict[str, Any]:
+    """The config with every value of a wrong type or range dropped and reported."""
+    def bad(key: str, message: str, section: str | None = None) -> None:
+        line = lines.get(section or key)
+        problems.append(f"{source}{f':{line}' if line else ''}: `{key}`: {message}")
+
+    for key in LAYOUT_KEYS:
+        if config.get(key) is not None:
+            try:
+                config[key] = coerce(own_field(key), config[key])
+            except FieldTypeError as error:
+                bad(key, str(error))
+                del config[key]
+    if config.get("mixed_precision") not in (None, *MIXED_PRECISION):
+        bad("mixed_precision", f"expected one of {', '.join(MIXED_PRECISION)}, got {config['mixed_precision']!r}")
+        del config["mixed_precision"]
+    if not isinstance(config.get("distributed_type", ""), str):
+        bad("distributed_type", f"expected a name like DEEPSPEED or MULTI_GPU, got {config['distributed_type']!r}")
+        del config["distributed_type"]
+    deepspeed = config.get("deepspeed_config")
+    if deepspeed is not None and not isinstance(deepspeed, dict):
+        bad("deepspeed_config", f"expected a mapping of DeepSpeed settings, got {deepspeed!r}")
+        del config["deepspeed_config"]
+    elif isinstance(deepspeed, dict):
+        if deepspeed.get("zero_stage") is not None and deepspeed["zero_stage"] not in ZERO_STAGES:
+            bad("deepspeed_config.zero_stage", f"expected 0, 1, 2 or 3, got {deepspeed['zero_stage']!r}",
+                "deepspeed_config")
+            del deepspeed["zero_stage"]
+        for key in ("offload_optimizer_device", "offload_param_device"):
+            if deepspeed.get(key) not in (None, *OFFLOAD_DEVICES):
+                bad(f"deepspeed_config.{key}", f"expected one of {', '.join(OFFLOAD_DEVICES)}, got "
+                    f"{deepspeed[key]!r}", "deepspeed_config")
+                del deepspeed[key]
+    return config
 
 
 def _load(path: Path, problems: list[str]) -> dict[str, Any]:
     try:
-        config = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as error:
-        problems.append(f"{path}: cannot read accelerate config ({error.__class__.__name__})")
+        loaded = read_yaml(path, "accelerate config")
+    except ConfigError as error:
+        problems.extend(error.problems)
         return {}
-    if not isinstance(config, dict):
-        problems.append(f"{path}: an accelerate config is a mapping, got {type(config).__name__}")
+    if not isinstance(loaded.values, dict):
+        problems.append(f"{path}: an accelerate config is a mapping, got {type(loaded.values).__name__}")
         return {}
-    return config
+    return _checked(loaded.values, path, loaded.lines, problems)
+
+
+def zero_stage(config: dict[str, Any]) -> int | None:
+    """The ZeRO stage of a DeepSpeed config, or None when the config is not DeepSpeed's."""
+    if config.get("distributed_type") != "DEEPSPEED":
+        return None
+    return int((config.get("deepspeed_config") or {}).get("zero_stage", 0))
 
 
 def is_zero3(config: dict[str, Any]) -> bool:
-    deepspeed = config.get("deepspeed_config") or {}
-    return config.get("distributed_type") == "DEEPSPEED" and int(deepspeed.get("zero_stage", 0)) == 3
+    return zero_stage(config) == 3
 
 
-def _check_machines(config: dict[str, Any], problems: list[str]) -> None:
+def _check_machines(config: dict[str, Any], said: Mapping[str, str], problems: list[str]) -> None:
     """A layout accelerate can start: whole processes per machine, a valid rank, a reachable rank 0."""
     machines = int(config.get("num_machines") or 1)
     processes = int(config.get("num_processes") or 1)
     rank = int(config.get("machine_rank") or 0)
-    if machines < 1:
-        problems.append(f"--num-machines must be at least 1, got {machines}")
-        return
     if processes % machines:
-        problems.append(f"--num-processes {processes} is not a multiple of --num-machines {machines}; "
-                        "num_processes counts processes on all machines together")
+        problems.append(f"{said['num_processes'].format(value=processes)} is not a multiple of "
+                        f"{said['num_machines'].format(value=machines)}; num_processes counts processes on all "
+                        "machines together")
     if not 0 <= rank < machines:
-        problems.append(f"--machine-rank {rank} is outside 0..{machines - 1} for {machines} machine(s)")
+        problems.append(f"{said['machine_rank'].format(value=rank)} is outside 0..{machines - 1}: "
+                        f"{said['num_machines'].format(value=machines)}")
     if machines > 1 and not config.get("main_process_ip"):
         problems.append(f"{machines} machines need --main-process-ip: the address of machine rank 0")
 
@@ -68,9 +118,6 @@ def _check_machines(config: dict[str, Any], problems: list[str]) -> None:
 def _apply_num_gpus(config: dict[str, Any], num_gpus: int, num_processes: int | None, problems: list[str]) -> None:
     """GPUs per machine give the total of processes, unless num_processes says otherwise."""
     machines = int(config.get("num_machines") or 1)
-    if num_gpus < 1:
-        problems.append(f"--num-gpus must be at least 1, got {num_gpus}")
-        return
     total = num_gpus * machines
     if num_processes is not None and num_processes != total:
         problems.append(f"--num-processes {num_processes} disagrees with --num-gpus {num_gpus} x {machines} "
@@ -84,15 +131,14 @@ def build_accelerate_config(choices: AccelerateChoices, problems: list[str]) -> 
     source = Path(choices.user_config) if choices.user_config else bundled_dir("accelerate_configs") / BUNDLED_CONFIG
     config = copy.deepcopy(_load(source, problems))
     deepspeed = config.setdefault("deepspeed_config", {}) if config.get("distributed_type") == "DEEPSPEED" else None
+    said = {key: choices.sources.get(key) or f"`{key}: {{value}}` ({source})" for key in LAYOUT_KEYS}
 
     if choices.num_processes is not None:
-        if choices.num_processes < 1:
-            problems.append(f"--num-processes must be at least 1, got {choices.num_processes}")
         config["num_processes"] = choices.num_processes
     config.update(choices.machines)
     if choices.num_gpus is not None:
         _apply_num_gpus(config, choices.num_gpus, choices.num_processes, problems)
-    _check_machines(config, problems)
+    _check_machines(config, said, problems)
 
     if not is_zero3(config):
         what = f"{source} is not a DeepSpeed ZeRO-3 config"

@@ -2,6 +2,8 @@
 
 Inside an allocation the scheduler knows how many machines there are, which one this is, and who
 is first; asking users to repeat it in flags invites a mismatch. Pure: reads a mapping of variables.
+Values come as the variables' text: the config layer checks them like any recipe value and names the
+variable when one is wrong (SLURM_NNODES=0, NODE_RANK=abc), rather than ignoring it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class ClusterLayout:
-    values: dict[str, tuple[int | str, str]] = field(default_factory=dict)  # recipe key -> (value, variable)
+    values: dict[str, tuple[str, str]] = field(default_factory=dict)  # recipe key -> (the variable's text, variable)
     notes: tuple[str, ...] = ()
 
 
@@ -37,18 +39,18 @@ def _gpus_per_node(environ: Mapping[str, str]) -> tuple[int, str] | None:
 
 
 def _slurm(environ: Mapping[str, str]) -> ClusterLayout:
-    values: dict[str, tuple[int | str, str]] = {}
+    values: dict[str, tuple[str, str]] = {}
     notes = []
-    machines = int(environ["SLURM_NNODES"])
-    values["num_machines"] = (machines, "SLURM_NNODES")
-    if environ.get("SLURM_NODEID", "").isdigit():
-        values["machine_rank"] = (int(environ["SLURM_NODEID"]), "SLURM_NODEID")
+    values["num_machines"] = (environ["SLURM_NNODES"], "SLURM_NNODES")
+    machines = int(environ["SLURM_NNODES"]) if environ["SLURM_NNODES"].isdigit() else 0
+    if "SLURM_NODEID" in environ:
+        values["machine_rank"] = (environ["SLURM_NODEID"], "SLURM_NODEID")
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     if nodelist:
         values["main_process_ip"] = (first_host(nodelist), "SLURM_JOB_NODELIST")
     gpus = _gpus_per_node(environ)
-    if gpus:
-        values["num_processes"] = (gpus[0] * machines, f"{gpus[1]} x SLURM_NNODES")
+    if gpus and machines:
+        values["num_processes"] = (str(gpus[0] * machines), f"{gpus[1]} x SLURM_NNODES")
     if machines > 1 and "SLURM_STEP_ID" not in environ:
         notes.append(f"warning: this SLURM job has {machines} nodes but rlhf is not running under srun: start it "
                      "with `srun --ntasks-per-node=1 rlhf ...` so that every node starts its share of the ranks")
@@ -60,13 +62,12 @@ def _slurm(environ: Mapping[str, str]) -> ClusterLayout:
 
 def _torchrun(environ: Mapping[str, str]) -> ClusterLayout:
     """MASTER_ADDR/MASTER_PORT/NODE_RANK and NNODES (or WORLD_SIZE, counted in machines) as set per machine."""
-    values: dict[str, tuple[int | str, str]] = {}
-    machines = next(((environ[name], name) for name in ("NNODES", "WORLD_SIZE") if environ.get(name, "").isdigit()),
-                    None)
+    values: dict[str, tuple[str, str]] = {}
+    machines = next(((environ[name], name) for name in ("NNODES", "WORLD_SIZE") if name in environ), None)
     if machines:
-        values["num_machines"] = (int(machines[0]), machines[1])
-    if environ.get("NODE_RANK", "").isdigit():
-        values["machine_rank"] = (int(environ["NODE_RANK"]), "NODE_RANK")
+        values["num_machines"] = machines
+    if "NODE_RANK" in environ:
+        values["machine_rank"] = (environ["NODE_RANK"], "NODE_RANK")
     if environ.get("MASTER_ADDR"):
         values["main_process_ip"] = (environ["MASTER_ADDR"], "MASTER_ADDR")
     return ClusterLayout(values)
@@ -74,12 +75,12 @@ def _torchrun(environ: Mapping[str, str]) -> ClusterLayout:
 
 def detect_layout(environ: Mapping[str, str]) -> ClusterLayout:
     """What the environment says about the job; SLURM first, MASTER_PORT from either."""
-    if environ.get("SLURM_JOB_ID") and environ.get("SLURM_NNODES", "").isdigit():
+    if environ.get("SLURM_JOB_ID") and "SLURM_NNODES" in environ:
         layout = _slurm(environ)
     elif environ.get("MASTER_ADDR"):
         layout = _torchrun(environ)
     else:
         return ClusterLayout()
-    if environ.get("MASTER_PORT", "").isdigit():
-        layout.values["main_process_port"] = (int(environ["MASTER_PORT"]), "MASTER_PORT")
+    if "MASTER_PORT" in environ:
+        layout.values["main_process_port"] = (environ["MASTER_PORT"], "MASTER_PORT")
     return layout

@@ -1,20 +1,58 @@
-"""Every key a recipe may hold, with its type, default and help, read without importing TRL.
+"""Every key a recipe may hold, with its type, range, default and help, read without importing TRL.
 
-TRL's fields come from the JSON snapshots in `rlhf_cli/schema/`; the keys that TRL's recipe
-format lacks (how to launch, what to offload, ZeRO-3 tuning) are declared here.
+TRL's fields come from the JSON snapshots in `rlhf_cli/schema/`, their ranges from `rlhf_cli/schema/ranges.yaml`;
+the keys that TRL's recipe format lacks (how to launch, what to offload, ZeRO-3 tuning) are declared here.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
+import math
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from typing import Any
 
+import yaml
+
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 # `auto`: let the memory plan choose (rlhf_cli/plan); resolution turns it into true or false.
 GATHER_CHOICES = (True, False, "auto")
+
+
+INT64 = 2**63  # every integer must fit: torch, NumPy and DeepSpeed store them in 64 bits
+# YAML 1.1 reads these words unquoted as true or false.
+YAML_BOOL_WORDS = {True: ("yes", "on", "true", "y"), False: ("no", "off", "false", "n")}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A number's range (rlhf_cli/schema/ranges.yaml): None where a side is open."""
+
+    min: float | None = None
+    max: float | None = None
+    above: float | None = None  # excluded lower bound
+    below: float | None = None  # excluded upper bound
+    also: tuple[Any, ...] = ()  # values accepted outside the range
+    why: str = ""
+
+    def problem(self, value: float) -> str | None:
+        """Why `value` is out of range, or None."""
+        if value in self.also or (
+                (self.min is None or value >= self.min) and (self.max is None or value <= self.max)
+                and (self.above is None or value > self.above) and (self.below is None or value < self.below)):
+            return None
+        low = f"at least {self.min}" if self.min is not None else f"above {self.above}" \
+            if self.above is not None else None
+        high = f"at most {self.max}" if self.max is not None else f"below {self.below}" \
+            if self.below is not None else None
+        wanted = " and ".join(filter(None, (low, high)))
+        also = f" (or {' or '.join(map(str, self.also))})" if self.also else ""
+        why = f": {self.why}" if self.why else ""
+        return f"must be {wanted}{also}, got {value}{why}"
 
 
 @dataclass(frozen=True)
@@ -28,10 +66,11 @@ class Field:
     default: Any
     help: str
     choices: tuple[Any, ...] | None = None
+    limits: Limits | None = None
 
     def describe_type(self) -> str:
         if self.choices is not None:
-            return "one of " + ", ".join(json.dumps(c) if isinstance(c, bool) else str(c) for c in self.choices)
+            return "one of " + _choices_text(self.choices)
         names = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
                  "list": "a list", "dict": "a mapping", "null": "null", "any": "any value"}
         return " or ".join(names[kind] for kind in self.kinds)
@@ -68,6 +107,8 @@ OWN_FIELDS = (
           "Your own accelerate config to start from instead of the bundled ZeRO-3 one."),
     Field("dataset_prompt_column", "script", ("str",), "prompt",
           "Dataset column holding the prompt (plain text or a list of chat messages)."),
+    Field("env", "launch", ("dict",), {},
+          "Environment variables set in every rank, on every machine (TRL's `env:` block of a config file)."),
     Field("stage3_prefetch_bucket_size", "zero3", ("int", "null"), None,
           "ZeRO-3: parameter elements fetched ahead of use; default: DeepSpeed's (5e7)."),
     Field("stage3_param_persistence_threshold", "zero3", ("int", "null"), None,
@@ -82,13 +123,33 @@ def _snapshot(algorithm: str) -> dict[str, Any]:
     return json.loads(resources.files("rlhf_cli.schema").joinpath(f"{algorithm}.json").read_text())
 
 
+@cache
+def ranges() -> dict[str, Any]:
+    """rlhf_cli/schema/ranges.yaml: ranges of recipe keys, of generation_kwargs, and rules across keys."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(resources.files("rlhf_cli.schema").joinpath("ranges.yaml").read_text(), Loader=loader)
+
+
+def _limits(spec: Mapping[str, Any] | None) -> Limits | None:
+    if spec is None:
+        return None
+    bounds = {key: spec.get(key) for key in ("min", "max", "above", "below")}
+    return Limits(**bounds, also=tuple(spec.get("also", ())), why=spec.get("why", ""))
+
+
 def trl_reward_functions(algorithm: str) -> tuple[str, ...]:
     return tuple(_snapshot(algorithm)["reward_functions"])
 
 
+def snapshot_list(algorithm: str, name: str) -> tuple[str, ...]:
+    """A list the snapshot keeps beside the fields: `generation_keys`, `accelerate_launch_options`,
+    `dataset_entry_keys`."""
+    return tuple(_snapshot(algorithm)[name])
+
+
 @cache
 def catalogue(algorithm: str) -> dict[str, Field]:
-    """All recipe keys for one algorithm, TRL's and ours."""
+    """All recipe keys for one algorithm, TRL's and ours, each with its range."""
     snapshot = _snapshot(algorithm)
     fields = {
         name: Field(name, spec["group"], tuple(spec["kinds"]), spec["default"], spec["help"],
@@ -98,15 +159,73 @@ def catalogue(algorithm: str) -> dict[str, Field]:
     fields.update({field.name: field for field in OWN_FIELDS})
     gather = fields["ds3_gather_for_generation"]
     fields[gather.name] = replace(gather, kinds=(*gather.kinds, "str"), choices=GATHER_CHOICES)
+    for name, spec in ranges()["fields"].items():
+        if name in fields:
+            fields[name] = replace(fields[name], limits=_limits(spec))
     return fields
+
+
+@cache
+def own_field(name: str) -> Field:
+    """One of rlhf's own keys with its range, for values that come from elsewhere (an accelerate config)."""
+    field = next(field for field in OWN_FIELDS if field.name == name)
+    return replace(field, limits=_limits(ranges()["fields"].get(name)))
+
+
+@cache
+def generation_fields() -> dict[str, Field]:
+    """What each key of `generation_kwargs` takes, as fields (rlhf_cli/schema/ranges.yaml)."""
+    return {name: Field(name, "generation", tuple(spec["kinds"]), None, "", limits=_limits(spec))
+            for name, spec in ranges()["generation_kwargs"].items()}
 
 
 class FieldTypeError(ValueError):
     """A value that does not fit its field; the message says what was expected."""
 
 
+def _choices_text(choices: tuple[Any, ...]) -> str:
+    return ", ".join(json.dumps(c) if isinstance(c, bool) else str(c) for c in choices)
+
+
+def _quote_hint(field: Field, value: bool) -> str:
+    """`save_strategy: no` reaches us as false: say to quote the word."""
+    words = [word for word in YAML_BOOL_WORDS[value] if field.choices and word in field.choices]
+    return f"; YAML reads an unquoted {words[0]} as {str(value).lower()}: write '{words[0]}'" if words else ""
+
+
+def _checked_number(field: Field, value: int | float) -> int | float:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise FieldTypeError(f"must be a finite number, got {value}")
+    if isinstance(value, int) and not -INT64 < value < INT64:
+        raise FieldTypeError(f"{value} does not fit in 64 bits")
+    if field.limits is not None and (problem := field.limits.problem(value)):
+        raise FieldTypeError(problem)
+    return value
+
+
+def _checked_choice(field: Field, value: str) -> str:
+    if field.choices is not None and value not in field.choices:
+        raise FieldTypeError(f"expected {field.describe_type()}, got {value!r}{_closest(value, field.choices)}")
+    return value
+
+
+def _closest(value: str, choices: tuple[Any, ...]) -> str:
+    close = difflib.get_close_matches(value, [c for c in choices if isinstance(c, str)], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def coerce(field: Field, value: Any) -> Any:
-    """Check `value` against the field's type and return it in the form TRL expects."""
+    """Check `value` against the field's type, choices and range; return it in the form TRL expects."""
     kinds = field.kinds
     if "any" in kinds:
         return value
@@ -118,25 +237,30 @@ def coerce(field: Field, value: Any) -> Any:
         if "bool" in kinds:
             return value
     elif isinstance(value, int) and "int" in kinds:
-        return value
+        return _checked_number(field, value)
     elif isinstance(value, (int, float)) and "float" in kinds:
-        return value
-    elif isinstance(value, str) and "float" in kinds and "str" not in kinds:
-        try:  # YAML 1.1 reads `3e-6` (no dot) as a string
-            return float(value)
-        except ValueError:
-            pass
+        return _checked_number(field, value)
+    elif isinstance(value, str) and "str" not in kinds and "int" in kinds and _INTEGER.fullmatch(value.strip()):
+        return _checked_number(field, int(value))  # a flag's text, or a quoted number as TRL's parser takes it
+    elif isinstance(value, str) and "float" in kinds and "str" not in kinds and (number := _float(value)) is not None:
+        return _checked_number(field, number)  # YAML 1.1 reads `3e-6` (no dot) as a string
     elif isinstance(value, list) and "list" in kinds:
+        for item in value if field.choices is not None else ():
+            if not isinstance(item, str) or item not in field.choices:
+                raise FieldTypeError(f"{item!r} is not one of {_choices_text(field.choices)}"
+                                     f"{_closest(item, field.choices) if isinstance(item, str) else ''}")
+        for item in value if field.limits is not None else ():  # online DPO's `beta`: one per epoch
+            if isinstance(item, (int, float)) and not isinstance(item, bool):
+                _checked_number(field, item)
         return value
     elif isinstance(value, dict) and "dict" in kinds:
         return value
     if isinstance(value, str) and "str" in kinds:
-        if field.choices is not None and value not in field.choices:
-            raise FieldTypeError(f"expected {field.describe_type()}, got {value!r}")
-        return value
+        return _checked_choice(field, value)
     if isinstance(value, (int, float)) and not isinstance(value, bool) and "str" in kinds and field.choices is None:
         return str(value)
     if "list" in kinds and isinstance(value, (str, int, float)) and not isinstance(value, bool):
-        return [value]  # a single reward function or report target written without brackets
+        return coerce(field, [value])  # a single reward function or report target written without brackets
     got = "null" if value is None else type(value).__name__
-    raise FieldTypeError(f"expected {field.describe_type()}, got {value!r} ({got})")
+    hint = _quote_hint(field, value) if isinstance(value, bool) else ""
+    raise FieldTypeError(f"expected {field.describe_type()}, got {value!r} ({got}){hint}")

@@ -7,7 +7,10 @@ the place it came from, so `--dry-run` can say why a value is what it is.
 from __future__ import annotations
 
 import difflib
+import importlib.util
+import json
 import os
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -18,15 +21,23 @@ import yaml
 
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
 from rlhf_cli.checkpoints import incomplete_reason, newest_complete_checkpoint
-from rlhf_cli.config.accelerate import AccelerateChoices, build_accelerate_config
-from rlhf_cli.config.checks import check_reward_model
+from rlhf_cli.config.accelerate import LAYOUT_KEYS, AccelerateChoices, build_accelerate_config, zero_stage
+from rlhf_cli.config.checks import check_model_config, check_reward_model, cross_field_problems
 from rlhf_cli.config.cluster import detect_layout
-from rlhf_cli.config.fields import Field, FieldTypeError, catalogue, coerce, trl_reward_functions
+from rlhf_cli.config.data_files import READERS, DataFileError, check_prompts
+from rlhf_cli.config.fields import (Field, FieldTypeError, catalogue, coerce, generation_fields, snapshot_list,
+                                    trl_reward_functions)
+from rlhf_cli.config.paths import PathState, describe, path_state, writable_dir_problem
 from rlhf_cli.config.recipe import Recipe, load_recipe
+from rlhf_cli.config.rewards import RewardSpecError, locate_reward
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.run_dir import MANIFEST, RunDir
 from rlhf_cli.sizes import SizeError, parse_size
 
+# The flag that sets each key the environment may fill in.
+_FLAG_NAMES = {"num_machines": "--num-machines", "machine_rank": "--machine-rank",
+               "main_process_ip": "--main-process-ip", "main_process_port": "--main-process-port",
+               "num_processes": "--num-processes"}
 # Short names people type, resolved to the field they stand for.
 ALIASES = {"gather": "ds3_gather_for_generation"}
 MODEL_FIELDS = ("model_name_or_path", "reward_model_name_or_path", "value_model_name_or_path")
@@ -36,6 +47,12 @@ RESUME_AUTO = "auto"
 # Keys naming something that must already exist: what it is, and whether it is a directory.
 EXISTING_PATHS = {"accelerate_config": ("file", False), "nvme_path": ("directory", True),
                   "resume_from_checkpoint": ("checkpoint directory", True)}
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+DATA_BUILDERS = ("json", "csv", "parquet")  # `datasets` builders that read local `data_files`
+
+
+class _Refused(Exception):
+    """A check asked for a value that was refused: its answer would be about a value nobody gave."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +71,7 @@ class RunRequest:
     sets: tuple[str, ...] = ()
     overwrite: bool = False
     planning: bool = False  # `rlhf plan`: nothing will be written, so the output dir and resume point are not checked
+    problems: tuple[str, ...] = ()  # found in the command line itself (flags that contradict each other)
 
 
 @dataclass(frozen=True)
@@ -86,6 +104,18 @@ class ResolvedRun:
         return replace(self, settings={**self.settings, name: Setting(value, source)}, notes=(*self.notes, note))
 
 
+def _trl_accelerate_config(value: str, base_dirs: tuple[Path, ...]) -> Path | None:
+    """`zero3`, `fsdp2`, ...: a config TRL's CLI ships and `trl ALGO --config` takes by name (not a local file)."""
+    if "/" in value or Path(value).suffix or any(path_state(base / value).exists for base in base_dirs):
+        return None
+    spec = importlib.util.find_spec("trl")  # finds the package without importing it
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        named = Path(location) / "accelerate_configs" / f"{value}.yaml"
+        if path_state(named).kind == "file":
+            return named
+    return None
+
+
 def _suggest(key: str, names: list[str]) -> str:
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
     return f"; did you mean `{close[0]}`?" if close else ""
@@ -98,8 +128,9 @@ class _Resolver:
         self.fields = catalogue(request.algorithm)
         self.settings: dict[str, Setting] = {}
         self.layers: dict[str, tuple[str, str]] = {}  # field -> (layer, where) of the value it holds
-        self.problems: list[str] = []
+        self.problems: list[str] = list(request.problems)
         self.notes: list[str] = []
+        self.refused: set[str] = set()  # keys given a value that was refused
 
     # -- keys ---------------------------------------------------------------------------
     def canonical(self, key: str, where: str) -> str | None:
@@ -113,14 +144,20 @@ class _Resolver:
             return ALIASES[key]
         if key in self.fields:
             return key
+        owners = [other.command for other in ALGORITHMS.values() if key in catalogue(other.name)]
         if key in entry.retired:
-            self.problems.append(f"{where}: `{key}` has no counterpart in today's {entry.command}: "
+            of = f" (a {' and '.join(owners)} key)" if owners else ""
+            self.problems.append(f"{where}: `{key}`{of} has no counterpart in today's {entry.command}: "
                                  f"{entry.retired[key]}")
             return None
-        owners = [other.command for other in ALGORITHMS.values() if key in catalogue(other.name)]
         if owners:
-            self.problems.append(f"{where}: `{key}` is a key of {' and '.join(owners)}, not of {entry.command}; "
+            self.problems.append(f"{where}: `{key}` is a {' and '.join(owners)} key, not one of {entry.command}; "
                                  f"remove it or run `rlhf {owners[0]}`")
+            return None
+        if key in snapshot_list(self.request.algorithm, "accelerate_launch_options"):
+            self.problems.append(f"{where}: `{key}` is an option of `accelerate launch` (`trl {entry.command} "
+                                 "--config` passes it on); rlhf takes it from the accelerate config: put it in a "
+                                 "file given to --accelerate-config")
             return None
         names = sorted(set(self.fields) | set(ALIASES))
         self.problems.append(f"{where}: unknown key `{key}`{_suggest(key, names)}")
@@ -136,74 +173,154 @@ class _Resolver:
             what = f"`{name}` is set" if key == name else f"`{key}` sets `{name}`"
             self.problems.append(f"{where}: {what} again (already set by {self.layers[name][1]}); keep one")
             return
+        self.layers[name] = (layer, where)
         try:
             value = coerce(self.fields[name], raw)
         except FieldTypeError as error:
             self.problems.append(f"{where}: `{key}`: {error}")
+            self.refused.add(name)
+            self.settings.pop(name, None)  # an earlier layer's value is not the one asked for either
             return
-        self.layers[name] = (layer, where)
+        self.refused.discard(name)
+        found = len(self.problems)
         self.settings[name] = Setting(self.locate(self.fields[name], value, where, base_dirs), source)
+        if len(self.problems) > found:  # a path not found, a bad entry: later checks must not judge it again
+            self.refused.add(name)
 
-    # -- paths --------------------------------------------------------------------------
+    # -- paths and values that name files ----------------------------------------------------
     def locate(self, field: Field, value: Any, where: str, base_dirs: tuple[Path, ...]) -> Any:
-        """Make local paths absolute and check they exist; leave hub ids alone."""
+        """Make local paths absolute and check they exist; leave hub ids alone; check values with inner parts."""
         if value is None:
             return None
         if field.name in MODEL_FIELDS or field.name == "dataset_name":
             return self._local_or_hub(field.name, value, where, base_dirs)
         if field.name == "resume_from_checkpoint" and value == RESUME_AUTO:
             return value  # found once the output dir is known
+        if field.name == "accelerate_config" and (named := _trl_accelerate_config(value, base_dirs)):
+            self.notes.append(f"{where}: `accelerate_config: {value}` is TRL's bundled {named}")
+            return str(named)
         if field.name in EXISTING_PATHS:
-            path = self._find(value, base_dirs)
             kind, must_be_dir = EXISTING_PATHS[field.name]
-            if path is None or (must_be_dir and not path.is_dir()):
-                self.problems.append(f"{where}: `{field.name}`: {kind} {value} not found")
+            path, state = self._find(value, base_dirs)
+            if state.kind != ("dir" if must_be_dir else "file"):
+                self.problems.append(f"{where}: `{field.name}`: {describe(value, state, kind)}")
                 return value
             return str(path)
         if field.name == "output_dir":
-            return str((self.cwd / Path(value).expanduser()).resolve())
+            return str((self.cwd / Path(value).expanduser()).resolve()) if value.strip() else value
         if field.name == "reward_funcs":
             return [self._reward_func(spec, where, base_dirs) for spec in value]
+        if field.name == "env":
+            return self._environment(value, where)
+        if field.name == "generation_kwargs":
+            return self._generation_kwargs(value, where)
+        if field.name == "datasets":
+            return [self._mixture_entry(entry, index, where, base_dirs) for index, entry in enumerate(value)]
         return value
 
     @staticmethod
-    def _find(value: str, base_dirs: tuple[Path, ...]) -> Path | None:
+    def _find(value: str, base_dirs: tuple[Path, ...]) -> tuple[Path, PathState]:
+        """The first of the candidate places that exists, else the first that says why (too long, through a
+        file), else the first candidate, missing."""
         path = Path(value).expanduser()
         candidates = [path] if path.is_absolute() else [base / path for base in base_dirs]
-        return next((c.resolve() for c in candidates if c.exists()), None)
+        states = [(candidate, path_state(candidate)) for candidate in candidates]
+        return next(((c.resolve(), s) for c, s in states if s.exists), None) \
+            or next(((c, s) for c, s in states if s.kind == "error" or s.reason), states[0])
 
     def _local_or_hub(self, name: str, value: str, where: str, base_dirs: tuple[Path, ...]) -> str:
-        found = self._find(value, base_dirs)
+        found, state = self._find(value, base_dirs)
         looks_local = value.startswith((".", "/", "~")) or Path(value).suffix in DATA_SUFFIXES
-        if found is None:
-            if looks_local:
-                kind = "dataset" if name == "dataset_name" else "model directory"
-                self.problems.append(f"{where}: `{name}`: {kind} {value} not found")
+        kind = "dataset" if name == "dataset_name" else "model directory"
+        if not state.exists:
+            if looks_local or state.kind == "error" or state.reason:
+                self.problems.append(f"{where}: `{name}`: {describe(value, state, kind)}")
             return value  # a hub id
-        if name == "dataset_name" and found.is_file() and found.suffix not in DATA_SUFFIXES:
+        if name == "dataset_name" and state.kind == "file" and found.suffix not in DATA_SUFFIXES:
             self.problems.append(f"{where}: `{name}`: {value} is not a .json, .jsonl, .parquet or .csv file")
-        if name in MODEL_FIELDS and not (found / "config.json").is_file():
+        if name in MODEL_FIELDS and state.kind != "dir":
+            self.problems.append(f"{where}: `{name}`: {value} is a file; give a saved model's directory")
+        elif name in MODEL_FIELDS and path_state(found / "config.json").kind != "file":
             self.problems.append(f"{where}: `{name}`: {value} has no config.json; is it a saved model directory?")
         return str(found)
 
     def _reward_func(self, spec: Any, where: str, base_dirs: tuple[Path, ...]) -> Any:
-        """`module:function` or `path/to/file.py:function`; file paths made absolute."""
+        """`module:function` or `path/to/file.py:function`, file paths made absolute, checked without running."""
         if not isinstance(spec, str):
             self.problems.append(f"{where}: `reward_funcs`: {spec!r} is not a string like module:function")
             return spec
-        target, _, function = spec.rpartition(":")
-        if not target and "." not in spec and spec not in trl_reward_functions(self.request.algorithm):
-            names = ", ".join(trl_reward_functions(self.request.algorithm))
-            self.problems.append(f"{where}: `reward_funcs`: {spec!r} is not one of TRL's ({names}); "
-                                 "write module:function or file.py:function")
+        try:
+            return locate_reward(spec, trl_reward_functions(self.request.algorithm), base_dirs, self.cwd)
+        except RewardSpecError as error:
+            self.problems.append(f"{where}: `reward_funcs`: {error}")
             return spec
-        if not target.endswith(".py"):
-            return spec
-        found = self._find(target, base_dirs)
-        if found is None:
-            self.problems.append(f"{where}: `reward_funcs`: file {target} not found")
-            return spec
-        return f"{found}:{function}"
+
+    def _environment(self, value: dict[Any, Any], where: str) -> dict[str, str]:
+        """TRL's `env:` block: variable -> value, set as text (as TRL's parser does: str(value))."""
+        environment = {}
+        for name, text in value.items():
+            if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+                self.problems.append(f"{where}: `env`: {name!r} is not a variable name (letters, digits, _)")
+            elif text is None or isinstance(text, (list, dict)):
+                self.problems.append(f"{where}: `env.{name}`: give the variable one value (text or a number), "
+                                     f"got {text!r}")
+            else:
+                environment[name] = str(text)
+        return environment
+
+    def _generation_kwargs(self, value: dict[Any, Any], where: str) -> dict[Any, Any]:
+        """Keys transformers' GenerationConfig has, with values of the right type and range."""
+        known = snapshot_list(self.request.algorithm, "generation_keys")
+        for key, item in value.items():
+            if key not in known:
+                self.problems.append(f"{where}: `generation_kwargs`: {key!r} is not a generation setting"
+                                     f"{_suggest(str(key), list(known))}")
+            elif key in generation_fields():
+                try:
+                    coerce(generation_fields()[key], item)
+                except FieldTypeError as error:
+                    self.problems.append(f"{where}: `generation_kwargs.{key}`: {error}")
+        return value
+
+    def _mixture_entry(self, entry: Any, index: int, where: str, base_dirs: tuple[Path, ...]) -> Any:
+        """One dataset of TRL's `datasets:` mixture: TRL's keys, a `path`, local files made absolute."""
+        label = f"{where}: `datasets[{index}]`"
+        keys = snapshot_list(self.request.algorithm, "dataset_entry_keys")
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            self.problems.append(f"{label}: each entry is a mapping with at least `path` (a hub id, a local file "
+                                 "or directory, or json/csv/parquet with `data_files`)")
+            return entry
+        unknown = [key for key in entry if key not in keys]
+        if unknown:
+            self.problems.append(f"{label}: unknown key `{unknown[0]}`{_suggest(str(unknown[0]), list(keys))} "
+                                 f"(an entry takes {', '.join(keys)})")
+            return entry
+        located = dict(entry)
+        found, state = self._find(entry["path"], base_dirs)
+        if state.exists:
+            located["path"] = str(found)
+        elif Path(entry["path"]).suffix in DATA_SUFFIXES or entry["path"].startswith((".", "/", "~")):
+            self.problems.append(f"{label}: `path`: {describe(entry['path'], state, 'dataset')}")
+        files = entry.get("data_files")
+        if files is not None and entry["path"] in DATA_BUILDERS:  # else relative to the dataset's own path
+            located["data_files"] = self._data_files(files, f"{label}: `data_files`", base_dirs)
+        return located
+
+    def _data_files(self, files: Any, label: str, base_dirs: tuple[Path, ...]) -> Any:
+        """`data_files` as `datasets` takes it (a path, a list, or split -> path(s)), local paths made absolute."""
+        if isinstance(files, dict):
+            return {split: self._data_files(part, label, base_dirs) for split, part in files.items()}
+        if isinstance(files, list):
+            return [self._data_files(part, label, base_dirs) for part in files]
+        if not isinstance(files, str):
+            self.problems.append(f"{label}: expected a path, a list of paths or split -> paths, got {files!r}")
+            return files
+        found, state = self._find(files, base_dirs)
+        if state.kind == "file":
+            return str(found)
+        if not any(mark in files for mark in "*?["):  # a glob is `datasets`' to expand
+            self.problems.append(f"{label}: {describe(files, state, 'data file')}")
+        return files
 
     # -- layers -------------------------------------------------------------------------
     def apply_recipe(self, recipe: Recipe) -> None:
@@ -214,8 +331,13 @@ class _Resolver:
     def apply_environment(self, environ: Mapping[str, str]) -> None:
         """A scheduler's layout (SLURM, torchrun-style) beats the recipe's; flags still beat it."""
         layout = detect_layout(environ)
-        for name, (value, variable) in layout.values.items():
-            self.settings[name] = Setting(value, f"env {variable}")
+        for name, (text, variable) in layout.values.items():
+            try:
+                self.settings[name] = Setting(coerce(self.fields[name], text), f"env {variable}")
+            except FieldTypeError as error:
+                self.problems.append(f"{variable}={text}: `{name}`: {error}; fix the job's variables or pass "
+                                     f"{_FLAG_NAMES[name]}")
+                self.refused.add(name)
         self.notes.extend(layout.notes)
 
     def apply_command_line(self) -> None:
@@ -230,15 +352,18 @@ class _Resolver:
                 continue
             try:
                 value = yaml.safe_load(text) if text.strip() else None
-            except yaml.YAMLError:
-                value = text
+            except yaml.YAMLError as error:
+                problem = getattr(error, "problem", None) or "not valid YAML"
+                self.problems.append(f"--set {key}: {text!r} is not valid YAML ({problem}); to give it as text, "
+                                     f"quote it: --set \"{key}='{text}'\"")
+                continue
             self.put(key, value, "--set", f"--set {key}", bases)
 
     # -- whole-run checks ---------------------------------------------------------------
     def check_required(self) -> None:
         if "model_name_or_path" not in self.settings:
             self.problems.append("no policy model: set `model_name_or_path` in the recipe or pass --model")
-        if "dataset_name" not in self.settings:
+        if "dataset_name" not in self.settings and not self.value("datasets") and "datasets" not in self.refused:
             self.problems.append("no dataset: set `dataset_name` in the recipe or pass --dataset")
         if not self.value("reward_model_name_or_path") and not self.value("reward_funcs"):
             self.problems.append(
@@ -247,6 +372,25 @@ class _Resolver:
     def value(self, name: str) -> Any:
         setting = self.settings.get(name)
         return setting.value if setting else self.fields[name].default
+
+    def given(self, name: str) -> Any:
+        """The value, for checks that must not judge a key whose given value was refused (they are skipped)."""
+        if name in self.refused:
+            raise _Refused(name)
+        return self.value(name)
+
+    def said(self, name: str) -> str | None:
+        """How a problem names where `name`'s value came from, with `{value}` for the value: `--machine-rank
+        {value}`, `SLURM_NODEID={value}`, `` `machine_rank: {value}` (recipe.yaml:4)``."""
+        setting = self.settings.get(name)
+        if setting is None or setting.source == "default":
+            return None
+        if setting.source.startswith("env "):
+            variables = setting.source[4:]
+            return f"{variables}={{value}}" if " " not in variables else f"{{value}} ({variables})"
+        if setting.source.startswith("flag "):
+            return f"{setting.source[5:]} {{value}}"
+        return f"`{name}: {{value}}` ({self.layers.get(name, ('', setting.source))[1]})"
 
     def explicit(self, name: str) -> Any:
         """The value the recipe or a flag gave, or None: the accelerate config's own value then stands."""
@@ -273,7 +417,7 @@ class _Resolver:
     def find_resume_point(self) -> None:
         """`auto`: the newest whole checkpoint in the output dir; a given one: check that it is whole."""
         setting = self.settings.get("resume_from_checkpoint")
-        if setting is None or setting.value is None:
+        if setting is None or setting.value is None or {"resume_from_checkpoint", "output_dir"} & self.refused:
             return
         if setting.value != RESUME_AUTO:
             checkpoint = Path(setting.value)
@@ -298,13 +442,115 @@ class _Resolver:
             self.settings["resume_from_checkpoint"] = Setting(str(point.checkpoint), f"{setting.source} auto")
 
     def check_output_dir(self) -> None:
-        output_dir = Path(self.value("output_dir"))
+        """A directory this machine can write (made if missing); machine rank 0's must not hold a run already."""
+        setting = self.settings["output_dir"]
+        flag = self.layers.get("output_dir", ("", "`output_dir`"))[1]
+        problem = writable_dir_problem(Path(setting.value), may_create=True) if setting.value.strip() \
+            else "is empty; give a directory"
+        if problem:
+            self.problems.append(f"{flag}: output dir {problem}")
+            return
         resuming = "resume_from_checkpoint" in self.settings  # also `--resume auto` with nothing to resume yet
         if (self.value("machine_rank") or 0) > 0:
             return  # machine rank 0 owns the output dir; the others join its run
-        if RunDir(output_dir).recipe.exists() and not (self.request.overwrite or resuming):
+        output_dir = Path(setting.value)
+        if path_state(RunDir(output_dir).recipe).exists and not (self.request.overwrite or resuming):
             self.problems.append(
                 f"output dir {output_dir} already holds a run; choose another --output-dir or pass --overwrite")
+
+    def check_nvme_path(self) -> None:
+        """DeepSpeed swaps into it: a directory it can write."""
+        path = self.value("nvme_path")
+        if path is not None and path_state(Path(path)).kind == "dir":  # else reported as not found
+            problem = writable_dir_problem(Path(path), may_create=False)
+            if problem:
+                self.problems.append(f"{self.layers['nvme_path'][1]}: `nvme_path`: {problem}")
+
+    def check_models(self) -> None:
+        for name in MODEL_FIELDS:
+            if name in self.fields and name not in self.refused:
+                check_model_config(name, self.value(name), self.layers.get(name, ("", ""))[1], self.problems)
+        if "reward_model_name_or_path" not in self.refused:
+            check_reward_model(self.value("reward_model_name_or_path"), self.problems)
+
+    def check_data(self) -> None:
+        """The first rows of each local prompt file parse and hold the prompt column."""
+        column = self.value("dataset_prompt_column")
+        files: list[tuple[str, Path, Any]] = []
+        name = self.value("dataset_name")
+        if isinstance(name, str) and Path(name).is_absolute() and Path(name).suffix in READERS:
+            files.append((self.layers["dataset_name"][1], Path(name), None))
+        for index, entry in enumerate(self.value("datasets") or []):
+            if isinstance(entry, dict):
+                where = f"{self.layers['datasets'][1]}: `datasets[{index}]`"
+                files += [(where, path, entry.get("columns")) for path in _entry_files(entry)]
+        for where, path, columns in files:
+            if path_state(path).kind == "file":
+                try:
+                    check_prompts(path, column, columns)
+                except DataFileError as error:
+                    self.problems.append(f"{where}: {error}")
+
+    def check_mixture(self) -> None:
+        """TRL's rules for `fraction` in a dataset mixture, which it checks only while loading, on every rank."""
+        entries = [entry for entry in self.value("datasets") or [] if isinstance(entry, dict)]
+        given = [entry.get("fraction") is not None for entry in entries]
+        if "datasets" in self.refused or not any(given):
+            return
+        where = self.layers["datasets"][1]
+        if not all(given):
+            self.problems.append(f"{where}: `datasets`: `fraction` is set for some datasets of the mixture and not "
+                                 "for others; set it for all of them or for none")
+        elif self.value("streaming"):
+            self.problems.append(f"{where}: `datasets`: `fraction` cannot be used with `streaming: true` (a stream's "
+                                 "length is unknown); drop one")
+
+    def check_deepspeed_field(self, accelerate: dict[str, Any]) -> None:
+        """TrainingArguments' own `deepspeed` setting must not contradict the accelerate config rlhf launches with."""
+        value = self.value("deepspeed")
+        if value is None or "deepspeed" in self.refused:
+            return
+        where = self.layers["deepspeed"][1]
+        stage = _deepspeed_stage(value)
+        launched = zero_stage(accelerate)
+        if stage is None:
+            self.problems.append(f"{where}: `deepspeed`: not a DeepSpeed config (a JSON file or a mapping with "
+                                 "zero_optimization.stage); rlhf configures DeepSpeed itself: remove the key")
+        elif stage != launched:
+            said = f"ZeRO stage {launched}" if launched is not None else "no DeepSpeed"
+            self.problems.append(f"{where}: `deepspeed` asks for ZeRO stage {stage}, the accelerate config for "
+                                 f"{said}; remove `deepspeed` (rlhf sets DeepSpeed up from the accelerate config "
+                                 "and the offload flags)")
+
+
+def _entry_files(entry: dict[str, Any]) -> list[Path]:
+    """The local data files of one mixture entry: its path, or its data_files under a json/csv/parquet builder."""
+    path = Path(entry["path"])
+    if path.is_absolute() and path.suffix in READERS:
+        return [path]
+    files = entry.get("data_files") if entry["path"] in DATA_BUILDERS else None
+    found: list[str] = []
+    pending = [files]
+    while pending:
+        part = pending.pop()
+        if isinstance(part, dict):
+            pending += list(part.values())
+        elif isinstance(part, list):
+            pending += part
+        elif isinstance(part, str):
+            found.append(part)
+    return [Path(part) for part in found if Path(part).is_absolute() and Path(part).suffix in READERS]
+
+
+def _deepspeed_stage(value: Any) -> int | None:
+    """The ZeRO stage of TrainingArguments' `deepspeed` value (a path to a JSON file, or a mapping)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(Path(value).read_text())
+        except (OSError, ValueError):
+            return None
+    stage = value.get("zero_optimization", {}).get("stage", 0) if isinstance(value, dict) else None
+    return stage if isinstance(stage, int) else None
 
 
 def _cuda_present() -> bool:
@@ -317,22 +563,32 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     """Validate everything; raise ConfigError listing every problem at once."""
     environ = os.environ if environ is None else environ
     resolver = _Resolver(request, (cwd or Path.cwd()).resolve())
-    recipe = load_recipe(request.recipe) if request.recipe else None
+    recipe = None
+    if request.recipe:
+        try:
+            recipe = load_recipe(request.recipe)
+        except ConfigError as error:  # reported with what the command line gets wrong, not instead of it
+            resolver.problems += error.problems
     if recipe is not None:
         resolver.apply_recipe(recipe)
     resolver.apply_environment(environ)
     resolver.apply_command_line()
+    if recipe is None and request.recipe:  # the recipe's own keys are unknown: its problems stand for them
+        raise ConfigError(*resolver.problems)
     resolver.check_required()
-    check_reward_model(resolver.value("reward_model_name_or_path"), resolver.problems)
+    resolver.check_models()
     resolver.default_output_dir()
     if not request.planning:
         resolver.find_resume_point()
         resolver.check_output_dir()
+    resolver.check_nvme_path()
     resolver.check_gpu_memory()
+    resolver.check_data()
+    resolver.check_mixture()
     cpu_only = not (_cuda_present() if cuda is None else cuda) or environ.get("DS_ACCELERATOR") == "cpu"
     accelerate, accelerate_notes = build_accelerate_config(
         AccelerateChoices(
-            user_config=resolver.value("accelerate_config"),
+            user_config=None if "accelerate_config" in resolver.refused else resolver.value("accelerate_config"),
             num_processes=None if resolver.outranks("num_gpus", "num_processes") else resolver.value("num_processes"),
             num_gpus=resolver.value("num_gpus"),
             machines={name: resolver.explicit(name) for name in MACHINE_FIELDS if resolver.explicit(name) is not None},
@@ -343,10 +599,18 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
             zero3={name: s.value for name, s in resolver.settings.items()
                    if resolver.fields[name].group == "zero3" and s.value is not None},
             cpu_only=cpu_only,
+            sources={name: said for name in LAYOUT_KEYS if (said := resolver.said(name))},
         ),
         resolver.problems,
     )
-    resolver.problems += algorithm(request.algorithm).checks(resolver.value, int(accelerate.get("num_processes") or 1))
+    resolver.check_deepspeed_field(accelerate)
+    processes = int(accelerate.get("num_processes") or 1)
+    for check in (lambda values: cross_field_problems(values, resolver.fields),
+                  lambda values: algorithm(request.algorithm).checks(values, processes)):
+        try:
+            resolver.problems += check(resolver.given)
+        except _Refused:
+            pass  # judged once the refused value is fixed
     if resolver.problems:
         raise ConfigError(*resolver.problems)
     settings = dict(resolver.settings)

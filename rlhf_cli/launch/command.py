@@ -46,13 +46,16 @@ def launch_command(run: ResolvedRun, python: str = sys.executable, verbosity: st
     env = {
         "TRL_EXPERIMENTAL_SILENCE": "1",
         "TOKENIZERS_PARALLELISM": "false",
-        OUTPUT_MODE_ENV: verbosity,
         "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(PREEMPTION_GRACE_SECONDS),
     }
     if verbosity == "quiet":
         env["LOGLEVEL"] = "ERROR"  # torch's elastic agent: its warnings and banners
     if run.cpu_only:
         env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed would otherwise look for CUDA and fail
+    # The recipe's `env:` block (TRL's) beats the caller's environment and rlhf's defaults, as TRL's parser does;
+    # it is in the resolved recipe and launch.sh, and each machine's launcher resolves the same recipe.
+    env.update(run.value("env"))
+    env[OUTPUT_MODE_ENV] = verbosity
     return Launch(argv, env)
 
 

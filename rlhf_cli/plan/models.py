@@ -149,6 +149,8 @@ def model_size(config: dict[str, Any], *, sequence_classifier: bool = False, num
             intermediate = config["intermediate_size"]
     except (KeyError, TypeError) as error:
         raise ModelConfigUnavailable(f"config.json of a {model_type or 'model'} lacks {error}") from None
+    except ZeroDivisionError:
+        raise ModelConfigUnavailable(f"config.json of a {model_type or 'model'} has no attention heads") from None
     params = sum(layout.embeddings) + layers * sum(layout.per_layer) + sum(layout.final) + layout.head
     largest = max(*layout.embeddings, *layout.per_layer, *layout.final, layout.head)
     max_positions = config.get("n_positions" if model_type == "gpt2" else "max_position_embeddings")

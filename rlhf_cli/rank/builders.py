@@ -16,9 +16,7 @@ def _config(config_class: type, inputs: RankInputs, **extra: Any) -> Any:
     """
     from transformers import set_seed
 
-    values = dict(inputs.trainer)
-    values["model_init_kwargs"] = {**inputs.model_init_kwargs(), **extra}
-    config = config_class(**values)
+    config = config_class(**inputs.config_values(**extra))
     apply_zero3_settings(config, inputs.zero3)
     set_seed(config.seed)
     return config

@@ -28,7 +28,10 @@ class RankInputs:
 
     @classmethod
     def read(cls, algorithm: str, recipe_path: Path) -> RankInputs:
-        values = yaml.safe_load(recipe_path.read_text()) or {}
+        return cls.from_values(algorithm, yaml.safe_load(recipe_path.read_text()) or {})
+
+    @classmethod
+    def from_values(cls, algorithm: str, values: dict[str, Any]) -> RankInputs:
         fields = catalogue(algorithm)
         groups: dict[str, dict[str, Any]] = {"script": {}, "model": {}, "trainer": {}, "zero3": {}, "launch": {}}
         for name, value in values.items():
@@ -51,20 +54,30 @@ class RankInputs:
         kwargs.update(self.trainer.get("model_init_kwargs") or {})
         return kwargs
 
+    def config_values(self, **model_init: Any) -> dict[str, Any]:
+        """The trainer config's arguments: the recipe's trainer keys, model loading as TRL's scripts do it."""
+        return {**self.trainer, "model_init_kwargs": {**self.model_init_kwargs(), **model_init}}
+
 
 def load_prompts(inputs: RankInputs):
-    """The train split (and test split when evaluating), with the prompt column named `prompt`."""
+    """The train split (and test split when evaluating), with the prompt column named `prompt`: from
+    `dataset_name`, or from TRL's mixture of `datasets` as `trl ALGO --config` loads it."""
     from datasets import load_dataset
 
     name = inputs.script_value("dataset_name")
-    path = Path(name)
-    if path.is_file():
-        dataset = load_dataset(DATA_SUFFIXES[path.suffix], data_files={"train": str(path)})
+    train_split = inputs.script_value("dataset_train_split")
+    if inputs.script_value("datasets"):
+        from trl import DatasetMixtureConfig, get_dataset
+
+        dataset = get_dataset(DatasetMixtureConfig(
+            datasets=[dict(entry) for entry in inputs.script_value("datasets")],
+            streaming=inputs.script_value("streaming"), test_split_size=inputs.script_value("test_split_size")))
+    elif Path(name).is_file():
+        dataset = load_dataset(DATA_SUFFIXES[Path(name).suffix], data_files={"train": name})
         train_split = "train"
     else:
         dataset = load_dataset(name, name=inputs.script_value("dataset_config"),
                                streaming=inputs.script_value("dataset_streaming"))
-        train_split = inputs.script_value("dataset_train_split")
     column = inputs.script_value("dataset_prompt_column")
     if column != "prompt":
         dataset = dataset.rename_column(column, "prompt")
@@ -73,8 +86,17 @@ def load_prompts(inputs: RankInputs):
     return dataset[train_split], dataset[test_split] if evaluate else None
 
 
+def load_reward_function(spec: str) -> Any:
+    """TRL's reward function by its bare name, or `module:function`, `path/to/file.py:function`, TRL's
+    `module.function`. Importing runs the module's code."""
+    if ":" not in spec and "." not in spec:
+        from trl import rewards
+
+        return getattr(rewards, spec)
+    return _load_function(spec)
+
+
 def _load_function(spec: str) -> Callable:
-    """`module:function`, `path/to/file.py:function`, or TRL's `module.function`."""
     target, sep, function = spec.rpartition(":")
     if not sep:
         target, _, function = spec.rpartition(".")
@@ -90,10 +112,7 @@ def _load_function(spec: str) -> Callable:
 
 def reward_functions(inputs: RankInputs) -> list[Callable]:
     """The recipe's Python reward functions: TRL's by name, or module:function / file.py:function."""
-    from trl import rewards
-
-    return [getattr(rewards, spec) if hasattr(rewards, spec) else _load_function(spec)
-            for spec in inputs.script_value("reward_funcs") or []]
+    return [load_reward_function(spec) for spec in inputs.script_value("reward_funcs") or []]
 
 
 def reward_funcs(inputs: RankInputs) -> list[Any]:

@@ -26,6 +26,13 @@ def _moving_average(values: list[float], window: int) -> list[float]:
     return [sum(part) / len(part) for part in (values[max(0, i - half):i + half + 1] for i in range(len(values)))]
 
 
+def image_formats() -> list[str]:
+    """The file suffixes matplotlib can write (png, pdf, svg, ...), without the dot."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return list(FigureCanvasBase.get_supported_filetypes())
+
+
 def draw(metrics: RunMetrics, out: Path, title: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

@@ -21,18 +21,19 @@ SCHEMA_DIR = Path(__file__).parent
 HELP_CHARS = 160
 
 
-def _algorithm_dataclasses() -> dict[str, dict[str, type]]:
-    """The dataclasses whose fields make up a recipe, per algorithm and per group."""
+def _algorithm_dataclasses() -> dict[str, dict[str, tuple[type, ...]]]:
+    """The dataclasses whose fields make up a recipe, per algorithm and per group: what TRL's own scripts parse
+    from a config file (script arguments with the dataset mixture, model, trainer)."""
     import warnings
 
     warnings.filterwarnings("ignore", message=".*trl.experimental.*")
-    from trl import ModelConfig
+    from trl import DatasetMixtureConfig, ModelConfig
 
     from rlhf_cli.algorithms import ALGORITHMS
     from rlhf_cli.algorithms.spec import load_object
 
-    return {name: {"script": load_object(entry.script_class), "model": ModelConfig,
-                   "trainer": load_object(entry.config_class)} for name, entry in ALGORITHMS.items()}
+    return {name: {"script": (load_object(entry.script_class), DatasetMixtureConfig), "model": (ModelConfig,),
+                   "trainer": (load_object(entry.config_class),)} for name, entry in ALGORITHMS.items()}
 
 
 def _kinds(annotation: Any) -> tuple[list[str], list[Any] | None]:
@@ -96,20 +97,36 @@ def _first_sentence(text: str) -> str:
     return text if len(text) <= HELP_CHARS else text[: HELP_CHARS - 1] + "…"
 
 
-def describe(groups: dict[str, type]) -> dict[str, dict[str, Any]]:
-    """One entry per field: group, accepted kinds, choices, default and a line of help."""
+def _report_targets() -> list[str]:
+    """What `report_to` takes: transformers' integrations, `all` and `none`."""
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    return ["all", "none", *sorted(INTEGRATION_TO_CALLBACK)]
+
+
+def describe(groups: dict[str, tuple[type, ...]]) -> dict[str, dict[str, Any]]:
+    """One entry per field: group, accepted kinds, choices, default and a line of help.
+
+    Choices come from the type (an enum, a Literal), else from the `choices` TRL's argument parser enforces
+    (`metadata["choices"]`); `report_to`'s from transformers' integrations.
+    """
     fields: dict[str, dict[str, Any]] = {}
-    for group, cls in groups.items():
-        hints = typing.get_type_hints(cls)
-        for field in dataclasses.fields(cls):
-            if field.name in fields:
-                continue  # the first group that declares a field owns it
-            kinds, choices = _kinds(hints[field.name])
-            entry: dict[str, Any] = {"group": group, "kinds": kinds, "default": _default(field)}
-            if choices is not None:
-                entry["choices"] = choices
-            entry["help"] = _first_sentence(field.metadata.get("help", ""))
-            fields[field.name] = entry
+    for group, classes in groups.items():
+        for cls in classes:
+            hints = typing.get_type_hints(cls)
+            for field in dataclasses.fields(cls):
+                if field.name in fields:
+                    continue  # the first group that declares a field owns it
+                kinds, choices = _kinds(hints[field.name])
+                if choices is None and "choices" in field.metadata:
+                    choices = list(field.metadata["choices"])
+                if field.name == "report_to":
+                    choices = _report_targets()
+                entry: dict[str, Any] = {"group": group, "kinds": kinds, "default": _default(field)}
+                if choices is not None:
+                    entry["choices"] = choices
+                entry["help"] = _first_sentence(field.metadata.get("help", ""))
+                fields[field.name] = entry
     return fields
 
 
@@ -120,13 +137,34 @@ def _reward_functions() -> list[str]:
     return sorted(name for name in trl.rewards.__all__ if not name.startswith("get_") and not name.endswith("s"))
 
 
+def _generation_keys() -> list[str]:
+    """The keys `generation_kwargs` may hold: the attributes of transformers' GenerationConfig."""
+    from transformers import GenerationConfig
+
+    return sorted(key for key in GenerationConfig().to_dict() if not key.startswith("_"))
+
+
+def _accelerate_launch_options() -> list[str]:
+    """`accelerate launch`'s options: `trl ALGO --config FILE` passes the file's keys no dataclass takes to it."""
+    from accelerate.commands.launch import launch_command_parser
+
+    return sorted(vars(launch_command_parser().parse_args(["script.py"])))
+
+
+def _dataset_entry_keys() -> list[str]:
+    """What one entry of a recipe's `datasets:` list (TRL's dataset mixture) may hold."""
+    from trl.scripts.utils import DatasetConfig
+
+    return [field.name for field in dataclasses.fields(DatasetConfig)]
+
+
 def build() -> dict[str, dict[str, Any]]:
     import trl
 
-    return {
-        algorithm: {"trl_version": trl.__version__, "fields": describe(groups), "reward_functions": _reward_functions()}
-        for algorithm, groups in _algorithm_dataclasses().items()
-    }
+    shared = {"trl_version": trl.__version__, "reward_functions": _reward_functions(),
+              "generation_keys": _generation_keys(), "accelerate_launch_options": _accelerate_launch_options(),
+              "dataset_entry_keys": _dataset_entry_keys()}
+    return {algorithm: {**shared, "fields": describe(groups)} for algorithm, groups in _algorithm_dataclasses().items()}
 
 
 def main() -> None:

@@ -1,0 +1,119 @@
+"""Reading a YAML file a user wrote (a recipe, an accelerate config): every way it can be bad is one line
+naming the file, never a traceback or a runaway.
+
+Besides unreadable and invalid files: bytes that are not UTF-8, keys given twice (YAML keeps the last silently),
+and aliases that expand to more values than any config holds (`&a [*b, *b]` nested: a few lines, billions of
+values once printed or written out), or that refer to themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlhf_cli.config.paths import describe, path_state
+from rlhf_cli.errors import ConfigError
+
+MAX_VALUES = 100_000  # after aliases are expanded; a recipe holds a few hundred
+# Not libyaml's CSafeLoader: it crashes the interpreter on deeply nested input, where this one raises.
+_LOADER = yaml.SafeLoader
+
+
+@dataclass(frozen=True)
+class YamlFile:
+    values: Any
+    lines: dict[str, int]  # top-level key -> 1-based line
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def _duplicate_keys(node: yaml.MappingNode, path: Path) -> list[str]:
+    first: dict[str, int] = {}
+    problems = []
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+            continue
+        line = key.start_mark.line + 1
+        if key.value in first:
+            problems.append(f"{path}:{line}: `{key.value}` is given again (first on line {first[key.value]}); "
+                            "YAML would keep only the last: keep one")
+        first.setdefault(key.value, line)
+    return problems
+
+
+def check_nodes(root: yaml.Node, path: Path) -> list[str]:
+    """Duplicate keys, aliases that refer to themselves, and more than MAX_VALUES values once aliases expand."""
+    problems: list[str] = []
+    sizes: dict[int, int] = {}
+    in_progress: set[int] = set()  # the nodes on the path from the root: an alias back to one is a cycle
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        if finished:
+            in_progress.discard(key)
+            sizes[key] = 1 + sum(sizes[id(child)] for child in _children(node))
+            if sizes[key] > MAX_VALUES:
+                return [f"{path}:{node.start_mark.line + 1}: YAML aliases (*name) expand to more than {MAX_VALUES} "
+                        "values here; write the values out"]
+            continue
+        if key in sizes:
+            continue
+        if key in in_progress:
+            return [f"{path}:{node.start_mark.line + 1}: a YAML alias refers to a value that contains it"]
+        in_progress.add(key)
+        if isinstance(node, yaml.MappingNode):
+            problems += _duplicate_keys(node, path)
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node) if id(child) not in sizes)
+    return problems
+
+
+def _text(path: Path, what: str) -> str:
+    state = path_state(path)
+    if state.kind != "file":
+        raise ConfigError(describe(path, state, what))
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read the {what} ({error.strerror or error})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte 0x{data[error.start]:02x}); save the {what} as "
+                          "UTF-8") from None
+
+
+def read_yaml(path: Path, what: str) -> YamlFile:
+    """The values of a YAML file, or ConfigError with every problem found in it."""
+    text = _text(path, what)
+    loader = _LOADER(text)
+    try:
+        node = loader.get_single_node()
+        problems = check_nodes(node, path) if node is not None else []
+        if problems:
+            raise ConfigError(*problems)
+        values = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML ({problem})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a {what}") from None
+    finally:
+        loader.dispose()
+    lines = {}
+    if isinstance(node, yaml.MappingNode):
+        lines = {key.value: key.start_mark.line + 1 for key, _ in node.value if isinstance(key, yaml.ScalarNode)}
+    return YamlFile(values, lines)

@@ -1,0 +1,93 @@
+"""The pre-launch check, run by the launcher in a process of its own just before it starts the ranks:
+`python -m rlhf_cli.rank.preflight` reads {algorithm, values, processes} as JSON on stdin and writes
+{"problems": [...]} as JSON on stdout.
+
+It does once what every rank would do first, and would die of on every rank: import each reward function and
+check that it takes the arguments the trainer passes, and build the trainer's config (TRL's dataclass, ours for
+PPO) from the resolved values, where its __post_init__ checks them. Its own process, because both run code the
+CLI must not: the user's modules (which may import torch, print, or hang: the launcher gives this process a time
+limit) and TRL with torch (which the CLI never imports). The config is built detached from any device
+(`compat.detached_config_class`), so this process starts no process group and takes no GPU.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import sys
+from typing import Any
+
+from rlhf_cli.algorithms import algorithm
+from rlhf_cli.algorithms.spec import load_object
+from rlhf_cli.rank.inputs import RankInputs, load_reward_function
+from rlhf_cli.run_dir import PREFLIGHT_STEP_MARK
+
+
+
+def _step(text: str) -> None:
+    print(f"{PREFLIGHT_STEP_MARK}{text}", file=sys.stderr, flush=True)
+
+
+def _one_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split()) or 'no message'}"
+
+
+def reward_function_problems(inputs: RankInputs) -> list[str]:
+    """Each reward function imports, is callable, and takes the keyword arguments the trainer passes."""
+    keywords = algorithm(inputs.algorithm).reward_keywords
+    problems = []
+    for spec in inputs.script_value("reward_funcs") or []:
+        _step(f"importing reward function {spec}")
+        try:
+            function = load_reward_function(spec)
+        except (Exception, SystemExit) as error:  # noqa: BLE001 - whatever the user's module raises is the problem
+            problems.append(f"`reward_funcs`: {spec}: importing it failed ({_one_line(error)}); fix the module")
+            continue
+        if not callable(function):
+            problems.append(f"`reward_funcs`: {spec} is a {type(function).__name__}, not a function")
+            continue
+        try:
+            signature = inspect.signature(function)
+        except (TypeError, ValueError):
+            continue  # a builtin or C function: its arguments cannot be known before it is called
+        try:
+            signature.bind(**dict.fromkeys(keywords))
+        except TypeError as error:
+            problems.append(f"`reward_funcs`: {spec} cannot take the arguments the trainer passes "
+                            f"({', '.join(keywords)}): {error}; give it those it uses and **kwargs")
+    return problems
+
+
+def trainer_config_problem(inputs: RankInputs, processes: int) -> str | None:
+    """Build the trainer's config as a rank of a `processes`-process run would; what it refuses, in one line."""
+    from rlhf_cli import compat
+
+    entry = algorithm(inputs.algorithm)
+    _step(f"building {entry.config_name}")
+    config_class = compat.detached_config_class(load_object(entry.config_class), processes)
+    try:
+        config_class(**inputs.config_values())
+    except Exception as error:  # noqa: BLE001 - the config's own validation: any type it raises is the message
+        return f"{entry.config_name} refuses these values: {_one_line(error)}"
+    return None
+
+
+def check(payload: dict[str, Any]) -> list[str]:
+    inputs = RankInputs.from_values(payload["algorithm"], payload["values"])
+    problems = reward_function_problems(inputs)
+    config_problem = trainer_config_problem(inputs, payload["processes"])
+    return problems + ([config_problem] if config_problem else [])
+
+
+def main() -> int:
+    result = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # what user code and libraries print goes to stderr
+    problems = check(json.load(sys.stdin))
+    json.dump({"problems": problems}, result)
+    result.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

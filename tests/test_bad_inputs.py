@@ -1,0 +1,449 @@
+"""Bad input, as a new user types it: every case exits 2 before anything starts, with one line that names the key,
+file or variable and says what to do, and no traceback. Cases by kind, each its own test.
+
+Every case runs a real invocation (no --dry-run): the launch is recorded instead of started (`nothing_launches`,
+the pre-launch check included), and the output directory the case names is never created.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES
+
+LONG = "x" * 300  # longer than any file name the system allows (255)
+SMOKE = f"""model_name_or_path: {RECIPES}/smoke/policy
+reward_model_name_or_path: {RECIPES}/smoke/reward
+dataset_name: {RECIPES}/smoke/prompts.jsonl
+num_processes: 2
+max_steps: 4
+per_device_train_batch_size: 2
+num_generations: 2
+max_completion_length: 12
+gradient_checkpointing: false
+report_to: none
+"""
+ZERO3 = "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 3\n"
+LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+         "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 500}
+SLURM = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "node[1-2]"}
+
+
+@dataclass(frozen=True)
+class Bad:
+    kind: str
+    args: tuple[str, ...]  # after the command; {tmp}: the test's directory (also the working directory)
+    message: str  # found in the one error line, whitespace squeezed
+    files: dict[str, str | bytes] = field(default_factory=dict)  # path under {tmp} -> content
+    env: dict[str, str] = field(default_factory=dict)
+    command: tuple[str, ...] = ("rloo",)
+
+    @property
+    def id(self) -> str:
+        return f"{self.kind}: {self.message[:70]} ({' '.join(self.command)} {' '.join(self.args)[:40]})"
+
+
+def flags(kind: str, *args: str, message: str, **extra) -> Bad:
+    """The smoke recipe with these flags."""
+    return Bad(kind, ("-r", "rloo/smoke", *args), message, **extra)
+
+
+def sets(kind: str, pair: str, message: str, command: str = "rloo", **extra) -> Bad:
+    """The command's smoke recipe with one --set."""
+    name = command.replace("-", "_")
+    return Bad(kind, ("-r", f"{name}/smoke", "--set", pair), message, command=(command,), **extra)
+
+
+def recipe(kind: str, body: str, message: str, *args: str, files: dict | None = None, **extra) -> Bad:
+    """A recipe of the smoke models and trainer keys, plus `body`."""
+    return Bad(kind, ("-r", "{tmp}/r.yaml", *args), message, files={"r.yaml": SMOKE + body, **(files or {})}, **extra)
+
+
+def mixture(body: str, message: str, files: dict | None = None) -> Bad:
+    """A recipe whose data is TRL's `datasets:` mixture, not `dataset_name`."""
+    without = SMOKE.replace(f"dataset_name: {RECIPES}/smoke/prompts.jsonl\n", "")
+    return Bad("message", ("-r", "{tmp}/r.yaml"), message, files={"r.yaml": without + body, **(files or {})})
+
+
+def accelerate(body: str, message: str) -> Bad:
+    return flags("traceback: accelerate config", "--accelerate-config", "{tmp}/accel.yaml", message=message,
+                 files={"accel.yaml": body})
+
+
+def model(config: object, message: str, command: tuple[str, ...] = ("rloo",)) -> Bad:
+    text = config if isinstance(config, str) else json.dumps(config)
+    return Bad("bad file: model config.json", ("-r", "rloo/smoke", "--model", "{tmp}/m"), message,
+               files={"m/config.json": text}, command=command)
+
+
+def data(name: str, content: str | bytes, message: str, *args: str) -> Bad:
+    return flags("bad file: dataset", "--dataset", f"{{tmp}}/{name}", *args, message=message, files={name: content})
+
+
+def reward(kind: str, funcs: str, message: str, files: dict | None = None) -> Bad:
+    return recipe(kind, f"reward_funcs: {funcs}\n", message, files=files)
+
+
+def env(variables: dict[str, str], message: str, *args: str) -> Bad:
+    return flags("environment", *args, message=message, env=variables)
+
+
+GOOD_REWARD = "def score(prompts, completions, **kwargs):\n    return [0.0 for _ in completions]\n"
+
+CASES = [
+    # -- what used to be a traceback -----------------------------------------------------------------------------
+    Bad("traceback: not UTF-8", ("-r", "{tmp}/r.yaml"), "r.yaml:2: not UTF-8 text (byte 0xff); save the recipe as "
+        "UTF-8", files={"r.yaml": b"max_steps: 4\nlearning_rate: \xff\xfe\n"}),
+    Bad("traceback: not UTF-8", ("-r", "{tmp}/r.yaml"), "r.yaml:1: not UTF-8 text (byte 0xe9)",
+        files={"r.yaml": b"# caf\xe9\nmax_steps: 4\n"}),
+    flags("traceback: not UTF-8", "--accelerate-config", "{tmp}/a.yaml", message="a.yaml:1: not UTF-8 text",
+          files={"a.yaml": b"num_processes: \xff\n"}),
+    Bad("traceback: name too long", ("-r", LONG), f"--recipe {LONG}: File name too long"),
+    flags("traceback: name too long", "-o", f"{{tmp}}/{LONG}", message="File name too long"),
+    flags("traceback: name too long", "--resume", LONG, message="`resume_from_checkpoint`: "
+          f"{LONG}: File name too long"),
+    flags("traceback: name too long", "--model", LONG, message=f"--model: `model_name_or_path`: {LONG}: File name "
+          "too long"),
+    flags("traceback: name too long", "--dataset", f"{LONG}.jsonl", message="--dataset: `dataset_name`: "
+          f"{LONG}.jsonl: File name too long"),
+    flags("traceback: name too long", "--reward-model", f"./{LONG}", message="--reward-model: "
+          "`reward_model_name_or_path`:"),
+    flags("traceback: name too long", "--accelerate-config", LONG, message="--accelerate-config: "
+          f"`accelerate_config`: {LONG}: File name too long"),
+    flags("traceback: name too long", "--nvme-path", f"/{LONG}", "--offload-optimizer", "nvme",
+          message=f"--nvme-path: `nvme_path`: /{LONG}: File name too long"),
+    flags("traceback: name too long", "-o", "{tmp}/" + "/".join(["y" * 200] * 25), message="File name too long"),
+    accelerate(ZERO3.replace("num_processes: 2", "num_processes: abc"),
+               "accel.yaml:2: `num_processes`: expected an integer or null, got 'abc'"),
+    accelerate(ZERO3 + "num_machines: two\n", "accel.yaml:5: `num_machines`: expected an integer or null, got 'two'"),
+    accelerate(ZERO3.replace("zero_stage: 3", "zero_stage: three"),
+               "accel.yaml:3: `deepspeed_config.zero_stage`: expected 0, 1, 2 or 3, got 'three'"),
+    accelerate("distributed_type: DEEPSPEED\ndeepspeed_config: [1, 2]\n",
+               "accel.yaml:2: `deepspeed_config`: expected a mapping of DeepSpeed settings, got [1, 2]"),
+    accelerate(ZERO3 + "machine_rank: first\n", "`machine_rank`: expected an integer or null, got 'first'"),
+    accelerate(ZERO3 + "main_process_port: http\n", "`main_process_port`: expected an integer or null, got 'http'"),
+    accelerate(ZERO3 + "main_process_port: 99999\n", "`main_process_port`: must be at least 1 and at most 65535"),
+    accelerate(ZERO3 + "mixed_precision: fp99\n", "`mixed_precision`: expected one of no, fp16, bf16, fp8"),
+    accelerate(ZERO3 + "  offload_optimizer_device: disk\n",
+               "`deepspeed_config.offload_optimizer_device`: expected one of none, cpu, nvme, got 'disk'"),
+    accelerate("distributed_type: [DEEPSPEED]\n", "`distributed_type`: expected a name like DEEPSPEED"),
+    accelerate("- a list\n- not a mapping\n", "accel.yaml: an accelerate config is a mapping, got list"),
+    accelerate("num_processes: [2\n", "accel.yaml:2: not valid YAML"),
+    model({**LLAMA, "num_attention_heads": 0}, "m/config.json has num_attention_heads 0; a model's sizes are "
+          "positive integers", command=("plan", "rloo")),
+    model({**LLAMA, "num_attention_heads": 0}, "m/config.json has num_attention_heads 0"),
+    model({**LLAMA, "hidden_size": -64}, "m/config.json has hidden_size -64"),
+    model({**LLAMA, "num_hidden_layers": "two"}, "m/config.json has num_hidden_layers 'two'",
+          command=("plan", "rloo")),
+    model({**LLAMA, "vocab_size": 0}, "m/config.json has vocab_size 0"),
+    model({"model_type": "gpt2", "n_head": 0, "n_embd": 64, "n_layer": 2, "vocab_size": 50},
+          "m/config.json has n_head 0", command=("plan", "rloo")),
+    Bad("traceback: report", ("{tmp}/run", "--out", "{tmp}/curves.txt"), "--out", command=("report",)),
+    Bad("traceback: report", ("{tmp}/run", "--out", "{tmp}/curves"), "matplotlib cannot write a suffix-less file; "
+        "end the name with .png", command=("report",)),
+    recipe("traceback: YAML aliases", "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, "
+           "*a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+           "report_to: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n",
+           "YAML aliases (*name) expand to more than 100000 values here; write the values out"),
+    recipe("traceback: YAML aliases", "reward_funcs: &r [x, *r]\n", "a YAML alias refers to a value that contains it"),
+    recipe("traceback: YAML nesting", "report_to: " + "[" * 1000 + "]" * 1000 + "\n",
+           "nested too deeply to be a recipe"),
+    flags("traceback: output is a file", "-o", "{tmp}/taken", message="output dir {tmp}/taken is a file, not a "
+          "directory", files={"taken": "x"}),
+
+    # -- values outside their range ------------------------------------------------------------------------------
+    sets("range", "learning_rate=-1e-5", "--set learning_rate: `learning_rate`: must be at least 0, got -1e-05"),
+    sets("range", "learning_rate=.nan", "`learning_rate`: must be a finite number, got nan"),
+    sets("range", "learning_rate=.inf", "`learning_rate`: must be a finite number, got inf"),
+    sets("range", "learning_rate=-inf", "`learning_rate`: must be a finite number, got -inf"),
+    sets("range", "learning_rate=nan", "`learning_rate`: must be a finite number, got nan"),
+    sets("range", "num_generations=0", "`num_generations`: must be at least 2, got 0: a group needs another "
+         "completion to compare with"),
+    sets("range", "num_generations=1", "`num_generations`: must be at least 2, got 1"),
+    sets("range", "num_generations=1", "`num_generations`: must be at least 2, got 1", command="grpo"),
+    sets("range", "num_generations=3", "`num_generations` (3) must divide the generation batch (4 = "
+         "per_device_train_batch_size x processes x steps per generation): set num_generations to 2"),
+    sets("range", "num_generations=3", "`num_generations` (3) must divide the generation batch", command="grpo"),
+    sets("range", "num_generations=5", "`num_generations` (5) must divide the generation batch (4"),
+    sets("range", "per_device_train_batch_size=0", "`per_device_train_batch_size`: must be at least 1, got 0"),
+    sets("range", "per_device_train_batch_size=0", "`per_device_train_batch_size`: must be at least 1, got 0",
+         command="ppo"),
+    sets("range", "per_device_train_batch_size=0", "`per_device_train_batch_size`: must be at least 1",
+         command="online-dpo"),
+    sets("range", "gradient_accumulation_steps=0", "`gradient_accumulation_steps`: must be at least 1, got 0"),
+    sets("range", "per_device_eval_batch_size=-2", "`per_device_eval_batch_size`: must be at least 1, got -2"),
+    sets("range", "max_steps=0", "`max_steps`: must be at least 1 (or -1), got 0: -1 trains for num_train_epochs "
+         "instead"),
+    sets("range", "max_steps=-5", "`max_steps`: must be at least 1 (or -1), got -5"),
+    sets("range", "max_steps=1e29", "`max_steps`: expected an integer, got '1e29' (str)"),
+    sets("range", "max_steps=100000000000000000000000000000", "`max_steps`: 100000000000000000000000000000 does not "
+         "fit in 64 bits"),
+    flags("range", "--max-steps", "0", message="--max-steps: `max_steps`: must be at least 1 (or -1), got 0"),
+    flags("range", "--max-steps", "1e29", message="--max-steps: `max_steps`: expected an integer, got '1e29'"),
+    flags("range", "--max-steps", "ten", message="--max-steps: `max_steps`: expected an integer, got 'ten'"),
+    flags("range", "--seed", "-1", message="--seed: `seed`: must be at least 0 and at most 4294967295, got -1: "
+          "NumPy's seeds are 32-bit"),
+    flags("range", "--seed", "4294967296", message="--seed: `seed`: must be at least 0 and at most 4294967295"),
+    flags("range", "--num-processes", "100000000", message="--num-processes: `num_processes`: must be at least 1 "
+          "and at most 65536, got 100000000"),
+    flags("range", "--num-processes", "0", message="--num-processes: `num_processes`: must be at least 1"),
+    flags("range", "--num-processes", "two", message="--num-processes: `num_processes`: expected an integer"),
+    flags("range", "--num-machines", "0", message="--num-machines: `num_machines`: must be at least 1 and at most "
+          "65536, got 0"),
+    flags("range", "--num-gpus", "0", message="--num-gpus: `num_gpus`: must be at least 1"),
+    flags("range", "--machine-rank", "-1", message="--machine-rank: `machine_rank`: must be at least 0, got -1"),
+    flags("range", "--main-process-port", "99999", message="--main-process-port: `main_process_port`: must be at "
+          "least 1 and at most 65535, got 99999"),
+    flags("range", "--main-process-port", "-1", message="--main-process-port: `main_process_port`: must be at least "
+          "1 and at most 65535, got -1"),
+    sets("range", "main_process_port=0", "`main_process_port`: must be at least 1 and at most 65535, got 0"),
+    sets("range", "stage3_max_live_parameters=-1", "`stage3_max_live_parameters`: must be at least 0, got -1"),
+    sets("range", "stage3_prefetch_bucket_size=-5", "`stage3_prefetch_bucket_size`: must be at least 0, got -5"),
+    sets("range", "plan_prompt_length=-5", "`plan_prompt_length`: must be at least 1, got -5"),
+    sets("range", "report_to=wandbb", "`report_to`: expected one of all, none,"),
+    sets("range", "report_to=[wandb, tensorbord]", "`report_to`: 'tensorbord' is not one of all, none,"),
+    sets("range", "dtype=float33", "`dtype`: expected one of auto, bfloat16, float16, float32, got 'float33'"),
+    sets("range", "ddp_backend=glooo", "`ddp_backend`: expected one of nccl, gloo,"),
+    sets("range", "generation_kwargs={temperature: -1}", "`generation_kwargs.temperature`: must be above 0, got -1"),
+    sets("range", "generation_kwargs={top_p: 2}", "`generation_kwargs.top_p`: must be above 0 and at most 1, got 2"),
+    sets("range", "generation_kwargs={max_new_tokens: 0}", "`generation_kwargs.max_new_tokens`: must be at least 1"),
+    sets("range", "generation_kwargs={do_sample: maybe}", "`generation_kwargs.do_sample`: expected true or false, "
+         "got 'maybe'"),
+    sets("range", "generation_kwargs={tempreture: 0.5}", "`generation_kwargs`: 'tempreture' is not a generation "
+         "setting; did you mean `temperature`?"),
+    sets("range", "generation_kwargs={num_beams: 0}", "`generation_kwargs.num_beams`: must be at least 1, got 0"),
+    sets("range", "generation_kwargs={top_k: -3}", "`generation_kwargs.top_k`: must be at least 0, got -3"),
+    sets("range", "generation_kwargs={eos_token_id: -1}", "`generation_kwargs.eos_token_id`: must be at least 0"),
+    sets("range", "generation_kwargs=[1, 2]", "`generation_kwargs`: expected a mapping"),
+    sets("range", "deepspeed={zero_optimization: {stage: 2}}", "`deepspeed` asks for ZeRO stage 2, the accelerate "
+         "config for ZeRO stage 3; remove `deepspeed`"),
+    sets("range", "deepspeed={train_batch_size: 8}", "`deepspeed` asks for ZeRO stage 0, the accelerate config for "
+         "ZeRO stage 3"),
+    sets("range", "temperature=0", "`temperature`: must be above 0, got 0"),
+    sets("range", "top_p=0", "`top_p`: must be above 0 and at most 1, got 0"),
+    sets("range", "top_p=1.5", "`top_p`: must be above 0 and at most 1, got 1.5"),
+    sets("range", "top_k=-1", "`top_k`: must be at least 0, got -1: 0 turns top-k filtering off"),
+    sets("range", "min_p=1.5", "`min_p`: must be at least 0 and at most 1, got 1.5"),
+    sets("range", "beta=-0.1", "`beta`: must be at least 0, got -0.1"),
+    sets("range", "epsilon=-0.2", "`epsilon`: must be at least 0, got -0.2"),
+    sets("range", "warmup_steps=-1", "`warmup_steps`: must be at least 0, got -1"),
+    sets("range", "weight_decay=-0.01", "`weight_decay`: must be at least 0, got -0.01"),
+    sets("range", "adam_beta1=1.0", "`adam_beta1`: must be at least 0 and below 1, got 1.0"),
+    sets("range", "adam_epsilon=0", "`adam_epsilon`: must be above 0, got 0"),
+    sets("range", "max_grad_norm=-1", "`max_grad_norm`: must be at least 0, got -1"),
+    sets("range", "num_train_epochs=0", "`num_train_epochs`: must be above 0, got 0"),
+    sets("range", "logging_steps=0", "`logging_steps`: must be above 0, got 0"),
+    sets("range", "save_steps=-10", "`save_steps`: must be above 0, got -10"),
+    sets("range", "save_total_limit=0", "`save_total_limit`: must be at least 1, got 0"),
+    sets("range", "dataloader_num_workers=-1", "`dataloader_num_workers`: must be at least 0, got -1"),
+    sets("range", "lora_dropout=1", "`lora_dropout`: must be at least 0 and below 1, got 1"),
+    sets("range", "max_completion_length=0", "`max_completion_length`: must be at least 1, got 0"),
+    sets("range", "num_iterations=0", "`num_iterations`: must be at least 1, got 0"),
+    sets("range", "repetition_penalty=0", "`repetition_penalty`: must be above 0, got 0"),
+    sets("range", "label_smoothing_factor=2", "`label_smoothing_factor`: must be at least 0 and at most 1, got 2"),
+    sets("range", "test_split_size=0", "`test_split_size`: must be above 0, got 0"),
+    sets("range", "generation_batch_size=3", "`generation_batch_size` (3) must be a multiple of "
+         "per_device_train_batch_size x processes (2 x 2 = 4)"),
+    recipe("range", "generation_batch_size: 8\nsteps_per_generation: 2\n",
+           "`generation_batch_size` and `steps_per_generation` cannot both be set; keep one"),
+    recipe("range", "eval_strategy: steps\nper_device_eval_batch_size: 1\nnum_generations_eval: 4\n",
+           "the evaluation batch (per_device_eval_batch_size x processes = 2) must be a multiple of "
+           "num_generations_eval or num_generations (4)"),
+    sets("range", "num_ppo_epochs=0", "`num_ppo_epochs`: must be at least 1, got 0", command="ppo"),
+    sets("range", "gamma=1.5", "`gamma`: must be at least 0 and at most 1, got 1.5", command="ppo"),
+    sets("range", "lam=-0.1", "`lam`: must be at least 0 and at most 1, got -0.1", command="ppo"),
+    sets("range", "cliprange=0", "`cliprange`: must be above 0, got 0", command="ppo"),
+    sets("range", "vf_coef=-1", "`vf_coef`: must be at least 0, got -1", command="ppo"),
+    sets("range", "kl_coef=-0.5", "`kl_coef`: must be at least 0, got -0.5", command="ppo"),
+    sets("range", "total_episodes=4", "`total_episodes` (4) is less than one batch of rollouts", command="ppo"),
+    sets("range", "local_rollout_forward_batch_size=3", "`local_rollout_forward_batch_size` (3) must divide the "
+         "rollouts per process", command="ppo"),
+    sets("range", "stop_token_id=-2", "`stop_token_id`: must be at least 0, got -2", command="ppo"),
+    sets("range", "max_new_tokens=0", "`max_new_tokens`: must be at least 1, got 0", command="online-dpo"),
+    sets("range", "max_length=-1", "`max_length`: must be at least 1, got -1", command="online-dpo"),
+    sets("range", "beta=[0.1, -0.1]", "`beta`: must be at least 0, got -0.1", command="online-dpo"),
+    sets("range", "loss_type=hinge", "`loss_type`: expected one of sigmoid, ipo, got 'hinge'", command="online-dpo"),
+    recipe("cross-field", "bf16: true\nfp16: true\n", "`bf16` and `fp16` are both true; keep one"),
+    recipe("cross-field", "load_best_model_at_end: true\n", "`load_best_model_at_end` needs evaluation: set "
+           "`eval_strategy` to steps or epoch"),
+    recipe("cross-field", "lr_scheduler_type: reduce_lr_on_plateau\n", "`lr_scheduler_type: reduce_lr_on_plateau` "
+           "steps on evaluation loss"),
+    recipe("cross-field", "save_strategy: best\n", "`save_strategy: best` needs `metric_for_best_model`"),
+
+    # -- bad files and paths -------------------------------------------------------------------------------------
+    flags("bad path", "-o", "{tmp}/taken/run", message="output dir {tmp}/taken/run: {tmp}/taken is a file, not a "
+          "directory", files={"taken": "x"}),
+    flags("bad path", "-o", "/proc/rlhf-run", message="output dir /proc/rlhf-run cannot be created in /proc"),
+    flags("bad path", "-o", "", message="output dir is empty; give a directory"),
+    flags("bad path", "-o", " ", message="output dir is empty; give a directory"),
+    flags("bad path", "--nvme-path", "{tmp}/swap", "--offload-optimizer", "nvme", message="--nvme-path: "
+          "`nvme_path`: {tmp}/swap is a file, not a directory", files={"swap": "x"}),
+    flags("bad path", "--nvme-path", "/proc/self", "--offload-params", "nvme", message="--nvme-path: `nvme_path`: "
+          "/proc/"),
+    flags("bad path", "--nvme-path", "{tmp}/missing", "--offload-optimizer", "nvme", message="`nvme_path`: "
+          "directory {tmp}/missing not found"),
+    flags("bad path", "--resume", "{tmp}/ckpt", message="`resume_from_checkpoint`: {tmp}/ckpt is a file, not a "
+          "checkpoint directory", files={"ckpt": "x"}),
+    flags("bad path", "--accelerate-config", "{tmp}", message="`accelerate_config`: {tmp} is a directory, not a file"),
+    flags("bad path", "--accelerate-config", "{tmp}/none.yaml", message="`accelerate_config`: file {tmp}/none.yaml "
+          "not found"),
+    Bad("bad path", ("-r", "{tmp}"), "--recipe {tmp} is a directory, not a YAML file"),
+    Bad("bad path", ("-r", "{tmp}/absent.yaml"), "absent.yaml: recipe not found"),
+    flags("bad path", "--model", "{tmp}/weights.bin", message="`model_name_or_path`: {tmp}/weights.bin is a file; "
+          "give a saved model's directory", files={"weights.bin": "x"}),
+    flags("bad path", "--model", "{tmp}/empty", message="{tmp}/empty has no config.json",
+          files={"empty/weights.bin": "x"}),
+    model("{not json", "m/config.json is not valid JSON"),
+    model("[1, 2]", "m/config.json is not a JSON object"),
+    flags("bad path", "--reward-model", f"{RECIPES}/smoke/policy", message="is a LlamaForCausalLM, not a sequence "
+          "classifier"),
+    data("bad.jsonl", '{"prompt": "a"}\n{"prompt": "b"\n', "bad.jsonl:2: not valid JSON"),
+    data("words.jsonl", '{"prompt": "a"}\nnot json at all\n', "words.jsonl:2: not valid JSON"),
+    data("noprompt.jsonl", '{"question": "a"}\n', "noprompt.jsonl: no `prompt` column (it has: question); set "
+         "`dataset_prompt_column`"),
+    data("empty.jsonl", "", "empty.jsonl is empty"),
+    data("blank.jsonl", "\n\n  \n", "blank.jsonl is empty"),
+    data("q.jsonl", '{"question": "a"}\n', "no `query` column (it has: question)", "--set",
+         "dataset_prompt_column=query"),
+    data("number.jsonl", '{"prompt": 42}\n', "number.jsonl:1: `prompt` is 42; a prompt is text or a list of chat "
+         "messages"),
+    data("blankprompt.jsonl", '{"prompt": "  "}\n', "blankprompt.jsonl:1: `prompt` is empty"),
+    data("list.jsonl", "[1, 2, 3]\n", "list.jsonl:1: a row is a JSON object of column -> value, got int"),
+    data("latin.jsonl", b'{"prompt": "caf\xe9"}\n', "latin.jsonl:1: not UTF-8 text"),
+    data("rows.json", '[{"question": "a"}, {"question": "b"}]', "rows.json: no `prompt` column (it has: question)"),
+    data("columns.json", '{"prompt": [1, 2]}', "columns.json:1: `prompt` is [1, 2]; a prompt is text or a list"),
+    data("columns.json", '{\n "prompt": [1, 2]\n}', "columns.json:1: `prompt` is 1; a prompt is text"),
+    data("scalar.json", '"just a string"', "scalar.json:1: a row is a JSON object of column -> value, got str"),
+    data("scalar.json", '\n"a"\n"b"\n', "scalar.json:2: a row is a JSON object of column -> value, got str"),
+    data("noprompt.csv", "question\nwhat?\n", "noprompt.csv: no `prompt` column (it has: question)"),
+    data("header.csv", "prompt\n", "header.csv: a header and no rows"),
+    data("empty.csv", "", "empty.csv is empty"),
+    data("garbage.parquet", "not parquet at all", "garbage.parquet: not a readable Parquet file"),
+    data("notes.txt", "hello", "--dataset: `dataset_name`: {tmp}/notes.txt is not a .json, .jsonl, .parquet or .csv "
+         "file"),
+    reward("bad file: reward function", "[broken.py:score]", "broken.py:1: syntax error (expected ':'); fix the file",
+           {"broken.py": "def score(prompts, completions, **kwargs)\n    return [0.0]\n"}),
+    reward("bad file: reward function", "[rewards.py:scroe]", "rewards.py defines no `scroe` (it defines: score); "
+           "write rewards.py:FUNCTION", {"rewards.py": GOOD_REWARD}),
+    reward("bad file: reward function", "[rewards.py]", "'rewards.py' names a file but no function: write "
+           "rewards.py:FUNCTION", {"rewards.py": GOOD_REWARD}),
+    reward("bad file: reward function", "[missing.py:score]", "`reward_funcs`: file missing.py not found"),
+    reward("bad file: reward function", "['rewards.py:']", "'rewards.py:': write file.py:function"),
+    reward("bad file: reward function", "[no_such_package.scores:fn]", "module `no_such_package` is not importable "
+           "here"),
+    reward("bad file: reward function", "[no_such_package.scores.fn]", "module `no_such_package` is not importable"),
+    reward("bad file: reward function", "[lenght]", "'lenght' is not one of TRL's"),
+    reward("bad file: reward function", "[{a: 1}]", "`reward_funcs`: {'a': 1} is not a string like module:function"),
+    reward("bad file: reward function", "['{tmp}/pkg.py:score']", "pkg.py is a directory, not a Python file",
+           {"pkg.py/__init__.py": ""}),
+    reward("bad file: reward function", "[nul.py:score]", "null bytes",
+           {"nul.py": b"def score(**kw):\n    return [0]\x00\n"}),
+
+    # -- silent conflicts ----------------------------------------------------------------------------------------
+    recipe("conflict", "max_steps: 8\n", "`max_steps` is given again (first on line 5); YAML would keep only the "
+           "last: keep one"),
+    recipe("conflict", "env:\n  A: 1\n  A: 2\n", "`A` is given again (first on line 12)"),
+    flags("conflict", "--gather", "--no-gather", message="--gather and --no-gather contradict each other; keep one"),
+    flags("conflict", "--no-gather", "--gather", message="--gather and --no-gather contradict each other"),
+    flags("conflict", "-q", "-v", message="--quiet and --verbose contradict each other; keep one"),
+    flags("conflict", "--json", message="--json goes with --dry-run (or rlhf plan)"),
+    flags("conflict", "--set", "max_steps=[3", message="--set max_steps: '[3' is not valid YAML"),
+    flags("conflict", "--set", "generation_kwargs={a: 1", message="--set generation_kwargs: '{a: 1' is not valid "
+          "YAML"),
+    flags("conflict", "--max-steps", "3", "--set", "max_steps=4", message="--set max_steps: `max_steps` is set again "
+          "(already set by --max-steps); keep one"),
+    recipe("conflict", "gather: true\nds3_gather_for_generation: false\n", "`ds3_gather_for_generation` is set again"),
+    flags("conflict", "--set", "novalue", message="--set novalue: expected KEY=VALUE"),
+    flags("conflict", "stray", message="unexpected argument 'stray'"),
+
+    # -- the environment -----------------------------------------------------------------------------------------
+    env({**SLURM, "SLURM_NNODES": "0"}, "SLURM_NNODES=0: `num_machines`: must be at least 1 and at most 65536, got 0; "
+        "fix the job's variables or pass --num-machines"),
+    env({**SLURM, "SLURM_NNODES": "two"}, "SLURM_NNODES=two: `num_machines`: expected an integer"),
+    env({"MASTER_ADDR": "10.0.0.1", "WORLD_SIZE": "0"}, "WORLD_SIZE=0: `num_machines`: must be at least 1"),
+    env({"MASTER_ADDR": "10.0.0.1", "NNODES": "-1"}, "NNODES=-1: `num_machines`: must be at least 1"),
+    env({"MASTER_ADDR": "10.0.0.1", "NODE_RANK": "abc"}, "NODE_RANK=abc: `machine_rank`: expected an integer or null, "
+        "got 'abc' (str); fix the job's variables or pass --machine-rank"),
+    env({"MASTER_ADDR": "10.0.0.1", "NODE_RANK": "-1"}, "NODE_RANK=-1: `machine_rank`: must be at least 0"),
+    env({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "http"}, "MASTER_PORT=http: `main_process_port`: expected an "
+        "integer or null, got 'http' (str); fix the job's variables or pass --main-process-port"),
+    env({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "70000"}, "MASTER_PORT=70000: `main_process_port`: must be at "
+        "least 1 and at most 65535"),
+    env({**SLURM, "SLURM_NNODES": "2", "SLURM_NODEID": "7"}, "SLURM_NODEID=7 is outside 0..1: SLURM_NNODES=2"),
+    env({**SLURM, "SLURM_NNODES": "2", "SLURM_NODEID": "x"}, "SLURM_NODEID=x: `machine_rank`: expected an integer"),
+    env({"MASTER_ADDR": "10.0.0.1", "NNODES": "2", "NODE_RANK": "5"}, "NODE_RANK=5 is outside 0..1: NNODES=2"),
+    env({**SLURM, "SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_GPUS_ON_NODE": "3"}, "--num-processes 5 is not a "
+        "multiple of SLURM_NNODES=2", "--num-processes", "5"),
+
+    # -- messages ------------------------------------------------------------------------------------------------
+    recipe("message", "vf_coef: 0.1\n", "`vf_coef` is a ppo key, not one of rloo; remove it or run `rlhf ppo`"),
+    recipe("message", "num_mini_batches: 2\n", "`num_mini_batches` (a ppo key) has no counterpart in today's rloo"),
+    recipe("message", "save_strategy: no\n", "`save_strategy`: expected one of no, steps, epoch, best, got False "
+           "(bool); YAML reads an unquoted no as false: write 'no'"),
+    recipe("message", "eval_strategy: no\n", "`eval_strategy`: expected one of no, steps, epoch, got False (bool); "
+           "YAML reads an unquoted no as false: write 'no'"),
+    recipe("message", "learning_rat: 1.0e-5\n", "unknown key `learning_rat`; did you mean `learning_rate`?"),
+    recipe("message", "mixed_precision: bf16\n", "`mixed_precision` is an option of `accelerate launch` (`trl rloo "
+           "--config` passes it on); rlhf takes it from the accelerate config"),
+    recipe("message", "gpu_ids: 0,1\n", "`gpu_ids` is an option of `accelerate launch`"),
+    recipe("message", "env: [A=1]\n", "`env`: expected a mapping, got ['A=1']"),
+    recipe("message", "env:\n  PATHS: [a, b]\n", "`env.PATHS`: give the variable one value (text or a number)"),
+    recipe("message", "env:\n  NOT-A-NAME: 1\n", "`env`: 'NOT-A-NAME' is not a variable name"),
+    recipe("message", "env:\n  EMPTY:\n", "`env.EMPTY`: give the variable one value"),
+    mixture("datasets: [a]\n", "`datasets[0]`: each entry is a mapping with at least `path`"),
+    mixture("datasets:\n  - path: json\n    data_file: x.jsonl\n", "`datasets[0]`: unknown key "
+           "`data_file`; did you mean `data_files`?"),
+    mixture("datasets:\n  - path: ./missing.jsonl\n", "`datasets[0]`: `path`: dataset ./missing.jsonl not "
+           "found"),
+    mixture("datasets:\n  - path: json\n    data_files: gone.jsonl\n", "`datasets[0]`: `data_files`: data "
+           "file gone.jsonl not found"),
+    mixture("datasets:\n  - path: json\n    data_files: {tmp}/q.jsonl\n", "`datasets[0]`: {tmp}/q.jsonl: no "
+           "`prompt` column (it has: question)", files={"q.jsonl": '{"question": "a"}\n'}),
+    mixture("datasets:\n  - path: json\n    data_files: {tmp}/p.jsonl\n    columns: [other]\n",
+           "`datasets[0]`: {tmp}/p.jsonl: no `prompt` column (it has: other)",
+           files={"p.jsonl": '{"prompt": "a", "other": 1}\n'}),
+    mixture("datasets:\n  - {path: json, data_files: {tmp}/p.jsonl, fraction: 0.5}\n  - {path: json, data_files: "
+            "{tmp}/p.jsonl}\n", "`fraction` is set for some datasets of the mixture and not for others",
+            files={"p.jsonl": '{"prompt": "a"}\n'}),
+    mixture("streaming: true\ndatasets:\n  - {path: json, data_files: {tmp}/p.jsonl, fraction: 0.5}\n",
+            "`fraction` cannot be used with `streaming: true`", files={"p.jsonl": '{"prompt": "a"}\n'}),
+    recipe("message", "datasets:\n  - path: json\n    data_files: {tmp}/p.jsonl\n", "`dataset_name` and `datasets` "
+           "both name training data (TRL would silently use `datasets`); keep one",
+           files={"p.jsonl": '{"prompt": "a"}\n'}),
+]
+
+
+def test_the_table_covers_every_kind_with_enough_cases() -> None:
+    kinds = {case.kind.split(":")[0] for case in CASES}
+    assert kinds == {"traceback", "range", "cross-field", "bad path", "bad file", "conflict", "environment",
+                     "message"}
+    assert len(CASES) >= 150
+    assert len({case.id for case in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_bad_input_is_one_line_exit_2_and_starts_nothing(case: Bad, cli, nothing_launches, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, content in case.files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content.replace("{tmp}", str(tmp_path)))
+    for name, value in case.env.items():
+        monkeypatch.setenv(name, value)
+    args = [arg.replace("{tmp}", str(tmp_path)) for arg in case.args]
+    if case.command[0] != "report" and "-o" not in args:
+        args += ["-o", str(tmp_path / "out")]
+    result = cli(*case.command, *args)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    assert case.message.replace("{tmp}", str(tmp_path)) in " ".join(lines[0].split()), lines[0]
+    assert nothing_launches == [] and not (tmp_path / "out").exists()

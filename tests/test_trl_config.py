@@ -1,0 +1,103 @@
+"""A config written for TRL's own CLI (`trl rloo --config file.yaml`) runs unchanged: its `env:` block reaches every
+rank, its `datasets:` mixture is loaded, TRL's bundled accelerate configs are found by name."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import RECIPES, REPO, write
+from rlhf_cli.config.resolve import RunRequest, resolve
+from rlhf_cli.launch import runner
+from rlhf_cli.launch.command import launch_command
+
+PROBE = '''import os
+
+
+def seen(completions, **kwargs):
+    """What this rank sees of the config's env block."""
+    with open(os.path.join(os.environ["RLHF_PROBE_DIR"], f"rank-{os.environ['RANK']}.txt"), "w") as out:
+        out.write(os.environ.get("RLHF_GREETING", "missing"))
+    return [0.0 for _ in completions]
+'''
+
+
+def trl_config(directory: Path) -> Path:
+    """Only keys `trl rloo --config` takes: TRL's dataclasses' fields, `env`, the dataset mixture, and what it
+    passes on to `accelerate launch` (num_processes)."""
+    write(directory / "env_probe.py", PROBE)
+    write(directory / "data" / "prompts.jsonl", (RECIPES / "smoke" / "prompts.jsonl").read_text())
+    return write(directory / "trl_rloo.yaml", f"""env:
+  RLHF_GREETING: hello from env
+  RLHF_PROBE_DIR: {directory}
+  RLHF_STEPS: 2
+model_name_or_path: {RECIPES}/smoke/policy
+reward_model_name_or_path: {RECIPES}/smoke/reward
+reward_funcs: [env_probe.seen]
+datasets:
+  - path: json
+    data_files: data/prompts.jsonl
+num_processes: 2
+max_steps: 2
+per_device_train_batch_size: 2
+num_generations: 2
+max_completion_length: 8
+gradient_checkpointing: false
+logging_steps: 1
+save_strategy: "no"
+report_to: none
+""")
+
+
+def test_the_env_block_travels_in_the_resolved_recipe_and_the_launch_files(tmp_path: Path) -> None:
+    run = resolve(RunRequest("rloo", str(trl_config(tmp_path)), {"output_dir": ("-o", str(tmp_path / "out"))}),
+                  cwd=tmp_path, cuda=False)
+    assert run.value("env") == {"RLHF_GREETING": "hello from env", "RLHF_PROBE_DIR": str(tmp_path),
+                                "RLHF_STEPS": "2"}  # as TRL's parser sets them: str(value)
+    assert run.value("datasets") == [{"path": "json", "data_files": str(tmp_path / "data" / "prompts.jsonl")}]
+    launch = launch_command(run)
+    assert launch.env["RLHF_GREETING"] == "hello from env" and launch.env["RLHF_OUTPUT"] == "normal"
+    runner.write_run_files(run, run.accelerate)
+    written = yaml.safe_load((tmp_path / "out" / "recipe.yaml").read_text())
+    assert written["env"] == run.value("env")  # another machine's launcher resolves the same
+    assert f"export RLHF_GREETING={shlex.quote('hello from env')}" in (tmp_path / "out" / "launch.sh").read_text()
+
+
+def test_the_dry_run_shows_the_env_block(cli, tmp_path: Path) -> None:
+    result = cli("rloo", "-r", trl_config(tmp_path), "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert any(line.split("│")[1].strip() == "env" for line in result.stdout.splitlines() if "│" in line)
+    assert "RLHF_GREETING='hello from env'" in result.stdout  # in the launch line
+
+
+def test_the_env_block_wins_over_the_callers_environment_and_rlhfs_defaults(tmp_path: Path) -> None:
+    recipe = write(tmp_path / "r.yaml", (RECIPES / "rloo" / "smoke.yaml").read_text().replace(
+        "../smoke/", f"{RECIPES}/smoke/") + "env:\n  TOKENIZERS_PARALLELISM: 'true'\n  RLHF_OUTPUT: quiet\n")
+    launch = launch_command(resolve(RunRequest("rloo", str(recipe)), cwd=tmp_path, cuda=False), verbosity="normal")
+    assert launch.env["TOKENIZERS_PARALLELISM"] == "true"
+    assert launch.env["RLHF_OUTPUT"] == "normal"  # rlhf's contract with its ranks stays rlhf's
+
+
+def test_trls_bundled_accelerate_configs_are_found_by_name(tmp_path: Path) -> None:
+    run = resolve(RunRequest("rloo", "rloo/smoke", sets=("accelerate_config=zero2",)), cwd=tmp_path, cuda=True)
+    assert Path(run.value("accelerate_config")).parts[-2:] == ("accelerate_configs", "zero2.yaml")
+    assert run.accelerate["deepspeed_config"]["zero_stage"] == 2
+    assert any("`accelerate_config: zero2` is TRL's bundled" in note for note in run.notes)
+
+
+@pytest.mark.launch
+def test_a_trl_config_with_an_env_block_runs_unchanged_and_every_rank_sees_it(tmp_path: Path) -> None:
+    config = trl_config(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "rlhf_cli", "rloo", "-r", str(config), "-o", str(tmp_path / "out")],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=480,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert {path.name: path.read_text() for path in tmp_path.glob("rank-*.txt")} == \
+        {"rank-0.txt": "hello from env", "rank-1.txt": "hello from env"}
+    assert "RLHF_GREETING" not in os.environ  # set in the ranks, not in the caller
