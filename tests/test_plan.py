@@ -200,11 +200,14 @@ def test_seed_case_gather_does_not_fit_no_gather_does(seed_models) -> None:
     assert any(s.startswith("no-gather, optimizer->cpu fits") for s in plan.suggestions)
 
 
-def test_seed_case_gather_auto_picks_no_gather(seed_models) -> None:
-    run, _ = planned(seed_run(ds3_gather_for_generation=("--gather auto", "auto")))
+def test_seed_case_gather_auto_picks_no_gather_when_nothing_more_fits(seed_models) -> None:
+    sharded = plan_run(seed_run(ds3_gather_for_generation=("--no-gather", False))).chosen.peak
+    just_enough = -(-sharded * 10 // 9)  # no-gather fits in 90% of it, not a byte more
+    run, _ = planned(seed_run(ds3_gather_for_generation=("--gather auto", "auto"),
+                              gpu_memory=("--gpu-memory", str(just_enough))))
     setting = run.settings["ds3_gather_for_generation"]
-    assert setting.value is False
-    assert setting.source.startswith("rlhf plan: gathering needs") and "of 23.7 GiB" in setting.source
+    assert setting.value is False and "gather_budget" not in run.settings
+    assert setting.source.startswith("rlhf plan: gathering needs") and "of 19.2 GiB" in setting.source
     assert any(note.startswith("gather: auto -> no-gather") for note in run.notes)
 
 

@@ -19,7 +19,9 @@ element: 2 under bf16 or fp16 mixed precision, else the dtype's):
   too: they are one DeepSpeed engine). Without gathering, DeepSpeed prefetches only within what is
   left of stage3_max_live_parameters (`max_params_to_prefetch` in its parameter coordinator), while
   the module being run is fetched whatever the budget: min(P, max_live + L) x b. The same bound holds
-  for the training forward/backward. (Measured on a 100M model: benchmarks/.)
+  for the training forward/backward. (Measured on a 100M model: benchmarks/.) With a gather budget, the
+  units it buys (rlhf_cli/gather_budget.py; G parameters) plus that bound for the rest:
+  G x b + min(P - G, max_live + L) x b.
 - KV cache: layers x 2 x kv_heads x head_dim x batch x (prompt + completion) x b.
 - activations (Korthikanti et al. 2022, for 16-bit; scaled by b/2): per layer
   s x batch x hidden x (34 + 5 x heads x s / hidden); all layers without gradient checkpointing,
@@ -31,8 +33,10 @@ element: 2 under bf16 or fp16 mixed precision, else the dtype's):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rlhf_cli.gather_budget import Unit, choose
 from rlhf_cli.plan.models import ModelSize
 
 GIB = 2**30
@@ -67,6 +71,14 @@ def frozen_shard(params: int, element_bytes: int, total_gpus: int) -> int:
 def generation_weights(params: int, element_bytes: int, gather: bool, max_live: int, largest_layer: int) -> int:
     """Policy bytes present on a GPU while generating: all of it gathered, else what ZeRO-3 keeps live."""
     return params * element_bytes if gather else live_parameters(params, element_bytes, max_live, largest_layer)
+
+
+def gather_budget(units: Sequence[Unit], budget_numel: int, params: int, element_bytes: int, max_live: int,
+                  largest_layer: int) -> int:
+    """Policy bytes present on a GPU while generating with a gather budget: the units it buys, gathered once for
+    the call, plus what ZeRO-3 keeps live of the rest, as without gathering."""
+    gathered = sum(units[index].numel for index in choose(units, budget_numel))
+    return gathered * element_bytes + live_parameters(params - gathered, element_bytes, max_live, largest_layer)
 
 
 def live_parameters(params: int, element_bytes: int, max_live: int, largest_layer: int) -> int:
