@@ -11,8 +11,9 @@ with the generation probe on (RLHF_PROBE_GENERATION=1):
   the budget gathered once; beside them `rlhf plan`'s `gen weights` for the same flags. Medians over the repeats.
   Target: each budget's time within 1.2x of the straight line between F=0 and F=1, and its gathered peak within
   10% of the plan.
-- generation batch: without gathering, `per_device_train_batch_size` B in 1, 4, 16, 64 (TRL's RLOO generates
-  B sequences per process per call), `--batch-repeats` times, interleaved: seconds per generated sequence.
+- generation batch: without gathering, B in 1, 4, 16, 64 sequences generated together per process (TRL's RLOO
+  generates `per_device_train_batch_size` 1 x `steps_per_generation` B per process at once; one step, so one
+  generation call a run), `--batch-repeats` times, interleaved: seconds per generated sequence.
 
     python benchmarks/gather_budget.py [--repeats 5] [--batch-repeats 3] [--steps 2] [--out benchmarks/results]
 """
@@ -47,12 +48,13 @@ class Measured:
     completions: tuple[str, ...]  # the digests of rank 0's generated batches
 
 
-def budget_flags(fraction: float) -> list[str]:
-    return ["--gather-budget", f"{fraction:g}", *BOUNDED]
+def budget_flags(fraction: float, steps: int) -> list[str]:
+    return ["--gather-budget", f"{fraction:g}", "--max-steps", str(steps), *BOUNDED]
 
 
 def batch_flags(batch: int) -> list[str]:
-    return ["--no-gather", "--set", f"per_device_train_batch_size={batch}", *BOUNDED]
+    return ["--no-gather", "--max-steps", "1", "--set", "per_device_train_batch_size=1",
+            "--set", f"steps_per_generation={batch}", *BOUNDED]
 
 
 def measure(run_dir: Path, batch: int) -> Measured:
@@ -91,13 +93,12 @@ def main() -> None:
     parameters = build_model(model)
 
     def common(flags: list[str]) -> list[str]:
-        return ["-r", str(RECIPE), "--model", str(model), "--max-steps", str(args.steps),
-                "--set", f"max_completion_length={COMPLETION}", *flags]
+        return ["-r", str(RECIPE), "--model", str(model), "--set", f"max_completion_length={COMPLETION}", *flags]
 
     budgets = {f"{fraction:g}": fraction for fraction in FRACTIONS}
-    plans = {label: plan_prediction(common(budget_flags(fraction))) for label, fraction in budgets.items()}
+    plans = {label: plan_prediction(common(budget_flags(fraction, args.steps))) for label, fraction in budgets.items()}
     by_budget = interleaved(list(budgets), args.repeats, lambda label, repeat: measure(
-        run_rloo(common(budget_flags(budgets[label])), args.work_dir / "runs" / f"budget-{label}-{repeat}"),
+        run_rloo(common(budget_flags(budgets[label], args.steps)), args.work_dir / "runs" / f"budget-{label}-{repeat}"),
         batch=2))
     batch_labels = [str(batch) for batch in BATCHES]
     by_batch = interleaved(batch_labels, args.batch_repeats, lambda label, repeat: measure(

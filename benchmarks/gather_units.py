@@ -1,22 +1,21 @@
 """What each part of the policy costs ZeRO-3 per generated token, and so which parts a gather budget buys first.
 
 A gather budget (rlhf_cli/gather_budget.py) buys units of the policy: decoder layers, the embedding, the LM head,
-the final norm. Gathered once per call and run without ZeRO-3's hooks, a unit saves each generated token two
-costs: a fixed one per module it holds (ZeRO-3's hooks run around every module: fetch, release, trace
-bookkeeping) and one per byte (all-gathering its parameters). Measured here on the 100M-parameter Llama of
-`generation.py`, 2 CPU processes, greedy decoding of the same prompts, through the gather budget's own mechanism
-(`rlhf_cli.rank.zero3.gathered_units`), every configuration `--repeats` times, interleaved; medians:
+the final norm. Gathered once per call and run without ZeRO-3's hooks, a unit saves at every generated token
+what ZeRO-3 spends on it: its hooks around every module, and fetching and releasing its parameters. This script
+measures that per module kind on the 100M-parameter Llama of `generation.py` (2 CPU processes, fp32, one ZeRO-3
+engine): one decode step (4 sequences, 1 token) through the module, `--calls` times in a row, with ZeRO-3's
+hooks (parameters fetched and released at every call, as without gathering) against the same module gathered
+once through the gather budget's own mechanism (`rlhf_cli.rank.zero3.gathered_units`: no hooks, no fetch); the
+difference per call is what gathering it saves per token. Every kind is measured `--repeats` times, interleaved;
+medians. A least-squares line over the single modules with parameters splits the cost into a fixed part per
+module and a part per MiB fetched; the modules without partitioned parameters (the activation, the norms, which
+ZeRO-3 keeps whole) cost the hooks alone.
 
-- hooks: an engine whose parameters are all persistent (stage3_param_persistence_threshold above the largest),
-  so that ZeRO-3 fetches nothing: generation with every hook against with no hook (every unit "gathered", which
-  gathers nothing): the hooks' own time per module per forward;
-- units: the engine of generation.py's bounded no-gather run (stage3_max_live_parameters 2e7,
-  stage3_prefetch_bucket_size 7e6): generation time with one kind of unit gathered against nothing gathered:
-  the seconds saved per generated token, in all and per MiB the unit holds; less the hooks' share, per byte.
+The fetch here is on demand (the coordinator's trace stays invalid, so nothing is prefetched): on the CPU
+DeepSpeed's all-gathers are synchronous, so prefetching moves the same work, it does not hide it.
 
-It also checks that every configuration generates the same tokens.
-
-    python benchmarks/gather_units.py [--repeats 5] [--new-tokens 16] [--batch 4] [--out benchmarks/results]
+    python benchmarks/gather_units.py [--repeats 9] [--calls 20] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -34,133 +33,141 @@ from typing import Any
 
 from _common import MIB, REPO, RESULTS, WORK, CommandFailed, markdown_table, print_table, write_markdown
 
-MAX_LIVE, PREFETCH_BUCKET = 20_000_000, 7_000_000
-ALL = "*"
-# Configurations of the bounded engine: a name and the units (as rlhf_cli.rank.zero3.policy_units names
-# them) gathered once.
-UNIT_CONFIGURATIONS = {
-    "nothing": (),
-    "embedding": ("model.embed_tokens",),
-    "LM head": ("lm_head",),
-    "embedding + LM head": ("model.embed_tokens", "lm_head"),
-    "1 decoder layer": ("model.layers.0",),
-    "2 decoder layers": ("model.layers.0", "model.layers.1"),
-    "4 decoder layers": tuple(f"model.layers.{i}" for i in range(4)),
+BATCH = 4
+# Module kinds: a name, the module's path in LlamaForCausalLM, and what it takes for one decode step.
+KINDS = {
+    "activation (no parameters)": "model.layers.0.mlp.act_fn",
+    "final norm (whole on every rank)": "model.norm",
+    "embedding": "model.embed_tokens",
+    "LM head": "lm_head",
+    "attention projection (q_proj)": "model.layers.0.self_attn.q_proj",
+    "MLP projection (gate_proj)": "model.layers.0.mlp.gate_proj",
+    "decoder layer (13 modules)": "model.layers.0",
 }
-# Configurations of the all-persistent engine: every hook, or none.
-HOOK_CONFIGURATIONS = {"hooks on": (), "hooks off": (ALL,)}
 
 
 def worker(args: argparse.Namespace) -> None:
-    """One rank: build both engines, time every configuration, and (rank 0) write the raw numbers as JSON."""
+    """One rank: time every kind with and without ZeRO-3's hooks; rank 0 writes the raw numbers as JSON."""
     import deepspeed
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlhf_cli.rank.zero3 import gathered_units, policy_units
+    from rlhf_cli import compat
+    from rlhf_cli.gather_budget import Unit
+    from rlhf_cli.rank.zero3 import ModuleUnit, gathered_units
 
     deepspeed.init_distributed(dist_backend="gloo")
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_allow_untested_optimizer": True,
+              "zero_optimization": {"stage": 3}}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=config)
+    modules = dict(engine.module.named_modules())
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(BATCH, 1, model.config.hidden_size, generator=generator)
+    tokens = torch.randint(3, model.config.vocab_size, (BATCH, 1), generator=generator)
+    with torch.no_grad():
+        rotary = engine.module.model.rotary_emb(hidden, torch.zeros(BATCH, 1, dtype=torch.long))
+    inputs = {"model.embed_tokens": lambda: (tokens,), "model.layers.0": lambda: (hidden,)}
+    extra = {"model.layers.0": {"position_embeddings": rotary}}
 
-    def engine(zero: dict[str, Any]) -> Any:
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-        model.generation_config.eos_token_id = None  # every rank runs exactly new_tokens forwards
-        config = {"train_micro_batch_size_per_gpu": 1, "zero_allow_untested_optimizer": True,
-                  "zero_optimization": {"stage": 3, **zero}}
-        built, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config=config)
-        return built
-
-    bounded = engine({"stage3_max_live_parameters": MAX_LIVE, "stage3_prefetch_bucket_size": PREFETCH_BUCKET})
-    persistent = engine({"stage3_param_persistence_threshold": 10**10})
-    engines = {**{name: bounded for name in UNIT_CONFIGURATIONS}, **{name: persistent for name in HOOK_CONFIGURATIONS}}
-    units = {id(built): {unit.unit.name: unit for unit in policy_units(built.module)}
-             for built in (bounded, persistent)}
-    configurations = {**UNIT_CONFIGURATIONS, **HOOK_CONFIGURATIONS}
-    vocab = bounded.module.config.vocab_size
-    prompts = torch.randint(3, vocab, (args.batch, 16), generator=torch.Generator().manual_seed(1))
-
-    def timed(name: str) -> tuple[float, list[list[int]]]:
-        built = engines[name]
-        own = units[id(built)]
-        chosen = list(own.values()) if configurations[name] == (ALL,) else [own[unit] for unit in configurations[name]]
+    def calls(path: str) -> float:
+        module = modules[path]
         torch.distributed.barrier()
         started = time.perf_counter()
-        with torch.no_grad(), gathered_units(built, chosen):
-            tokens = built.module.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
-                                           max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
+        with torch.no_grad():
+            for _ in range(args.calls):
+                module(*inputs.get(path, lambda: (hidden,))(), **extra.get(path, {}))
         torch.distributed.barrier()
-        return time.perf_counter() - started, tokens.tolist()
+        return (time.perf_counter() - started) / args.calls
 
-    names = list(configurations)
-    for name in ("nothing", "hooks on"):
-        timed(name)  # warm-up: allocations, the first fetch trace
-    seconds: dict[str, list[float]] = defaultdict(list)
-    outputs: dict[str, list[list[int]]] = {}
+    def unit(path: str) -> ModuleUnit:
+        module = modules[path]
+        params = tuple(module.parameters())
+        return ModuleUnit(Unit(path, sum(p.ds_numel for p in params), sum(1 for _ in module.modules())),
+                          (module,), params)
+
+    compat.invalidate_fetch_trace(engine)  # on demand, nothing prefetched, and it stays so: no root forward
+    for path in KINDS.values():
+        calls(path)  # warm-up
+    hooked: dict[str, list[float]] = defaultdict(list)
+    gathered: dict[str, list[float]] = defaultdict(list)
+    names = list(KINDS)
     for repeat in range(args.repeats):
         for name in names[repeat % len(names):] + names[:repeat % len(names)]:  # interleaved, rotated
-            took, outputs[name] = timed(name)
-            seconds[name].append(took)
+            hooked[name].append(calls(KINDS[name]))
+            with gathered_units(engine, [unit(KINDS[name])]):
+                gathered[name].append(calls(KINDS[name]))
     if torch.distributed.get_rank() == 0:
-        result = {"seconds": seconds, "same_tokens": all(out == outputs["nothing"] for out in outputs.values()),
-                  "units": {name: {"numel": unit.unit.numel, "modules": unit.unit.modules,
-                                   "bytes": sum(p.ds_numel * p.element_size() for p in unit.params)}
-                            for name, unit in units[id(bounded)].items()},
-                  "modules": sum(1 for _ in bounded.module.modules()),
-                  "new_tokens": args.new_tokens, "batch": args.batch, "repeats": args.repeats}
+        result = {"hooked": hooked, "gathered": gathered, "calls": args.calls, "repeats": args.repeats,
+                  "kinds": {name: {"modules": unit(path).unit.modules,
+                                   "bytes": sum(p.ds_numel * p.element_size() for p in unit(path).params
+                                                if not p.ds_persist)}
+                            for name, path in KINDS.items()}}
         Path(args.raw).write_text(json.dumps(result))
 
 
+def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least squares y = a + b x."""
+    n = len(points)
+    mean_x, mean_y = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
+    return mean_y - slope * mean_x, slope
+
+
 def report(raw: dict[str, Any], out: Path) -> None:
-    tokens = raw["new_tokens"]
-    median = {name: statistics.median(times) for name, times in raw["seconds"].items()}
-    unhooked = sum(unit["modules"] for unit in raw["units"].values())
-    hook = (median["hooks on"] - median["hooks off"]) / (unhooked * tokens)  # seconds per module per forward
-    rows, parts = [], {}
-    for name, unit_names in UNIT_CONFIGURATIONS.items():
-        held = sum(raw["units"][unit]["bytes"] for unit in unit_names) / MIB
-        modules = sum(raw["units"][unit]["modules"] for unit in unit_names)
-        saved = (median["nothing"] - median[name]) / tokens
-        spread = f"{min(raw['seconds'][name]):.2f}-{max(raw['seconds'][name]):.2f}"
-        row = [name, f"{held:.2f}", str(modules), f"{median[name]:.2f} ({spread})"]
-        if unit_names:
-            parts[name] = (1000 * modules * hook / held, 1000 * (saved - modules * hook) / held)
-            row += [f"{1000 * saved:+.1f}", f"{1000 * saved / held:+.2f}", f"{parts[name][0]:.2f}",
-                    f"{parts[name][1]:+.2f}"]
-        rows.append(row + [""] * (8 - len(row)))
-    title = (f"Gathered once, per unit: {raw['batch']} prompts x {tokens} new tokens, 2 CPU processes, ZeRO-3 "
-             f"(max live {MAX_LIVE:.0e}, prefetch {PREFETCH_BUCKET:.0e}), medians of {raw['repeats']} interleaved")
-    columns = ["gathered once", "MiB", "modules", "gen s/call (range)", "saved ms/token", "saved ms/token per MiB",
-               "hooks' share per MiB", "bytes' share per MiB"]
+    saved = {name: statistics.median(h - g for h, g in zip(raw["hooked"][name], raw["gathered"][name], strict=True))
+             for name in KINDS}  # each round's own difference
+    kinds = raw["kinds"]
+    single = [name for name in KINDS if kinds[name]["bytes"] and kinds[name]["modules"] == 1]
+    fixed, per_mib = fit_line([(kinds[name]["bytes"] / MIB, saved[name]) for name in single])
+    hooks_only = statistics.median(saved[name] for name in KINDS if not kinds[name]["bytes"])
+    rows = []
+    for name in KINDS:
+        mib = kinds[name]["bytes"] / MIB
+        rows.append([name, str(kinds[name]["modules"]), f"{mib:.2f}",
+                     f"{1000 * statistics.median(raw['hooked'][name]):.3f}",
+                     f"{1000 * statistics.median(raw['gathered'][name]):.3f}", f"{1000 * saved[name]:.3f}",
+                     f"{1000 * saved[name] / mib:.3f}" if mib else "",
+                     f"{1000 * saved[name] / kinds[name]['modules']:.3f}"])
+    title = (f"ZeRO-3's cost per module kind and decode step ({BATCH} sequences x 1 token), 2 CPU processes, "
+             f"medians of {raw['repeats']} interleaved rounds of {raw['calls']} calls")
+    columns = ["module kind", "modules", "MiB fetched", "ms/call, ZeRO-3 hooks", "ms/call, gathered once",
+               "saved ms/call", "saved ms/call per MiB", "saved ms/call per module"]
     print_table(title, columns, rows)
-    hooks = (f"ZeRO-3's hooks alone (every parameter persistent, nothing fetched): {median['hooks on']:.2f} s per call "
-             f"with every hook, {median['hooks off']:.2f} s with the {unhooked} modules of all units unhooked: "
-             f"{1e6 * hook:.0f} us per module per forward. Same tokens in every configuration: {raw['same_tokens']}.")
-    print(hooks)
-    plot(raw, median, parts, out / "gather_units.png")
-    write_markdown(out / "gather_units.md", f"# {title}\n\n{markdown_table(columns, rows)}\n{hooks}\n\n"
+    line = (f"Least squares over the single modules with parameters ({', '.join(single)}): "
+            f"{1000 * fixed:.3f} ms per module + {1000 * per_mib:.3f} ms per MiB fetched. Modules without "
+            f"partitioned parameters: {1000 * hooks_only:.3f} ms per module (the hooks alone).")
+    print(line)
+    plot(kinds, saved, fixed, per_mib, single, out / "gather_units.png")
+    write_markdown(out / "gather_units.md", f"# {title}\n\n{markdown_table(columns, rows)}\n{line}\n\n"
                    f"![gather units](gather_units.png)\n")
 
 
-def plot(raw: dict[str, Any], median: dict[str, float], parts: dict[str, tuple[float, float]], path: Path) -> None:
+def plot(kinds: dict, saved: dict[str, float], fixed: float, per_mib: float, single: list[str], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
-    names = list(UNIT_CONFIGURATIONS)
-    for index, name in enumerate(names):
-        left.scatter([index] * len(raw["seconds"][name]), raw["seconds"][name], s=10, color="#8c8c8c")
-    left.bar(range(len(names)), [median[name] for name in names], color="#4c72b0", alpha=0.7)
-    left.set_xticks(range(len(names)), names, rotation=15, ha="right")
-    left.set_title("generation s per call (bars: medians, dots: repeats)", fontsize=10)
-    bought = list(parts)
-    hooks = [parts[name][0] for name in bought]
-    left_over = [parts[name][1] for name in bought]
-    right.bar(range(len(bought)), hooks, color="#dd8452", label="ZeRO-3 hooks (measured apart)")
-    right.bar(range(len(bought)), left_over, bottom=hooks, color="#4c72b0", label="the rest: fetching the bytes")
+    for name in KINDS:
+        mib = kinds[name]["bytes"] / MIB
+        if kinds[name]["modules"] == 1:
+            left.scatter([mib], [1000 * saved[name]], s=25)
+            left.annotate(name, (mib, 1000 * saved[name]), fontsize=8, xytext=(4, 4), textcoords="offset points")
+    top = max(kinds[name]["bytes"] / MIB for name in single)
+    left.plot([0, top], [1000 * fixed, 1000 * (fixed + per_mib * top)], "--", color="#c44e52",
+              label="least squares over the modules with parameters")
+    left.set_xlabel("MiB fetched per call")
+    left.set_ylabel("ms saved per call (per token)")
+    left.set_title("one module: ZeRO-3's cost per decode step", fontsize=10)
+    left.legend(fontsize=8)
+    bought = [name for name in KINDS if kinds[name]["bytes"]]
+    bars = right.bar(range(len(bought)), [1000 * saved[name] / (kinds[name]["bytes"] / MIB) for name in bought],
+                     color="#4c72b0")
+    right.bar_label(bars, fmt="%.3g")
     right.set_xticks(range(len(bought)), bought, rotation=15, ha="right")
-    right.set_title("generation ms saved per token per MiB gathered once", fontsize=10)
-    right.legend(fontsize=9)
+    right.set_title("ms saved per token per MiB gathered once", fontsize=10)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
@@ -169,9 +176,8 @@ def plot(raw: dict[str, Any], median: dict[str, float], parts: dict[str, tuple[f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--new-tokens", type=int, default=16)
-    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--work-dir", type=Path, default=WORK)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -187,8 +193,7 @@ def main() -> None:
     build_model(model)
     raw_path = args.work_dir / "gather_units.json"
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", __file__, "--worker",
-            "--model", str(model), "--raw", str(raw_path), "--repeats", str(args.repeats),
-            "--new-tokens", str(args.new_tokens), "--batch", str(args.batch)]
+            "--model", str(model), "--raw", str(raw_path), "--repeats", str(args.repeats), "--calls", str(args.calls)]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
