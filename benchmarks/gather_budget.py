@@ -11,6 +11,7 @@ with the generation probe on (RLHF_PROBE_GENERATION=1):
   the budget gathered once; beside them `rlhf plan`'s `gen weights` for the same flags. Medians over the repeats.
   Target: each budget's time within 1.2x of the straight line between F=0 and F=1, and its gathered peak within
   10% of the plan.
+  With `--reuse-runs` it runs nothing and rebuilds the tables from the runs an earlier run left in --work-dir.
 - generation batch: without gathering, B in 1, 4, 16, 64 sequences generated together per process (TRL's RLOO
   generates `per_device_train_batch_size` 1 x `steps_per_generation` B per process at once; one step, so one
   generation call a run), `--batch-repeats` times, interleaved: seconds per generated sequence.
@@ -44,6 +45,7 @@ class Measured:
     seconds_per_sequence: float
     gathered_peak: int  # bytes, max over ranks and calls
     budget_bytes: int  # bytes the budget gathered once (max over calls)
+    full_bytes: int  # the policy's bytes
     share: float
     completions: tuple[str, ...]  # the digests of rank 0's generated batches
 
@@ -65,7 +67,7 @@ def measure(run_dir: Path, batch: int) -> Measured:
     return Measured(
         seconds_per_call=seconds, seconds_per_sequence=seconds / batch,
         gathered_peak=max(rank.gathered_peak_bytes for rank in ranks),
-        budget_bytes=max(call["budget_bytes"] for call in calls),
+        budget_bytes=max(call["budget_bytes"] for call in calls), full_bytes=calls[0]["full_bytes"],
         share=max(rank.gathered_peak_share for rank in ranks),
         completions=tuple(digest for call in by_rank[0] for digest in call["completions"]))
 
@@ -88,6 +90,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="training steps per run (one generation call each)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--work-dir", type=Path, default=WORK)
+    parser.add_argument("--reuse-runs", action="store_true",
+                        help="run nothing: rebuild the tables from the runs an earlier run left in --work-dir")
     args = parser.parse_args()
     model = args.work_dir / "llama-100m"
     parameters = build_model(model)
@@ -97,13 +101,15 @@ def main() -> None:
 
     budgets = {f"{fraction:g}": fraction for fraction in FRACTIONS}
     plans = {label: plan_prediction(common(budget_flags(fraction, args.steps))) for label, fraction in budgets.items()}
+    def launched(flags: list[str], out: Path) -> Path:
+        return out if args.reuse_runs else run_rloo(common(flags), out)
+
+    runs = args.work_dir / "runs"
     by_budget = interleaved(list(budgets), args.repeats, lambda label, repeat: measure(
-        run_rloo(common(budget_flags(budgets[label], args.steps)), args.work_dir / "runs" / f"budget-{label}-{repeat}"),
-        batch=2))
+        launched(budget_flags(budgets[label], args.steps), runs / f"budget-{label}-{repeat}"), batch=2))
     batch_labels = [str(batch) for batch in BATCHES]
     by_batch = interleaved(batch_labels, args.batch_repeats, lambda label, repeat: measure(
-        run_rloo(common(batch_flags(int(label))), args.work_dir / "runs" / f"batch-{label}-{repeat}"),
-        batch=int(label)))
+        launched(batch_flags(int(label)), runs / f"batch-{label}-{repeat}"), batch=int(label)))
 
     budget_rows, chart = budget_table(by_budget, plans)
     batch_rows = batch_table(by_batch)
@@ -116,17 +122,19 @@ def main() -> None:
                 batch_rows)
     completions = (f"Completions: every run of a budget generated the same tokens as its other repeats: {same}; all "
                    f"five budgets generated the same tokens (rank 0's digests of every generated batch): {identical}.")
-    print(completions)
+    line = partial_line(chart)
+    print(completions, line, sep="\n")
     plot(chart, by_batch, args.out / "gather_budget.png", title)
     write_markdown(args.out / "gather_budget.md",
                    f"# {title}\n\nMedians of {args.repeats} interleaved runs per budget.\n\n"
-                   f"{markdown_table(BUDGET_COLUMNS, budget_rows)}\n{completions}\n\n"
+                   f"{markdown_table(BUDGET_COLUMNS, budget_rows)}\n{line}\n\n{completions}\n\n"
                    f"## Generation batch without gathering (medians of {args.batch_repeats} interleaved runs)\n\n"
                    f"{markdown_table(BATCH_COLUMNS, batch_rows)}\n![gather budget](gather_budget.png)\n")
 
 
 BUDGET_COLUMNS = ["budget", "gen s/call (each run)", "gen s/call", "straight line s", "over the line (per round)",
-                  "gathered once MiB", "gathered peak MiB (share)", "plan MiB", "plan error %"]
+                  "gathered once MiB (share)", "over the line at that share", "gathered peak MiB (share)", "plan MiB",
+                  "plan error %"]
 BATCH_COLUMNS = ["sequences per process", "gen s/call", "s per sequence", "s per sequence (each run)",
                  "x faster per sequence than 1"]
 
@@ -134,28 +142,46 @@ BATCH_COLUMNS = ["sequences per process", "gen s/call", "s per sequence", "s per
 def budget_table(by_budget: dict[str, list[Measured]], plans: dict) -> tuple[list[list[str]], dict]:
     """Per budget: times, the straight line between budgets 0 and 1 (of the medians), and the time over the line
     as the median of each round's own ratio (its runs of budgets 0 and 1 draw its line), so that a slow round
-    counts against itself only."""
+    counts against itself only; the same at the share the budget's whole units really gathered."""
     median = {label: statistics.median(m.seconds_per_call for m in runs) for label, runs in by_budget.items()}
     low, high = median["0"], median["1"]
-    rows, chart = [], {"fraction": [], "seconds": [], "line": [], "peak": [], "plan": []}
+    rows, chart = [], {"fraction": [], "seconds": [], "line": [], "peak": [], "plan": [], "bought": []}
+    def over_line(runs: list[Measured], fraction: float) -> float:
+        return statistics.median(
+            run.seconds_per_call / (zero.seconds_per_call + fraction * (one.seconds_per_call - zero.seconds_per_call))
+            for run, zero, one in zip(runs, by_budget["0"], by_budget["1"], strict=True))
+
     for label, runs in by_budget.items():
         fraction = float(label)
         line = low + fraction * (high - low)
-        over_line = statistics.median(
-            run.seconds_per_call / (zero.seconds_per_call + fraction * (one.seconds_per_call - zero.seconds_per_call))
-            for run, zero, one in zip(runs, by_budget["0"], by_budget["1"], strict=True))
+        once = runs[0].full_bytes if fraction == 1 else statistics.median(m.budget_bytes for m in runs)
+        bought = once / runs[0].full_bytes  # whole units: up to the budget, not all of it
         peak = statistics.median(m.gathered_peak for m in runs)
         planned = plans[label].weights
         share = statistics.median(m.share for m in runs)
         rows.append([label, ", ".join(f"{m.seconds_per_call:.2f}" for m in runs), f"{median[label]:.2f}",
-                     f"{line:.2f}", f"{over_line:.2f}",
-                     f"{statistics.median(m.budget_bytes for m in runs) / MIB:.1f}",
-                     f"{peak / MIB:.1f} ({share:.2f})", f"{planned / MIB:.1f}",
+                     f"{line:.2f}", f"{over_line(runs, fraction):.2f}", f"{once / MIB:.1f} ({bought:.2f})",
+                     f"{over_line(runs, bought):.2f}", f"{peak / MIB:.1f} ({share:.2f})", f"{planned / MIB:.1f}",
                      f"{100 * (planned - peak) / peak:+.1f}"])
         for key, value in (("fraction", fraction), ("seconds", median[label]), ("line", line),
-                           ("peak", peak / MIB), ("plan", planned / MIB)):
+                           ("peak", peak / MIB), ("plan", planned / MIB), ("bought", bought)):
             chart[key].append(value)
     return rows, chart
+
+
+def partial_line(chart: dict) -> str:
+    """The budgets below 1 against the share they gathered: a straight line of their own, and where it ends."""
+    points = [(bought, seconds) for bought, seconds in zip(chart["bought"], chart["seconds"], strict=True)
+              if bought < 1]
+    mean_x, mean_y = (statistics.mean(values) for values in zip(*points, strict=True))
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
+    start = mean_y - slope * mean_x
+    worst = max(abs(y - start - slope * x) for x, y in points)
+    end, gathered = start + slope, chart["seconds"][-1]
+    return (f"Against the share their whole units gathered, the budgets below 1 lie on a straight line of their own, "
+            f"{start:.2f} {slope:+.2f} x share s/call (every median within {worst:.3f} s of it); it reaches "
+            f"{end:.2f} s at share 1, {end - gathered:.2f} s above gathering everything ({gathered:.2f} s): what "
+            f"generating pays per call as long as it fetches anything at all.")
 
 
 def batch_table(by_batch: dict[str, list[Measured]]) -> list[list[str]]:
@@ -180,7 +206,8 @@ def plot(chart: dict, by_batch: dict[str, list[Measured]], path: Path, title: st
 
     figure, (time_axis, memory_axis, batch_axis) = plt.subplots(1, 3, figsize=(16, 4.6))
     fractions = chart["fraction"]
-    time_axis.plot(fractions, chart["seconds"], "o-", color="#4c72b0", label="measured (median)")
+    time_axis.plot(fractions, chart["seconds"], "o-", color="#4c72b0", label="measured (median), at the budget")
+    time_axis.plot(chart["bought"], chart["seconds"], "x:", color="#dd8452", label="the same, at the share gathered")
     time_axis.plot(fractions, chart["line"], "--", color="#8c8c8c", label="straight line no-gather -> gather")
     time_axis.fill_between(fractions, chart["line"], [TARGET_TIME * v for v in chart["line"]], color="#8c8c8c",
                            alpha=0.15, label=f"target: within {TARGET_TIME}x of the line")

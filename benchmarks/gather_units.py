@@ -34,6 +34,9 @@ from typing import Any
 from _common import MIB, REPO, RESULTS, WORK, CommandFailed, markdown_table, print_table, write_markdown
 
 BATCH = 4
+# A Llama decoder layer: 7 projections, 2 norms (ZeRO-3 keeps them whole), 4 modules without parameters (the
+# layer, attention, MLP, activation).
+LAYER_LINEARS, LAYER_NORMS, LAYER_WITHOUT_PARAMETERS = 7, 2, 4
 # Module kinds: a name, the module's path in LlamaForCausalLM, and what it takes for one decode step.
 KINDS = {
     "activation (no parameters)": "model.layers.0.mlp.act_fn",
@@ -120,7 +123,10 @@ def report(raw: dict[str, Any], out: Path) -> None:
     kinds = raw["kinds"]
     single = [name for name in KINDS if kinds[name]["bytes"] and kinds[name]["modules"] == 1]
     fixed, per_mib = fit_line([(kinds[name]["bytes"] / MIB, saved[name]) for name in single])
-    hooks_only = statistics.median(saved[name] for name in KINDS if not kinds[name]["bytes"])
+    layer = "decoder layer (13 modules)"
+    predicted = (LAYER_LINEARS * fixed + per_mib * kinds[layer]["bytes"] / MIB
+                 + LAYER_NORMS * saved["final norm (whole on every rank)"]
+                 + LAYER_WITHOUT_PARAMETERS * saved["activation (no parameters)"])
     rows = []
     for name in KINDS:
         mib = kinds[name]["bytes"] / MIB
@@ -135,8 +141,9 @@ def report(raw: dict[str, Any], out: Path) -> None:
                "saved ms/call", "saved ms/call per MiB", "saved ms/call per module"]
     print_table(title, columns, rows)
     line = (f"Least squares over the single modules with parameters ({', '.join(single)}): "
-            f"{1000 * fixed:.3f} ms per module + {1000 * per_mib:.3f} ms per MiB fetched. Modules without "
-            f"partitioned parameters: {1000 * hooks_only:.3f} ms per module (the hooks alone).")
+            f"{1000 * fixed:.3f} ms per module + {1000 * per_mib:.3f} ms per MiB fetched. A decoder layer from it "
+            f"and the first two rows ({LAYER_LINEARS} projections, {LAYER_NORMS} norms, {LAYER_WITHOUT_PARAMETERS} "
+            f"modules without parameters): {1000 * predicted:.1f} ms; measured {1000 * saved[layer]:.1f} ms.")
     print(line)
     plot(kinds, saved, fixed, per_mib, single, out / "gather_units.png")
     write_markdown(out / "gather_units.md", f"# {title}\n\n{markdown_table(columns, rows)}\n{line}\n\n"

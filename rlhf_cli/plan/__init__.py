@@ -12,9 +12,11 @@ Nothing here imports torch, transformers, deepspeed or accelerate.
 - `models`: role (policy, reference, reward, value) -> `name_or_path`, `params`, `largest_layer`, `trained`.
 - `workload`: `prompt_length`, `completion_length`, `generation_batch`, `train_batch`, `score_batch`,
   `train_sequence`, `gradient_checkpointing`, `element_bytes`.
-- `configurations`: one object per candidate: `label`, `gather`, `offload_optimizer`, `offload_params`,
-  `components` (row name -> GPU bytes), `peak_gpu` (bytes: static rows + the larger of the generation and
-  training rows), `cpu_per_machine` (bytes of offloaded states), `fits`, `chosen` (the run's own).
+- `configurations`: one object per candidate: `label`, `gather`, `gather_budget` (a budget's text, or null),
+  `offload_optimizer`, `offload_params`, `components` (row name -> GPU bytes), `peak_gpu` (bytes: static rows +
+  the larger of the generation and training rows), `cpu_per_machine` (bytes of offloaded states), `fits`,
+  `chosen` (the run's own).
 - `reason`: one line on the chosen configuration; `suggestions`: what would fit when it does not;
-  `notes`: caveats (an architecture counted approximately).
+  `notes`: caveats (an architecture counted approximately); `largest_generation_batch`: the most sequences one
+  GPU can generate together with the chosen configuration (null: not even one).
 """
