@@ -63,7 +63,7 @@ def install_generation_context(required: bool, budget: Budget | None = None) -> 
     def unwrap_without_stale_trace(model: Any, accelerator: Any, gather_deepspeed3_params: bool = True,
                                    *args: Any, **kwargs: Any) -> Iterator[Any]:
         started = time.perf_counter()
-        spend = budget if budget is not None and not budget.nothing and not gather_deepspeed3_params else None
+        spend = None if gather_deepspeed3_params else budget  # gathering everything already
         with (_probe(model, gather_deepspeed3_params) as probe,  # around the gathering too
               original(model, accelerator, gather_deepspeed3_params, *args, **kwargs) as unwrapped,
               gathered_units(model, units := budget_units(model, generating_model(unwrapped), spend)),
