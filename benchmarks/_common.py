@@ -109,6 +109,12 @@ def read_rank_generation(record: dict[str, Any]) -> RankGeneration:
         rss_peak_delta_bytes=max(call["rss_peak_delta_bytes"] for call in calls))
 
 
+def probe_calls(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    """Each rank's probe records of one run, one per generation call."""
+    records = [json.loads(path.read_text()) for path in sorted((run_dir / "ranks").glob("rank-*.json"))]
+    return {record["rank"]: record.get("generation_probe", {}).get("per_call") or [] for record in records}
+
+
 def rank_generations(run_dirs: Sequence[Path]) -> list[RankGeneration]:
     """One summary per rank over several runs of the same mode: their calls pooled, their steps added up."""
     merged: dict[int, dict[str, Any]] = {}

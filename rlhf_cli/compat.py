@@ -36,6 +36,13 @@ INTERNALS = (
              "whether the coordinator's fetch trace is already invalid (invalidating twice raises)", "as above"),
     Internal("deepspeed.runtime.zero.partitioned_param_coordinator:PartitionedParameterCoordinator._invalidate_trace",
              "makes the next forward re-record its fetch trace", "as above"),
+    Internal("deepspeed.runtime.zero.parameter_offload:DeepSpeedZeRoOffload._register_deepspeed_module",
+             "the gather budget gives the units it gathered ZeRO-3's hooks back after generating",
+             "DeepSpeed offers a public way to run chosen modules without its hooks", ("module",)),
+    Internal("torch.nn.modules.module:Module._forward_pre_hooks",
+             "the gather budget finds ZeRO-3's hooks on the units it gathers, to take them off while generating",
+             "as above"),
+    Internal("torch.nn.modules.module:Module._forward_hooks", "as above", "as above"),
     Internal("deepspeed.runtime.zero.partition_parameters:ZeroParamStatus",
              "the generation probe counts parameters gathered (`ds_status`, `ds_numel`)",
              "DeepSpeed reports gathered parameters itself"),
@@ -77,11 +84,23 @@ def locate(path: str) -> Any:
     try:
         found: Any = importlib.import_module(module_name)
         for attribute in attributes.split("."):
-            found = getattr(found, attribute)
+            found = _attribute(found, attribute)
     except (ImportError, AttributeError) as error:
         raise InternalsChanged(f"{path} is gone ({error}); rlhf was tested with {TESTED_WITH}. "
                                "Install the tested versions, or an rlhf release that supports yours.") from None
     return found
+
+
+def _attribute(owner: Any, name: str) -> Any:
+    """`owner.name`; for a class, also an attribute every instance has, declared by the class's annotations
+    (torch's `Module._forward_hooks`): then its annotation."""
+    try:
+        return getattr(owner, name)
+    except AttributeError:
+        annotations = getattr(owner, "__annotations__", {}) if isinstance(owner, type) else {}
+        if name in annotations:
+            return annotations[name]
+        raise
 
 
 def check(internal: Internal) -> None:
@@ -112,14 +131,19 @@ def replace_trl_generation_context(wrapper: Any) -> None:
 
 # -- DeepSpeed ZeRO-3 --------------------------------------------------------------------------------------------
 
-def zero3_param_coordinator(engine: Any) -> Any | None:
-    """The ZeRO-3 parameter coordinator of a DeepSpeed engine, or None (not ZeRO-3, not prepared yet)."""
+def zero3_parameter_offload(engine: Any) -> Any | None:
+    """The object that holds a DeepSpeed engine's ZeRO-3 hooks and coordinator, or None (not ZeRO-3, not prepared)."""
     optimizer = getattr(engine, "optimizer", None)
     if optimizer is None:
         return None
     offload = getattr(optimizer, "parameter_offload", optimizer)  # engines without optimizer hold it directly
-    getter = getattr(offload, "get_param_coordinator", None)
-    return getter() if getter is not None else None
+    return offload if hasattr(offload, "get_param_coordinator") else None
+
+
+def zero3_param_coordinator(engine: Any) -> Any | None:
+    """The ZeRO-3 parameter coordinator of a DeepSpeed engine, or None (not ZeRO-3, not prepared yet)."""
+    offload = zero3_parameter_offload(engine)
+    return offload.get_param_coordinator() if offload is not None else None
 
 
 def invalidate_fetch_trace(engine: Any) -> None:
@@ -132,6 +156,34 @@ def invalidate_fetch_trace(engine: Any) -> None:
                                f"written for {TESTED_WITH}. Use --gather, or install the tested versions.")
     if not coordinator.is_invalid_trace():  # invalidating twice raises
         coordinator._invalidate_trace()
+
+
+def remove_zero3_hooks(engine: Any, modules: list[Any]) -> None:
+    """Take ZeRO-3's forward and backward hooks off `modules` (every other hook on them stays): they no longer
+    fetch, release or trace anything until `register_zero3_hooks` puts the hooks back."""
+    offload = _hooked_offload(engine)
+    ids = {hook_id for module in modules for hook_id in (*module._forward_pre_hooks, *module._forward_hooks)}
+    for handle in (*offload.forward_hooks, *offload.backward_hooks):
+        if handle.id in ids:
+            handle.remove()
+    offload.forward_hooks = [handle for handle in offload.forward_hooks if handle.id not in ids]
+    offload.backward_hooks = [handle for handle in offload.backward_hooks if handle.id not in ids]
+
+
+def register_zero3_hooks(engine: Any, roots: list[Any]) -> None:
+    """Give each module under `roots` (each root with all its submodules) ZeRO-3's hooks again, as DeepSpeed
+    registered them at the start (TRL's `add_hooks` does the same for the whole model after gathering)."""
+    offload = _hooked_offload(engine)
+    for root in roots:
+        offload._register_deepspeed_module(root)
+
+
+def _hooked_offload(engine: Any) -> Any:
+    offload = zero3_parameter_offload(engine)
+    if offload is None or not (hasattr(offload, "forward_hooks") and hasattr(offload, "backward_hooks")):
+        raise InternalsChanged(f"DeepSpeed's ZeRO-3 hooks changed; rlhf's gather budget was written for "
+                               f"{TESTED_WITH}. Use --gather or --no-gather, or install the tested versions.")
+    return offload
 
 
 def zero3_param_states() -> tuple[Any, Any]:

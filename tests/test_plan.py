@@ -305,12 +305,19 @@ def test_seed_case_gather_does_not_fit_no_gather_does(seed_models) -> None:
     assert any(s.startswith("no-gather, optimizer->cpu fits") for s in plan.suggestions)
 
 
-def test_seed_case_gather_auto_picks_no_gather(seed_models) -> None:
-    run, _ = planned(seed_run(ds3_gather_for_generation=("--gather auto", "auto")))
+def test_seed_case_gather_auto_spends_only_the_headroom_that_training_leaves(seed_models) -> None:
+    """With just enough memory for no-gather, the seed's peak is its training phase: auto buys the units that
+    fit under it, and the peak does not grow."""
+    sharded = plan_run(seed_run(ds3_gather_for_generation=("--no-gather", False))).chosen
+    just_enough = -(-sharded.peak * 10 // 9)  # no-gather fits in 90% of it, not a byte more
+    run, plan = planned(seed_run(ds3_gather_for_generation=("--gather auto", "auto"),
+                                 gpu_memory=("--gpu-memory", str(just_enough))))
     setting = run.settings["ds3_gather_for_generation"]
-    assert setting.value is False
-    assert setting.source.startswith("rlhf plan: gathering needs") and "of 23.7 GiB" in setting.source
-    assert any(note.startswith("gather: auto -> no-gather") for note in run.notes)
+    assert setting.value is False and 0 < run.value("gather_budget") < 0.1
+    assert setting.source.startswith("rlhf plan: gathering needs") and "of the policy needs" in setting.source
+    assert any(note.startswith("gather: auto -> budget") for note in run.notes)
+    assert plan.chosen.fits and plan.chosen.peak == sharded.peak
+    assert plan.chosen.candidate.budget is not None
 
 
 def test_gather_auto_with_nothing_that_fits_says_what_would(seed_models) -> None:

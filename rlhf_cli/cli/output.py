@@ -13,6 +13,7 @@ from rich.text import Text
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.resolve import ResolvedRun
+from rlhf_cli.gather_budget import parse_budget
 from rlhf_cli.launch.runner import Outcome
 from rlhf_cli.run_dir import RunDir
 from rlhf_cli.plan.memory import MARGIN
@@ -89,8 +90,7 @@ def _plan_table(run: ResolvedRun, plan: Plan) -> Table:
                   title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
     table.add_column("", style="cyan", no_wrap=True)
     for column in plan.columns:
-        mode = "gather" if column.candidate.gather else "no-gather"
-        header = f"{mode}\n{column.candidate.offload_short}{' *' if column.chosen else ''}"
+        header = f"{column.candidate.mode}\n{column.candidate.offload_short}{' *' if column.chosen else ''}"
         table.add_column(header, justify="right", no_wrap=True, style="bold reverse" if column.chosen else None)
     names = [part.name for part in plan.columns[0].components]
     for index, name in enumerate(names):
@@ -127,6 +127,10 @@ def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
                  f"{'on' if work.gradient_checkpointing else 'off'}, {work.attention} attention"
                  f"{', Liger kernels' if work.liger else ''}", highlight=False, markup=False)
     stdout.print(f"* the run's own: {plan.reason}", highlight=False, markup=False)
+    batch = plan.largest_generation_batch
+    stdout.print(f"generation batch: up to {batch} sequences per GPU fit with the run's own configuration (now "
+                 f"{work.generation_batch})" if batch else "generation batch: not even 1 sequence per GPU fits",
+                 highlight=False, markup=False)
     for line in plan.suggestions:
         stdout.print(f"instead: {line}", highlight=False, markup=False)
     for note in plan.notes:
@@ -173,6 +177,16 @@ def _precision(run: ResolvedRun) -> str:
     return "bf16" if run.value("bf16") else "fp16" if run.value("fp16") else "fp32"
 
 
+def _generation_mode(run: ResolvedRun) -> str:
+    if run.value("ds3_gather_for_generation"):
+        return "gather to generate"
+    given = run.value("gather_budget")
+    budget = parse_budget(given) if given is not None else None
+    if budget is None or budget.nothing:
+        return "generate from shards"
+    return f"gather {budget} of the policy to generate, the rest from shards"
+
+
 def print_header(run: ResolvedRun, plan: Plan) -> None:
     """The run at a glance, before the ranks start talking."""
     deepspeed = run.accelerate.get("deepspeed_config") or {}
@@ -183,8 +197,7 @@ def print_header(run: ResolvedRun, plan: Plan) -> None:
         else None,
         "dataset": run.value("dataset_name"),
         "processes": f"{run.accelerate.get('num_processes')} on {run.accelerate.get('num_machines') or 1} machine(s)",
-        "ZeRO": f"stage {deepspeed.get('zero_stage', '-')}, "
-                + ("gather to generate" if run.value("ds3_gather_for_generation") else "generate from shards")
+        "ZeRO": f"stage {deepspeed.get('zero_stage', '-')}, " + _generation_mode(run)
                 + f", offload optimizer: {deepspeed.get('offload_optimizer_device', 'none')}"
                 + f", params: {deepspeed.get('offload_param_device', 'none')}",
         "precision": _precision(run) + (" (CPU)" if run.cpu_only else ""),

@@ -24,10 +24,15 @@ RecipeOpt = Annotated[Optional[str], typer.Option(
 GatherOpt = Annotated[bool, typer.Option(
     "--gather", rich_help_panel=LAUNCH, show_default=False,
     help="Gather the whole policy on every GPU to generate (fast, needs memory). [bold]--gather auto[/]: gather "
-         "when the memory plan says it fits. Default: the recipe's, else TRL's (gather).")]
+         "if the memory plan says it fits, else the largest gather budget that fits. Default: the recipe's, else "
+         "TRL's (gather).")]
 NoGatherOpt = Annotated[bool, typer.Option(
     "--no-gather", rich_help_panel=LAUNCH, show_default=False,
     help="Generate from ZeRO-3 shards (fits, slower): TRL's ds3_gather_for_generation=false.")]
+GatherBudgetOpt = Annotated[Optional[str], typer.Option(
+    "--gather-budget", metavar="SIZE|FRACTION", rich_help_panel=LAUNCH, show_default=False,
+    help="Between the two: gather this share of the policy (0.5) or this much of it per GPU (2GiB) once per "
+         "generation call, as whole layers, and fetch the rest per token. --gather is 1, --no-gather 0.")]
 # `--gather auto`: Typer flags take no value, so `auto` arrives as an extra argument (`ctx.args`); the
 # commands are registered with EXTRA_ARGS to allow it.
 EXTRA_ARGS = {"allow_extra_args": True}
@@ -103,6 +108,7 @@ FLAGS = {
     "model_name_or_path": ("--model", "model"), "reward_model_name_or_path": ("--reward-model", "reward_model"),
     "dataset_name": ("--dataset", "dataset"), "output_dir": ("--output-dir", "output_dir"),
     "max_steps": ("--max-steps", "max_steps"), "seed": ("--seed", "seed"),
+    "gather_budget": ("--gather-budget", "gather_budget"),
     "offload_optimizer": ("--offload-optimizer", "offload_optimizer"),
     "offload_params": ("--offload-params", "offload_params"), "nvme_path": ("--nvme-path", "nvme_path"),
     "num_processes": ("--num-processes", "num_processes"), "num_gpus": ("--num-gpus", "num_gpus"),
@@ -119,6 +125,7 @@ def train(
     recipe: RecipeOpt = None,
     gather: GatherOpt = False,
     no_gather: NoGatherOpt = False,
+    gather_budget: GatherBudgetOpt = None,
     offload_optimizer: OffloadOptimizerOpt = None,
     offload_params: OffloadParamsOpt = None,
     nvme_path: NvmePathOpt = None,

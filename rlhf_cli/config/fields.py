@@ -81,6 +81,10 @@ OWN_FIELDS = (
     Field("gather", "launch", ("bool", "str", "null"), None,
           "Gather the whole policy on every rank to generate (TRL's ds3_gather_for_generation); "
           "auto: gather when the memory plan says it fits.", GATHER_CHOICES),
+    Field("gather_budget", "launch", ("float", "str", "null"), None,
+          "Under ZeRO-3: the share of the policy's parameters (0.5) or the bytes (2GiB) each rank gathers once per "
+          "generation call, as whole layers, embedding and LM head; the rest is fetched per token. gather: true is "
+          "1, gather: false is 0."),
     Field("offload_optimizer", "launch", ("str",), "none",
           "Where ZeRO-3 keeps optimizer states.", OFFLOAD_DEVICES),
     Field("offload_params", "launch", ("str",), "none",

@@ -31,6 +31,7 @@ from rlhf_cli.config.paths import PathState, describe, path_state, writable_dir_
 from rlhf_cli.config.recipe import Recipe, load_recipe
 from rlhf_cli.config.rewards import RewardSpecError, locate_reward
 from rlhf_cli.errors import ConfigError
+from rlhf_cli.gather_budget import BudgetError, parse_budget
 from rlhf_cli.run_dir import MANIFEST, RunDir
 from rlhf_cli.sizes import SizeError, parse_size
 
@@ -99,9 +100,10 @@ class ResolvedRun:
         """The resolved run as a recipe: loading it again gives the same run."""
         return {name: setting.value for name, setting in self.settings.items()}
 
-    def with_setting(self, name: str, value: Any, source: str, note: str) -> ResolvedRun:
+    def with_setting(self, name: str, value: Any, source: str, note: str | None = None) -> ResolvedRun:
         """A copy with one value decided after resolution (`gather: auto`, by the plan), and a note on why."""
-        return replace(self, settings={**self.settings, name: Setting(value, source)}, notes=(*self.notes, note))
+        notes = self.notes if note is None else (*self.notes, note)
+        return replace(self, settings={**self.settings, name: Setting(value, source)}, notes=notes)
 
 
 def _trl_accelerate_config(value: str, base_dirs: tuple[Path, ...]) -> Path | None:
@@ -401,6 +403,35 @@ class _Resolver:
         """Whether `name` was set on the command line and `other` only by the recipe."""
         return self.layers.get(name, ("",))[0] == "command line" and self.layers.get(other, ("",))[0] == "recipe"
 
+    def settle_gather_budget(self) -> None:
+        """`gather_budget` and `gather` say one thing: a budget of the whole policy is gather, any other no-gather
+        (TRL's path; the ranks gather the budget's part themselves). When both are set, the command line beats
+        the recipe; set in one place, they must agree (`--gather` is the budget 1, `--no-gather` the budget 0)."""
+        setting = self.settings.get("gather_budget")
+        if setting is None or setting.value is None:
+            return
+        where = self.layers["gather_budget"][1]
+        try:
+            budget = parse_budget(setting.value)
+        except BudgetError as error:
+            self.problems.append(f"{where}: `gather_budget`: {error}")
+            return
+        self.settings["gather_budget"] = Setting(budget.fraction if budget.fraction is not None else setting.value,
+                                                 setting.source)
+        gather = self.settings.get("ds3_gather_for_generation")
+        agrees = gather is not None and gather.value is (True if budget.whole else False if budget.nothing else None)
+        if gather is None or agrees or self.outranks("gather_budget", "ds3_gather_for_generation"):
+            self.settings["ds3_gather_for_generation"] = Setting(budget.whole, f"gather_budget {budget}")
+        elif self.outranks("ds3_gather_for_generation", "gather_budget"):
+            del self.settings["gather_budget"]
+            self.notes.append(f"{self.layers['ds3_gather_for_generation'][1]} overrides the recipe's "
+                              f"gather_budget {budget}")
+        else:
+            meaning = {True: "gather: true is the budget 1", False: "gather: false is the budget 0",
+                       "auto": "gather: auto lets the plan choose the budget"}[gather.value]
+            self.problems.append(f"{where}: gather_budget {budget} contradicts "
+                                 f"{self.layers['ds3_gather_for_generation'][1]} ({meaning}); keep one")
+
     def check_gpu_memory(self) -> None:
         if self.value("gpu_memory") is not None:
             try:
@@ -575,6 +606,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     resolver.apply_command_line()
     if recipe is None and request.recipe:  # the recipe's own keys are unknown: its problems stand for them
         raise ConfigError(*resolver.problems)
+    resolver.settle_gather_budget()
     resolver.check_required()
     resolver.check_models()
     resolver.default_output_dir()

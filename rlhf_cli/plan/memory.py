@@ -36,8 +36,10 @@ Weights: gathering for generation materialises the whole policy, P x b (for PPO 
 are one DeepSpeed engine). Otherwise DeepSpeed prefetches only within what is left of
 stage3_max_live_parameters (`max_params_to_prefetch` in its parameter coordinator), while the module being
 run is fetched whatever the budget: min(P, max_live + L) x b, in generation and in training alike
-(measured on a 100M model: benchmarks/). Training adds the gradient of the module being reduced, L x b:
-ZeRO-3 materialises each module's whole gradient before it reduce-scatters it.
+(measured on a 100M model: benchmarks/). With a gather budget, the units it buys (rlhf_cli/gather_budget.py;
+B parameters) plus that bound for the rest: B x b + min(P - B, max_live + L) x b. Training adds the gradient
+of the module being reduced, L x b: ZeRO-3 materialises each module's whole gradient before it reduce-scatters
+it.
 
 KV cache: layers x 2 x kv x batch x (prompt + completion) x b.
 
@@ -85,9 +87,11 @@ generation's transient logits, and Adam's temporaries (transformers' default is 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rlhf_cli.algorithms.spec import LogitsModel
+from rlhf_cli.gather_budget import Unit, choose
 from rlhf_cli.plan.models import ModelSize
 
 GIB = 2**30
@@ -133,6 +137,14 @@ def frozen_shard(params: int, element_bytes: int, total_gpus: int) -> int:
 def generation_weights(params: int, element_bytes: int, gather: bool, max_live: int, largest_layer: int) -> int:
     """Policy bytes present on a GPU while generating: all of it gathered, else what ZeRO-3 keeps live."""
     return params * element_bytes if gather else live_parameters(params, element_bytes, max_live, largest_layer)
+
+
+def gather_budget(units: Sequence[Unit], budget_numel: int, params: int, element_bytes: int, max_live: int,
+                  largest_layer: int) -> int:
+    """Policy bytes present on a GPU while generating with a gather budget: the units it buys, gathered once for
+    the call, plus what ZeRO-3 keeps live of the rest, as without gathering."""
+    gathered = sum(units[index].numel for index in choose(units, budget_numel))
+    return gathered * element_bytes + live_parameters(params - gathered, element_bytes, max_live, largest_layer)
 
 
 def live_parameters(params: int, element_bytes: int, max_live: int, largest_layer: int) -> int:

@@ -36,9 +36,10 @@ def main(argv: list[str]) -> int:
         from rlhf_cli.algorithms import algorithm
         from rlhf_cli.algorithms.spec import load_object
         from rlhf_cli.rank.record import write_rank_record, write_summary
-        from rlhf_cli.rank.zero3 import install_no_gather_fix
+        from rlhf_cli.rank.zero3 import install_generation_context
 
-        install_no_gather_fix(required=inputs.trainer.get("ds3_gather_for_generation") is False)
+        install_generation_context(required=inputs.trainer.get("ds3_gather_for_generation") is False,
+                                   budget=inputs.gather_budget())
         trainer = load_object(algorithm(name).builder)(inputs)
         use_progress(trainer, name)
         stopper = CheckpointAndStop(stop, trainer.accelerator)

@@ -35,6 +35,11 @@ class PolicyAndValue(nn.Module):
         self.config = policy.config  # DeepSpeed sizes its buckets from this
 
     @property
+    def generating_model(self) -> nn.Module:
+        """What generates (rlhf_cli/rank/zero3.py): a gather budget is spent on the policy, not the value model."""
+        return self.policy
+
+    @property
     def is_gradient_checkpointing(self) -> bool:
         return self.policy.is_gradient_checkpointing
 
