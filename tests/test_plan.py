@@ -500,3 +500,14 @@ def test_gathered_generation_counts_the_policy_once(seed_models) -> None:
     assert gather.peak == static + rows["gen weights"].gpu + rows["gen KV cache"].gpu
     assert rows["gen weights"].gpu == 2 * (policy.params + plan.roles[3].size.params)
     assert rows["step fp32 grads"].gpu == 0  # the optimizer steps in CPU memory
+
+
+def test_the_plan_table_never_cuts_a_number_off(cli, seed_models) -> None:
+    """Seven columns are wider than 80: the table is printed whole instead of shortening numbers to `19…`."""
+    result = cli("plan", "ppo", "-r", SEED, "--gpu-memory", "23.7GiB", "--num-gpus", "4", "--gather", "auto")
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.stdout
+    data = json.loads(cli("plan", "ppo", "-r", SEED, "--gpu-memory", "23.7GiB", "--num-gpus", "4", "--gather", "auto",
+                          "--json").stdout)
+    for column in data["configurations"]:
+        assert f"{column['cpu_per_machine'] / 2**30:.1f}" in result.stdout

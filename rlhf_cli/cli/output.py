@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.panel import Panel
+from rich.segment import Segments
 from rich.table import Table
 from rich.text import Text
 
@@ -103,6 +105,13 @@ def _plan_table(run: ResolvedRun, plan: Plan) -> Table:
     return table
 
 
+def print_whole(table: Table) -> None:
+    """A table on stdout that never cuts a number off: wider than the terminal (or a log's 80 columns), it is
+    printed whole and the terminal wraps it."""
+    width = max(stdout.width, Measurement.get(stdout, stdout.options.update_width(10**4), table).maximum)
+    stdout.print(Segments(stdout.render(table, stdout.options.update_width(width))))
+
+
 def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
     """`rlhf plan`: one row per component, one column per configuration, the run's own marked with *."""
     if as_json:
@@ -112,7 +121,7 @@ def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
         stdout.print(f"plan: unknown: {plan.why_unknown}", highlight=False, markup=False)
         return
     assert plan.work is not None
-    stdout.print(_plan_table(run, plan))
+    print_whole(_plan_table(run, plan))
     models = "; ".join(f"{role.name} {role.path} {_count(role.size.params)}{' (trained)' if role.trained else ''}"
                        for role in plan.roles)
     work = plan.work
