@@ -233,7 +233,8 @@ def test_ppo_reward_model_must_be_a_sequence_classifier(tmp_path: Path) -> None:
         "(save it with AutoModelForSequenceClassification, num_labels=1)"]
 
 
-def test_ppo_tokenizer_needs_pad_and_eos_and_stop_token_in_vocab(tmp_path: Path) -> None:
+def test_ppo_tokenizer_needs_eos_and_stop_token_in_vocab_but_not_pad(tmp_path: Path) -> None:
+    """pythia, GPT-2, Llama 3 and Mistral ship no pad token: the ranks add one."""
     import shutil
 
     model = tmp_path / "policy"
@@ -241,6 +242,10 @@ def test_ppo_tokenizer_needs_pad_and_eos_and_stop_token_in_vocab(tmp_path: Path)
     config = json.loads((model / "tokenizer_config.json").read_text())
     config.pop("pad_token", None)
     (model / "tokenizer_config.json").write_text(json.dumps(config))
-    found = ppo_problems(tmp_path, f"model_name_or_path={model}", "stop_token_id=100000")
-    assert found == [f"`model_name_or_path`: the tokenizer in {model} has no pad_token; PPO needs both",
+    resolve(RunRequest("ppo", str(RECIPES / "ppo" / "smoke.yaml"), sets=(f"model_name_or_path={model}",)),
+            cwd=tmp_path, cuda=False)
+    config.pop("eos_token", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    found = ppo_problems(tmp_path, f"model_name_or_path={model}", "stop_token=null", "stop_token_id=100000")
+    assert found == [f"`model_name_or_path`: the tokenizer in {model} has no eos_token; PPO needs one",
                      f"`stop_token_id` 100000 is not in the vocabulary of {model} (0..499)"]

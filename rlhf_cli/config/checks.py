@@ -28,7 +28,7 @@ def check_reward_model(value: Any, problems: list[str]) -> None:
 
 
 def check_ppo(value: Callable[[str], Any], num_processes: int, problems: list[str]) -> None:
-    """Batch sizes that tile, a tokenizer with pad and EOS, a stop token inside the vocabulary."""
+    """Batch sizes that tile, a tokenizer with EOS, a stop token inside the vocabulary."""
     per_device, accumulation = value("per_device_train_batch_size"), value("gradient_accumulation_steps")
     mini_batches, chunk = value("num_mini_batches"), value("local_rollout_forward_batch_size")
     for name, number in (("per_device_train_batch_size", per_device), ("gradient_accumulation_steps", accumulation),
@@ -52,10 +52,8 @@ def check_ppo(value: Callable[[str], Any], num_processes: int, problems: list[st
     if policy is None:
         return
     tokenizer = _json(policy / "tokenizer_config.json")
-    if tokenizer:
-        for token in ("pad_token", "eos_token"):
-            if not tokenizer.get(token):
-                problems.append(f"`model_name_or_path`: the tokenizer in {policy} has no {token}; PPO needs both")
+    if tokenizer and not tokenizer.get("eos_token"):  # a missing pad token is added when the ranks load it
+        problems.append(f"`model_name_or_path`: the tokenizer in {policy} has no eos_token; PPO needs one")
     vocab_size = _json(policy / "config.json").get("vocab_size")
     stop = value("stop_token_id")
     if stop is not None and vocab_size is not None and not 0 <= stop < vocab_size:

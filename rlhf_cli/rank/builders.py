@@ -66,6 +66,7 @@ def _tokenize_prompts(dataset: Any, tokenizer: Any) -> Any:
 def build_ppo(inputs: RankInputs) -> Any:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+    from rlhf_cli.rank.models import add_pad_token, fit_embeddings, say
     from rlhf_cli.rank.ppo.config import PPOConfig
     from rlhf_cli.rank.ppo.trainer import PPOTrainer
 
@@ -75,8 +76,14 @@ def build_ppo(inputs: RankInputs) -> Any:
     reward_path = inputs.script_value("reward_model_name_or_path")
     # Loaded after the config exists, so that ZeRO-3 partitions each model as it loads.
     tokenizer = AutoTokenizer.from_pretrained(policy_path, padding_side="left", revision=init_kwargs.get("revision"))
+    pad_added = add_pad_token(tokenizer)
     policy = AutoModelForCausalLM.from_pretrained(policy_path, **init_kwargs)
     reference = AutoModelForCausalLM.from_pretrained(policy_path, **init_kwargs)
+    for model in (policy, reference):
+        fit_embeddings(model, tokenizer, config.seed)
+    if pad_added:
+        say(f"the tokenizer of {policy_path} has no pad token of its own: added {tokenizer.pad_token!r} "
+            f"(id {tokenizer.pad_token_id})")
     reward = AutoModelForSequenceClassification.from_pretrained(reward_path, num_labels=1, **init_kwargs) \
         if reward_path else None
     value = AutoModelForSequenceClassification.from_pretrained(

@@ -1,0 +1,141 @@
+"""rlhf's PPO trainer in one process, without DeepSpeed, on the model-family stand-ins.
+
+What real checkpoints expose and the smoke models hide: generation settings inherited from the
+checkpoint, dropout, tokenizers without a pad token, causal-LM reward models; and the trainer's own
+bookkeeping (seeds, gradient accumulation, mini-batches, logged numbers).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import RECIPES
+
+PROMPTS = RECIPES / "smoke" / "prompts.jsonl"
+SETTINGS = {  # 4 rollouts per update, generated together; one optimizer step per update
+    "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "num_mini_batches": 1,
+    "num_ppo_epochs": 1, "local_rollout_forward_batch_size": 4, "response_length": 6, "total_episodes": 8,
+    "learning_rate": 1e-3, "temperature": 1.0, "logging_steps": 1, "save_strategy": "no", "report_to": "none",
+    "seed": 3, "bf16": False, "use_cpu": True, "dataloader_pin_memory": False,
+}
+
+
+class Recorder:
+    """A reward function that keeps what it was given: the samples each update generated."""
+
+    __name__ = "recorder"
+
+    def __init__(self, rewards: Callable[[int], list[Any]] | None = None) -> None:
+        self.completion_ids: list[list[int]] = []
+        self.prompts: list[str] = []
+        self.rewards = rewards
+
+    def __call__(self, prompts: list[str], completions: list[str], completion_ids: list[list[int]],
+                 **_: Any) -> list[Any]:
+        self.prompts += prompts
+        self.completion_ids += completion_ids
+        return self.rewards(len(completions)) if self.rewards else [0.0] * len(completions)
+
+
+def build(model: Path, out: Path, *, reward: Path | None = None, prompts: Path = PROMPTS,
+          recorder: Recorder | None = None, **settings: Any):
+    """The PPO trainer `rlhf ppo` would build on a rank, with `recorder` as its reward function."""
+    from rlhf_cli.rank.builders import build_ppo
+    from rlhf_cli.rank.inputs import RankInputs
+
+    trainer_values = {**SETTINGS, "output_dir": str(out), **settings}
+    script = {"dataset_name": str(prompts), "reward_model_name_or_path": str(reward) if reward else None}
+    trainer = build_ppo(RankInputs("ppo", script, {"model_name_or_path": str(model)}, trainer_values, {}))
+    trainer.reward_funcs = [recorder or Recorder()]
+    return trainer
+
+
+def train(*args: Any, **kwargs: Any):
+    trainer = build(*args, **kwargs)
+    trainer.train()
+    return trainer
+
+
+def logged(trainer) -> list[dict[str, float]]:
+    return [entry for entry in trainer.state.log_history if "objective/scores" in entry]
+
+
+def chat_prompts(path: Path) -> Path:
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()]
+    path.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": row["prompt"]}]}) + "\n"
+                            for row in rows))
+    return path
+
+
+def with_generation_config(source: Path, target: Path, values: dict[str, Any] | None) -> Path:
+    """A copy of the checkpoint `source` whose generation_config.json holds `values` (None: no such file)."""
+    shutil.copytree(source, target)
+    (target / "generation_config.json").unlink()
+    if values is not None:
+        (target / "generation_config.json").write_text(json.dumps(values))
+    return target
+
+
+def confident(source: Path, target: Path) -> Path:
+    """`source` with logits scaled up 8 times: a peaked next-token distribution, as a trained model has,
+    so that anything that reshapes it (a repetition penalty, top-k) changes what is sampled."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(source)
+    model.get_decoder().norm.weight.data *= 8
+    model.save_pretrained(target)
+    AutoTokenizer.from_pretrained(source).save_pretrained(target)
+    return target
+
+
+def steps_counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the optimizer steps actually taken (accelerate skips the inner step while accumulating)."""
+    import torch
+
+    taken: list[int] = []
+    step = torch.optim.AdamW.step
+
+    def counted(self, *args: Any, **kwargs: Any) -> Any:
+        taken.append(1)
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", counted)
+    return taken
+
+
+# -- 8. tokenizers without a pad token -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", ["pythia", "gpt2", "llama3", "mistral"])
+def test_a_tokenizer_without_pad_gets_one(family: str, family_models: dict[str, Path], tmp_path: Path) -> None:
+    """A new pad token, distinct from EOS; the embedding grows only when it has no spare row (pythia has)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    source = family_models[family]
+    trainer = train(source, tmp_path / "out", stop_token="eos", missing_eos_penalty=1.0)
+    tokenizer = trainer.processing_class
+    assert tokenizer.pad_token_id is not None and tokenizer.pad_token_id != tokenizer.eos_token_id
+    rows = AutoConfig.from_pretrained(source).vocab_size
+    expected_rows = rows if family == "pythia" else len(tokenizer)
+    for model in (trainer.policy_and_value.policy, trainer.ref_policy):
+        assert model.get_input_embeddings().num_embeddings == model.config.vocab_size == expected_rows
+    trainer.save_model()
+    saved, saved_tokenizer = AutoModelForCausalLM.from_pretrained(tmp_path / "out"), \
+        AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert saved_tokenizer.pad_token == tokenizer.pad_token and saved.config.vocab_size == expected_rows
+
+
+def test_a_pad_token_equal_to_eos_is_replaced(family_models: dict[str, Path], tmp_path: Path) -> None:
+    """pad == EOS would count every response's EOS as padding: responses would end before it, be scored
+    before it, and always look unfinished to missing_eos_penalty."""
+    model = tmp_path / "gemma"
+    shutil.copytree(family_models["gemma"], model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "pad_token": config["eos_token"]}))
+    trainer = train(model, tmp_path / "out", stop_token="eos", total_episodes=4)
+    assert trainer.processing_class.pad_token_id != trainer.processing_class.eos_token_id
