@@ -139,3 +139,17 @@ def test_a_pad_token_equal_to_eos_is_replaced(family_models: dict[str, Path], tm
     (model / "tokenizer_config.json").write_text(json.dumps({**config, "pad_token": config["eos_token"]}))
     trainer = train(model, tmp_path / "out", stop_token="eos", total_episodes=4)
     assert trainer.processing_class.pad_token_id != trainer.processing_class.eos_token_id
+
+
+# -- 9. a causal LM as reward model ------------------------------------------------------------------------------
+
+def test_a_causal_lm_reward_model_gets_a_new_score_head_and_a_warning(family_models: dict[str, Path], tmp_path: Path,
+                                                                      capfd: pytest.CaptureFixture[str]) -> None:
+    """The seed's reward model, pythia-70m, is a GPTNeoXForCausalLM: loaded as a sequence classifier."""
+    pythia = family_models["pythia"]
+    trainer = train(pythia, tmp_path / "out", reward=pythia, total_episodes=4)
+    assert type(trainer.reward_model).__name__ == type(trainer.policy_and_value.value_model).__name__ \
+        == "GPTNeoXForSequenceClassification"
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "untrained" in line]
+    assert len(warnings) == 2, warnings  # the reward model, and the value model started from it
+    assert all("GPTNeoXForCausalLM" in line and str(pythia) in line for line in warnings)

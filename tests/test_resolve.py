@@ -227,10 +227,16 @@ def test_ppo_batch_sizes_must_tile(tmp_path: Path) -> None:
     assert ppo_problems(tmp_path, "num_mini_batches=0") == ["`num_mini_batches` must be at least 1, got 0"]
 
 
-def test_ppo_reward_model_must_be_a_sequence_classifier(tmp_path: Path) -> None:
-    assert ppo_problems(tmp_path, f"reward_model_name_or_path={RECIPES}/smoke/policy") == [
-        f"`reward_model_name_or_path`: {RECIPES}/smoke/policy is a LlamaForCausalLM, not a sequence classifier "
-        "(save it with AutoModelForSequenceClassification, num_labels=1)"]
+def test_reward_model_is_a_sequence_classifier_or_a_causal_lm(tmp_path: Path) -> None:
+    """The seed's reward model, pythia-70m, is a GPTNeoXForCausalLM: the ranks give it a new score head."""
+    for algorithm in ("ppo", "rloo", "online_dpo"):
+        smoke = str(RECIPES / algorithm / "smoke.yaml")
+        resolve(RunRequest(algorithm, smoke, sets=(f"reward_model_name_or_path={RECIPES}/smoke/policy",)),
+                cwd=tmp_path, cuda=False)
+    masked_lm = write(tmp_path / "masked-lm" / "config.json", '{"architectures": ["BertForMaskedLM"]}').parent
+    assert ppo_problems(tmp_path, f"reward_model_name_or_path={masked_lm}") == [
+        f"`reward_model_name_or_path`: {masked_lm} is a BertForMaskedLM, neither a sequence classifier nor a "
+        "causal LM (save it with AutoModelForSequenceClassification, num_labels=1)"]
 
 
 def test_ppo_tokenizer_needs_eos_and_stop_token_in_vocab_but_not_pad(tmp_path: Path) -> None:
