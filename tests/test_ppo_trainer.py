@@ -109,6 +109,46 @@ def steps_counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return taken
 
 
+# -- 1. generation: fully specified, chunks padded to one length ----------------------------------------------
+
+def test_rollouts_ignore_the_checkpoints_generation_config(family_models: dict[str, Path], tmp_path: Path) -> None:
+    """Qwen2.5 ships a repetition penalty, top-k, top-p and two EOS ids. Rollouts must be samples of
+    softmax(logits / temperature) alone, the distribution their old log-probs are computed from."""
+    shipped = confident(family_models["qwen2.5"], tmp_path / "shipped")
+    bare = with_generation_config(shipped, tmp_path / "bare", {})
+    samples = {}
+    for name, model in (("shipped", shipped), ("bare", bare)):
+        recorder = Recorder()
+        train(model, tmp_path / f"out-{name}", recorder=recorder, total_episodes=4)
+        samples[name] = recorder.completion_ids
+    assert samples["shipped"] == samples["bare"]
+
+
+def test_generation_chunks_that_stop_early_are_padded_to_one_length(family_models: dict[str, Path], tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers stops a chunk once all its sequences emitted the stop token, so chunks differ in length."""
+    recorder = Recorder()
+    trainer = build(family_models["qwen2.5"], tmp_path / "out", recorder=recorder, stop_token="eos",
+                    local_rollout_forward_batch_size=1, total_episodes=4)
+    eos, pad, length = trainer.processing_class.eos_token_id, trainer.processing_class.pad_token_id, 6
+    policy = trainer.policy_and_value.policy
+    generate, calls = policy.generate, []
+
+    def first_chunk_stops_after_two_tokens(*args: Any, **kwargs: Any) -> Any:
+        out = generate(*args, **kwargs)
+        calls.append(out)
+        if len(calls) == 1:
+            out = out[:, :out.size(1) - length + 2].clone()
+            out[:, -1] = eos
+        return out
+
+    monkeypatch.setattr(policy, "generate", first_chunk_stops_after_two_tokens)
+    trainer.train()
+    first = recorder.completion_ids[0]
+    assert len(first) == length and first[1] == eos and first[2:] == [pad] * (length - 2)
+    assert all(len(ids) == length for ids in recorder.completion_ids)
+
+
 # -- 8. tokenizers without a pad token -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("family", ["pythia", "gpt2", "llama3", "mistral"])

@@ -7,10 +7,11 @@ reward functions, and checkpoints that resume.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -49,6 +50,27 @@ class PolicyAndValue(nn.Module):
         backbone = getattr(self.value_model, self.value_model.base_model_prefix)
         hidden = backbone(**kwargs).last_hidden_state
         return self.policy(**kwargs), self.value_model.score(hidden)
+
+
+def rollout_generation_config(max_new_tokens: int, temperature: float, pad_token_id: int,
+                              stop_token_id: int | None) -> GenerationConfig:
+    """Samples of softmax(logits / temperature), the distribution old log-probs are computed from: no top-k,
+    top-p or repetition penalty; stop at the stop token, or run to `max_new_tokens` without one."""
+    return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature + 1e-7, top_k=0,
+                            top_p=1.0, repetition_penalty=1.0, pad_token_id=pad_token_id, eos_token_id=stop_token_id)
+
+
+@contextlib.contextmanager
+def only_this_generation_config(model: nn.Module, config: GenerationConfig) -> Iterator[None]:
+    """transformers 5 fills every field a passed config leaves unset from the checkpoint's
+    generation_config.json (its EOS ids, a repetition penalty, ...); with `config` as the model's own for
+    the call, nothing of the checkpoint's is left to fill from."""
+    own = model.generation_config
+    model.generation_config = config
+    try:
+        yield
+    finally:
+        model.generation_config = own
 
 
 def _inputs(query_responses: torch.Tensor, pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -124,19 +146,22 @@ class PPOTrainer(Trainer):
         args, tokenizer = self.args, self.processing_class
         pad_id = tokenizer.pad_token_id
         context_length = queries.size(1)
-        generation_config = GenerationConfig(
-            max_new_tokens=args.response_length, temperature=args.temperature + 1e-7, top_k=0, top_p=1.0,
-            do_sample=True, pad_token_id=pad_id, eos_token_id=None)  # fixed length; cut at the stop token later
+        generation_config = rollout_generation_config(args.response_length, args.temperature, pad_id,
+                                                      self.stop_token_id)
         chunk = args.local_rollout_forward_batch_size
         responses = []
-        with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
-                                         gather_deepspeed3_params=args.ds3_gather_for_generation) as unwrapped:
+        with (unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                          gather_deepspeed3_params=args.ds3_gather_for_generation) as unwrapped,
+              only_this_generation_config(unwrapped.policy, generation_config)):
             for start in range(0, queries.size(0), chunk):
                 query = queries[start:start + chunk]
                 out = unwrapped.policy.generate(input_ids=query, attention_mask=query != pad_id,
                                                 generation_config=generation_config)
                 responses.append(out[:, context_length:])
-        responses = torch.cat(responses)
+        # A chunk ends early when all its sequences stopped: pad every chunk to the longest.
+        width = max(response.size(1) for response in responses)
+        responses = torch.cat([nn.functional.pad(response, (0, width - response.size(1)), value=pad_id)
+                               for response in responses])
         query_responses = torch.cat([queries, responses], 1)
 
         logprobs, ref_logprobs, values, scores = [], [], [], []
