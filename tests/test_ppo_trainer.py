@@ -149,6 +149,33 @@ def test_generation_chunks_that_stop_early_are_padded_to_one_length(family_model
     assert all(len(ids) == length for ids in recorder.completion_ids)
 
 
+# -- 2. dropout off ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", ["gpt2", "qwen2.5"])
+def test_dropout_is_off_in_all_four_models(family: str, family_models: dict[str, Path], tmp_path: Path) -> None:
+    """GPT-2 has dropout layers at 0.1; Llama-style attention reads its dropout from a float (here set to 0.1
+    in a Qwen2.5 config). Off, the first (and only) micro-batch of an update sees the very log-probs its
+    rollouts were generated with: ratio 1, approximate KL 0."""
+    import torch
+
+    model = tmp_path / family
+    shutil.copytree(family_models[family], model)
+    config = json.loads((model / "config.json").read_text())
+    if family == "qwen2.5":
+        (model / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.1}))
+    trainer = train(model, tmp_path / "out", reward=model, gradient_accumulation_steps=1,
+                    per_device_train_batch_size=4, total_episodes=8)
+    for entry in logged(trainer):
+        assert entry["val/ratio"] == pytest.approx(1.0, abs=1e-6) and entry["policy/approxkl_avg"] < 1e-10
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    models = trainer.policy_and_value.policy, trainer.policy_and_value.value_model, trainer.ref_policy, \
+        trainer.reward_model
+    for model in models:
+        model.train()
+        first, second = model(input_ids=ids).logits, model(input_ids=ids).logits
+        assert torch.equal(first, second), type(model).__name__
+
+
 # -- 8. tokenizers without a pad token -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("family", ["pythia", "gpt2", "llama3", "mistral"])

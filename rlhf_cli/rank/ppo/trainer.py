@@ -91,10 +91,23 @@ def sequence_scores(reward_model: nn.Module, query_responses: torch.Tensor, pad_
     return logits[torch.arange(logits.size(0), device=logits.device), last]
 
 
+def disable_dropout(model: nn.Module) -> None:
+    """Dropout off for good, as TRL did: the log-probs of an update must be those its rollouts were sampled
+    with. Dropout layers (GPT-2's are 0.1), and the attention dropout Llama-style models read from a float."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+
+
 class PPOTrainer(Trainer):
     def __init__(self, args: PPOConfig, processing_class: PreTrainedTokenizerBase, policy: nn.Module,
                  ref_policy: nn.Module, value_model: nn.Module, reward_model: nn.Module | None,
                  reward_funcs: list[Callable], train_dataset: Any) -> None:
+        for model in (policy, ref_policy, value_model, reward_model):
+            if model is not None:
+                disable_dropout(model)
         self.policy_and_value = PolicyAndValue(policy, value_model)
         super().__init__(model=self.policy_and_value, args=args, train_dataset=train_dataset,
                          processing_class=processing_class)
