@@ -17,12 +17,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader
-from transformers import GenerationConfig, PreTrainedTokenizerBase, Trainer, TrainerState
+from transformers import GenerationConfig, PreTrainedTokenizerBase, Trainer, TrainerState, set_seed
 from transformers.trainer_callback import ExportableState
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 
 from rlhf_cli.rank.ppo import core
 from rlhf_cli.rank.ppo.config import PPOConfig
+
+RANK_SEED_STRIDE = 100003  # rank r samples with seed + r x this prime, as TRL's PPOTrainer did
 
 
 class PolicyAndValue(nn.Module):
@@ -222,6 +224,8 @@ class PPOTrainer(Trainer):
             stateful_callbacks=[cb for cb in [*self.callback_handler.callbacks, self.control]
                                 if isinstance(cb, ExportableState)])
         model, loader = self._prepare_for_training(self.num_updates, loader, resume_from_checkpoint)
+        # Every rank samples its own random numbers (one seed for all made their samples agree on most tokens).
+        set_seed(args.seed + self.accelerator.process_index * RANK_SEED_STRIDE)
         if resume_from_checkpoint:
             self.state = TrainerState.load_from_json(f"{resume_from_checkpoint}/trainer_state.json")
             self._load_rng_state(resume_from_checkpoint)
