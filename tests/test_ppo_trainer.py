@@ -194,6 +194,19 @@ def test_each_rank_samples_with_its_own_seed(family_models: dict[str, Path], tmp
     assert agree < 0.5, agree
 
 
+# -- 4. the loader's last batch --------------------------------------------------------------------------------
+
+def test_the_last_prompt_batch_of_a_pass_accumulates_like_the_others(family_models: dict[str, Path], tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four prompts, four rollouts per update: every batch is the last of its pass over the data. Each update
+    is one optimizer step over 2 micro-batches, not one step per micro-batch."""
+    prompts = tmp_path / "four.jsonl"
+    prompts.write_text("".join(PROMPTS.read_text().splitlines(keepends=True)[:4]))
+    taken = steps_counted(monkeypatch)
+    trainer = train(family_models["gemma"], tmp_path / "out", prompts=prompts, total_episodes=12)
+    assert trainer.state.global_step == 3 and len(taken) == 3
+
+
 # -- 8. tokenizers without a pad token -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("family", ["pythia", "gpt2", "llama3", "mistral"])

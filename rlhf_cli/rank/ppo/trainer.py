@@ -113,8 +113,10 @@ class PPOTrainer(Trainer):
         self.policy_and_value = PolicyAndValue(policy, value_model)
         super().__init__(model=self.policy_and_value, args=args, train_dataset=train_dataset,
                          processing_class=processing_class)
-        # transformers leaves accumulation to its own loop (1 here); ours uses `accelerator.accumulate`.
+        # transformers leaves accumulation to its own loop (1 here); ours uses `accelerator.accumulate`. Without
+        # sync_with_dataloader off, accelerate steps at every micro-batch while the loader is at its last batch.
         self.accelerator.gradient_accumulation_steps = args.gradient_accumulation_steps
+        self.accelerator.gradient_state.plugin_kwargs["sync_with_dataloader"] = False
         world = self.accelerator.num_processes
         self.local_batch_size = (args.per_device_train_batch_size * args.gradient_accumulation_steps
                                  * args.num_mini_batches)
