@@ -207,6 +207,15 @@ def test_the_last_prompt_batch_of_a_pass_accumulates_like_the_others(family_mode
     assert trainer.state.global_step == 3 and len(taken) == 3
 
 
+# -- 5. a reward function returning None ---------------------------------------------------------------------------
+
+def test_a_reward_function_returning_none_stops_naming_it_and_the_sample(family_models: dict[str, Path],
+                                                                           tmp_path: Path) -> None:
+    recorder = Recorder(lambda count: [0.5, None] + [0.5] * (count - 2))
+    with pytest.raises(ValueError, match=r"reward function `recorder` returned None for sample 1 of 4 \(prompt '"):
+        train(family_models["gemma"], tmp_path / "out", recorder=recorder, total_episodes=4)
+
+
 # -- 8. tokenizers without a pad token -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("family", ["pythia", "gpt2", "llama3", "mistral"])

@@ -212,9 +212,14 @@ class PPOTrainer(Trainer):
             prompts = tokenizer.batch_decode(query_responses[:, :context_length], skip_special_tokens=True)
             completions = tokenizer.batch_decode(responses, skip_special_tokens=True)
             for func in self.reward_funcs:
-                values = func(prompts=prompts, completions=completions, completion_ids=responses.tolist())
-                score = score + torch.tensor([float("nan") if v is None else v for v in values],
-                                             device=responses.device, dtype=score.dtype)
+                values = list(func(prompts=prompts, completions=completions, completion_ids=responses.tolist()))
+                if None in values:  # as NaN it would spread through whitening and the all-reduce to every rank
+                    sample = values.index(None)
+                    name = getattr(func, "__name__", type(func).__name__)
+                    raise ValueError(f"reward function `{name}` returned None for sample {sample} of {len(values)} "
+                                     f"(prompt {prompts[sample][-60:]!r}, completion {completions[sample][:60]!r}); "
+                                     "PPO needs a number for every sample")
+                score = score + torch.tensor(values, device=responses.device, dtype=score.dtype)
         return score
 
     # -- training -------------------------------------------------------------------------------
