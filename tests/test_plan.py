@@ -322,3 +322,14 @@ def test_gather_auto_in_a_recipe(tmp_path: Path) -> None:
     assert run.value("ds3_gather_for_generation") is True
     source = run.settings["ds3_gather_for_generation"].source
     assert source.startswith("rlhf plan: gathering needs") and source.endswith("of 24.0 GiB")
+
+
+def test_ppo_rollouts_per_process_are_per_device_times_accumulation() -> None:
+    """As in TRL 1.12: num_mini_batches splits the rollouts of a process; it does not multiply them."""
+    from rlhf_cli.plan.workload import workload
+
+    values = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "num_mini_batches": 2,
+              "local_rollout_forward_batch_size": 64, "response_length": 53, "plan_prompt_length": 64,
+              "gradient_checkpointing": False, "bf16": True, "fp16": False, "dtype": "bfloat16"}
+    planned = workload("ppo", values.get, num_processes=4)
+    assert (planned.generation_batch, planned.train_batch, planned.score_batch) == (16, 4, 16)

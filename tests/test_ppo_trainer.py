@@ -216,6 +216,19 @@ def test_a_reward_function_returning_none_stops_naming_it_and_the_sample(family_
         train(family_models["gemma"], tmp_path / "out", recorder=recorder, total_episodes=4)
 
 
+# -- 6. num_mini_batches as in TRL 1.12 ---------------------------------------------------------------------------
+
+def test_num_mini_batches_splits_the_rollouts_of_a_process(family_models: dict[str, Path], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rollouts per process = per_device_train_batch_size x gradient_accumulation_steps (1 x 4), split into
+    num_mini_batches (2) of 2 micro-batches each, one optimizer step per mini-batch."""
+    taken = steps_counted(monkeypatch)
+    trainer = train(family_models["gemma"], tmp_path / "out", per_device_train_batch_size=1,
+                    gradient_accumulation_steps=4, num_mini_batches=2, num_ppo_epochs=2, total_episodes=8)
+    assert [entry["episode"] for entry in logged(trainer)] == [4, 8]
+    assert len(taken) == 2 * 2 * 2  # updates x epochs x mini-batches
+
+
 # -- 8. tokenizers without a pad token -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("family", ["pythia", "gpt2", "llama3", "mistral"])

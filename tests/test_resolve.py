@@ -219,11 +219,16 @@ def test_ppo_seed_command_line_translates_one_to_one(tmp_path: Path) -> None:
 
 
 def test_ppo_batch_sizes_must_tile(tmp_path: Path) -> None:
+    """Rollouts per process: per_device_train_batch_size x gradient_accumulation_steps (2 x 2 in the smoke
+    recipe), split into num_mini_batches, as in TRL 1.12."""
     assert ppo_problems(tmp_path, "local_rollout_forward_batch_size=3") == [
         "`local_rollout_forward_batch_size` (3) must divide the rollouts per process (per_device_train_batch_size x "
-        "gradient_accumulation_steps x num_mini_batches = 4)"]
-    assert ppo_problems(tmp_path, "total_episodes=4") == [
+        "gradient_accumulation_steps = 4)"]
+    assert ppo_problems(tmp_path, "total_episodes=4", "num_mini_batches=2") == [
         "`total_episodes` (4) is less than one batch of rollouts (4 per process x 2 processes = 8)"]
+    assert ppo_problems(tmp_path, "num_mini_batches=4") == [
+        "`num_mini_batches` (4) must divide `gradient_accumulation_steps` (2): each mini-batch is one optimizer step "
+        "over whole micro-batches"]
     assert ppo_problems(tmp_path, "num_mini_batches=0") == ["`num_mini_batches` must be at least 1, got 0"]
 
 

@@ -38,11 +38,13 @@ def check_ppo(value: Callable[[str], Any], num_processes: int, problems: list[st
         if number < 1:
             problems.append(f"`{name}` must be at least 1, got {number}")
             return
-    local_batch = per_device * accumulation * mini_batches
+    local_batch = per_device * accumulation  # split into num_mini_batches, as in TRL 1.12
+    if accumulation % mini_batches:
+        problems.append(f"`num_mini_batches` ({mini_batches}) must divide `gradient_accumulation_steps` "
+                        f"({accumulation}): each mini-batch is one optimizer step over whole micro-batches")
     if local_batch % min(chunk, local_batch):
         problems.append(f"`local_rollout_forward_batch_size` ({chunk}) must divide the rollouts per process "
-                        "(per_device_train_batch_size x gradient_accumulation_steps x num_mini_batches = "
-                        f"{local_batch})")
+                        f"(per_device_train_batch_size x gradient_accumulation_steps = {local_batch})")
     episodes = value("total_episodes")
     batch = local_batch * num_processes
     if episodes is not None and episodes < batch:

@@ -52,7 +52,7 @@ def workload(algorithm: str, value: Callable[[str], Any], num_processes: int,
     prompt = value("plan_prompt_length") or default_prompt
     sequence = prompt + completion
     if algorithm == "ppo":
-        rollouts = per_device * value("gradient_accumulation_steps") * value("num_mini_batches")
+        rollouts = per_device * value("gradient_accumulation_steps")  # split into num_mini_batches
         generation = min(value("local_rollout_forward_batch_size"), rollouts)
         train, score = per_device, generation
     elif algorithm == "rloo":

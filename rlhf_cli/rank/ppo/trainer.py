@@ -113,15 +113,19 @@ class PPOTrainer(Trainer):
         self.policy_and_value = PolicyAndValue(policy, value_model)
         super().__init__(model=self.policy_and_value, args=args, train_dataset=train_dataset,
                          processing_class=processing_class)
+        # As TRL 1.12: rollouts per process = per_device_train_batch_size x gradient_accumulation_steps, split
+        # into num_mini_batches; each mini-batch is one optimizer step over its micro-batches.
+        if args.gradient_accumulation_steps % args.num_mini_batches:
+            raise ValueError(f"num_mini_batches ({args.num_mini_batches}) must divide gradient_accumulation_steps "
+                             f"({args.gradient_accumulation_steps})")
+        self.micro_batches_per_step = args.gradient_accumulation_steps // args.num_mini_batches
+        self.local_batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        self.batch_size = self.local_batch_size * self.accelerator.num_processes
+        self.local_mini_batch_size = self.local_batch_size // args.num_mini_batches
         # transformers leaves accumulation to its own loop (1 here); ours uses `accelerator.accumulate`. Without
         # sync_with_dataloader off, accelerate steps at every micro-batch while the loader is at its last batch.
-        self.accelerator.gradient_accumulation_steps = args.gradient_accumulation_steps
+        self.accelerator.gradient_accumulation_steps = self.micro_batches_per_step
         self.accelerator.gradient_state.plugin_kwargs["sync_with_dataloader"] = False
-        world = self.accelerator.num_processes
-        self.local_batch_size = (args.per_device_train_batch_size * args.gradient_accumulation_steps
-                                 * args.num_mini_batches)
-        self.batch_size = self.local_batch_size * world
-        self.local_mini_batch_size = self.local_batch_size // args.num_mini_batches
         total = args.total_episodes or int(args.num_train_epochs * len(train_dataset))
         self.num_updates = max(1, math.ceil(total / self.batch_size))
         self.stop_token_id = processing_class.eos_token_id if args.stop_token == "eos" else args.stop_token_id
@@ -231,6 +235,9 @@ class PPOTrainer(Trainer):
             stateful_callbacks=[cb for cb in [*self.callback_handler.callbacks, self.control]
                                 if isinstance(cb, ExportableState)])
         model, loader = self._prepare_for_training(self.num_updates, loader, resume_from_checkpoint)
+        if self.is_deepspeed_enabled:  # DeepSpeed divides each micro-batch's loss by its own accumulation count
+            model.set_train_batch_size(args.per_device_train_batch_size * self.micro_batches_per_step
+                                       * self.accelerator.num_processes)
         # Every rank samples its own random numbers (one seed for all made their samples agree on most tokens).
         set_seed(args.seed + self.accelerator.process_index * RANK_SEED_STRIDE)
         if resume_from_checkpoint:
