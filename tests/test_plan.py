@@ -333,3 +333,6 @@ def test_ppo_rollouts_per_process_are_per_device_times_accumulation() -> None:
               "gradient_checkpointing": False, "bf16": True, "fp16": False, "dtype": "bfloat16"}
     planned = workload("ppo", values.get, num_processes=4)
     assert (planned.generation_batch, planned.train_batch, planned.score_batch) == (16, 4, 16)
+    assert not planned.gradient_checkpointing
+    for name in ("gradient_checkpointing", "activation_checkpointing"):  # PPO honours both names
+        assert workload("ppo", {**values, name: True}.get, num_processes=4).gradient_checkpointing

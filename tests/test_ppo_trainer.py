@@ -229,6 +229,26 @@ def test_num_mini_batches_splits_the_rollouts_of_a_process(family_models: dict[s
     assert len(taken) == 2 * 2 * 2  # updates x epochs x mini-batches
 
 
+# -- 7. gradient checkpointing ---------------------------------------------------------------------------------
+
+def test_gradient_checkpointing_trains_with_it_and_generates_without(family_models: dict[str, Path], tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpointing for the policy and value model in training; generation in eval mode, where transformers
+    keeps the KV cache (in train mode with checkpointing it turns the cache off)."""
+    trainer = build(family_models["gemma"], tmp_path / "out", gradient_checkpointing=True, total_episodes=8)
+    policy, value = trainer.policy_and_value.policy, trainer.policy_and_value.value_model
+    generate, training = policy.generate, []
+
+    def recording_mode(*args: Any, **kwargs: Any) -> Any:
+        training.append(policy.training)
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(policy, "generate", recording_mode)
+    trainer.train()
+    assert policy.is_gradient_checkpointing and value.is_gradient_checkpointing
+    assert training == [False, False]
+
+
 # -- 8. tokenizers without a pad token -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("family", ["pythia", "gpt2", "llama3", "mistral"])

@@ -64,4 +64,6 @@ def workload(algorithm: str, value: Callable[[str], Any], num_processes: int,
         generation = train = score = 2 * per_device
         sequence = min(sequence, value("max_length"))
     return Workload(prompt, completion, generation, train, score, sequence,
-                    bool(value("gradient_checkpointing")), element_bytes(algorithm, value))
+                    # transformers 5 reads either name (gradient_checkpointing is the deprecated one)
+                    bool(value("activation_checkpointing") or value("gradient_checkpointing")),
+                    element_bytes(algorithm, value))

@@ -36,17 +36,18 @@ class PolicyAndValue(nn.Module):
         self.value_model = value_model
         self.config = policy.config  # DeepSpeed sizes its buckets from this
 
+    # TRL's generation context turns checkpointing off and on again by these names.
     @property
     def is_gradient_checkpointing(self) -> bool:
-        return self.policy.is_gradient_checkpointing
+        return self.policy.is_activation_checkpointing
 
-    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
-        self.policy.gradient_checkpointing_enable(**kwargs)
-        self.value_model.gradient_checkpointing_enable(**kwargs)
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict[str, Any] | None = None) -> None:
+        for model in (self.policy, self.value_model):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=gradient_checkpointing_kwargs)
 
     def gradient_checkpointing_disable(self) -> None:
-        self.policy.gradient_checkpointing_disable()
-        self.value_model.gradient_checkpointing_disable()
+        for model in (self.policy, self.value_model):
+            model.activation_checkpointing_disable()
 
     def forward(self, **kwargs: Any) -> tuple[Any, torch.Tensor]:
         backbone = getattr(self.value_model, self.value_model.base_model_prefix)
@@ -171,8 +172,11 @@ class PPOTrainer(Trainer):
                                                       self.stop_token_id)
         chunk = args.local_rollout_forward_batch_size
         responses = []
+        self.policy_and_value.eval()  # in train mode with checkpointing, transformers would generate without cache
         with (unwrap_model_for_generation(self.model_wrapped, self.accelerator,
-                                          gather_deepspeed3_params=args.ds3_gather_for_generation) as unwrapped,
+                                          gather_deepspeed3_params=args.ds3_gather_for_generation,
+                                          gradient_checkpointing_kwargs=args.activation_checkpointing_kwargs)
+              as unwrapped,
               only_this_generation_config(unwrapped.policy, generation_config)):
             for start in range(0, queries.size(0), chunk):
                 query = queries[start:start + chunk]
@@ -234,6 +238,8 @@ class PPOTrainer(Trainer):
             is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero(),
             stateful_callbacks=[cb for cb in [*self.callback_handler.callbacks, self.control]
                                 if isinstance(cb, ExportableState)])
+        if args.activation_checkpointing:  # transformers turns it on only in its own train loop, replaced here
+            self.policy_and_value.gradient_checkpointing_enable(args.activation_checkpointing_kwargs)
         model, loader = self._prepare_for_training(self.num_updates, loader, resume_from_checkpoint)
         if self.is_deepspeed_enabled:  # DeepSpeed divides each micro-batch's loss by its own accumulation count
             model.set_train_batch_size(args.per_device_train_batch_size * self.micro_batches_per_step
