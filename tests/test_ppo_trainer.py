@@ -293,3 +293,24 @@ def test_a_causal_lm_reward_model_gets_a_new_score_head_and_a_warning(family_mod
     warnings = [line for line in capfd.readouterr().err.splitlines() if "untrained" in line]
     assert len(warnings) == 2, warnings  # the reward model, and the value model started from it
     assert all("GPTNeoXForCausalLM" in line and str(pythia) in line for line in warnings)
+
+
+# -- 10. smaller ------------------------------------------------------------------------------------------------
+
+def test_stop_token_and_stop_token_id_together_are_refused(family_models: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"`stop_token` \(eos\) and `stop_token_id` \(1\) are both set"):
+        build(family_models["gemma"], tmp_path / "out", stop_token="eos", stop_token_id=1)
+
+
+def test_the_logged_learning_rate_is_the_one_the_update_used(family_models: dict[str, Path], tmp_path: Path) -> None:
+    trainer = train(family_models["gemma"], tmp_path / "out", lr_scheduler_type="linear", total_episodes=8)
+    assert [entry["lr"] for entry in logged(trainer)] == pytest.approx([1e-3, 5e-4])
+
+
+def test_ratio_variance_is_logged(family_models: dict[str, Path], tmp_path: Path) -> None:
+    """Over micro-batches: within the first epoch nothing has been updated yet (ratio 1 everywhere, variance 0);
+    a second epoch sees the update."""
+    once = logged(train(family_models["gemma"], tmp_path / "once", total_episodes=4))
+    twice = logged(train(family_models["gemma"], tmp_path / "twice", num_ppo_epochs=2, total_episodes=4))
+    assert once[0]["val/ratio_var"] == pytest.approx(0.0, abs=1e-12)
+    assert twice[0]["val/ratio_var"] > 1e-12

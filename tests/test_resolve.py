@@ -218,6 +218,11 @@ def test_ppo_seed_command_line_translates_one_to_one(tmp_path: Path) -> None:
     assert run.value("total_episodes") == 200 and run.value("model_name_or_path") == str(RECIPES / "smoke" / "policy")
 
 
+def test_ppo_stop_token_and_stop_token_id_are_not_both_set(tmp_path: Path) -> None:
+    assert ppo_problems(tmp_path, "stop_token_id=2") == [
+        "`stop_token` (eos) and `stop_token_id` (2) are both set; keep one"]
+
+
 def test_ppo_batch_sizes_must_tile(tmp_path: Path) -> None:
     """Rollouts per process: per_device_train_batch_size x gradient_accumulation_steps (2 x 2 in the smoke
     recipe), split into num_mini_batches, as in TRL 1.12."""

@@ -45,6 +45,9 @@ def check_ppo(value: Callable[[str], Any], num_processes: int, problems: list[st
     if local_batch % min(chunk, local_batch):
         problems.append(f"`local_rollout_forward_batch_size` ({chunk}) must divide the rollouts per process "
                         f"(per_device_train_batch_size x gradient_accumulation_steps = {local_batch})")
+    if value("stop_token") is not None and value("stop_token_id") is not None:
+        problems.append(f"`stop_token` ({value('stop_token')}) and `stop_token_id` ({value('stop_token_id')}) are both "
+                        "set; keep one")
     episodes = value("total_episodes")
     batch = local_batch * num_processes
     if episodes is not None and episodes < batch:

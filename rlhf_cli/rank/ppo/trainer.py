@@ -108,6 +108,9 @@ class PPOTrainer(Trainer):
     def __init__(self, args: PPOConfig, processing_class: PreTrainedTokenizerBase, policy: nn.Module,
                  ref_policy: nn.Module, value_model: nn.Module, reward_model: nn.Module | None,
                  reward_funcs: list[Callable], train_dataset: Any) -> None:
+        if args.stop_token is not None and args.stop_token_id is not None:
+            raise ValueError(f"`stop_token` ({args.stop_token}) and `stop_token_id` ({args.stop_token_id}) are both "
+                             "set; keep one")
         for model in (policy, ref_policy, value_model, reward_model):
             if model is not None:
                 disable_dropout(model)
@@ -258,12 +261,12 @@ class PPOTrainer(Trainer):
             queries = next(batches)["input_ids"]
             rollout = self._rollout(queries)
             stats = self._optimise(model, rollout)
+            stats["lr"] = self.lr_scheduler.get_last_lr()[0]  # the rate this update used
             self.lr_scheduler.step()
             self.state.global_step += 1
             self.state.epoch = self.state.global_step * self.batch_size / len(self.train_dataset)
             self.control = self.callback_handler.on_step_end(args, self.state, self.control)
             if self.control.should_log:
-                stats["lr"] = self.lr_scheduler.get_last_lr()[0]
                 stats["episode"] = self.state.global_step * self.batch_size
                 stats["eps"] = int(stats["episode"] / (time.time() - started))
                 self.log(stats)
@@ -342,6 +345,8 @@ class PPOTrainer(Trainer):
                 "val/num_eos_tokens": (postprocessed == tokenizer.eos_token_id).sum().float(),
             }
             stats.update({name: gather(torch.stack(values_)).mean() for name, values_ in collected.items()})
+            ratios = gather(torch.stack(collected["val/ratio"]))  # one per micro-batch, on every rank
+            stats["val/ratio_var"] = ratios.var(correction=1 if ratios.numel() > 1 else 0)
         return {name: value.item() for name, value in stats.items()}
 
     # -- saving ---------------------------------------------------------------------------------
