@@ -314,3 +314,22 @@ def test_ratio_variance_is_logged(family_models: dict[str, Path], tmp_path: Path
     twice = logged(train(family_models["gemma"], tmp_path / "twice", num_ppo_epochs=2, total_episodes=4))
     assert once[0]["val/ratio_var"] == pytest.approx(0.0, abs=1e-12)
     assert twice[0]["val/ratio_var"] > 1e-12
+
+
+# -- prompts ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", ["pythia", "gpt2", "llama3", "qwen2.5", "mistral", "gemma"])
+def test_prompts_begin_as_the_family_begins_them(family: str, family_models: dict[str, Path], tmp_path: Path) -> None:
+    """Plain text gets the BOS token where the family's tokenizer adds one (Llama 3, Mistral, Gemma), as TRL's
+    PPO example tokenized; a chat template that writes BOS itself gets it once."""
+    from transformers import AutoTokenizer
+
+    source = family_models[family]
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    adds_bos = tokenizer("a tree").input_ids[0] == tokenizer.bos_token_id
+    datasets = [PROMPTS] + ([chat_prompts(tmp_path / "chat.jsonl")] if tokenizer.chat_template else [])
+    for prompts in datasets:
+        trainer = build(source, tmp_path / prompts.stem, prompts=prompts)
+        for row in trainer.train_dataset:
+            ids = row["input_ids"]
+            assert (ids[0] == tokenizer.bos_token_id) == adds_bos and ids[1:].count(tokenizer.bos_token_id) == 0

@@ -63,13 +63,14 @@ def build_online_dpo(inputs: RankInputs) -> Any:
 
 
 def _tokenize_prompts(dataset: Any, tokenizer: Any) -> Any:
-    """Prompt token ids; chat-formatted prompts go through the tokenizer's chat template."""
+    """Prompt token ids; chat-formatted prompts go through the tokenizer's chat template (which writes any BOS
+    itself), plain text gets the tokenizer's own special tokens (BOS for Llama 3, Mistral, Gemma)."""
     def encode(row: dict[str, Any]) -> dict[str, Any]:
         prompt = row["prompt"]
         if isinstance(prompt, list):
             return {"input_ids": tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
                                                                return_dict=False)}
-        return {"input_ids": tokenizer(prompt, add_special_tokens=False).input_ids}
+        return {"input_ids": tokenizer(prompt).input_ids}
 
     return dataset.map(encode, remove_columns=dataset.column_names)
 
