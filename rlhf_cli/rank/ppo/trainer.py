@@ -130,6 +130,11 @@ class PPOTrainer(Trainer):
         # sync_with_dataloader off, accelerate steps at every micro-batch while the loader is at its last batch.
         self.accelerator.gradient_accumulation_steps = self.micro_batches_per_step
         self.accelerator.gradient_state.plugin_kwargs["sync_with_dataloader"] = False
+        if self.is_deepspeed_enabled:  # DeepSpeed divides each micro-batch's loss by its own accumulation count
+            self.accelerator.state.deepspeed_plugin.deepspeed_config.update(
+                gradient_accumulation_steps=self.micro_batches_per_step,
+                train_batch_size=args.per_device_train_batch_size * self.micro_batches_per_step
+                * self.accelerator.num_processes)
         total = args.total_episodes or int(args.num_train_epochs * len(train_dataset))
         self.num_updates = max(1, math.ceil(total / self.batch_size))
         self.stop_token_id = processing_class.eos_token_id if args.stop_token == "eos" else args.stop_token_id
@@ -244,9 +249,6 @@ class PPOTrainer(Trainer):
         if args.activation_checkpointing:  # transformers turns it on only in its own train loop, replaced here
             self.policy_and_value.gradient_checkpointing_enable(args.activation_checkpointing_kwargs)
         model, loader = self._prepare_for_training(self.num_updates, loader, resume_from_checkpoint)
-        if self.is_deepspeed_enabled:  # DeepSpeed divides each micro-batch's loss by its own accumulation count
-            model.set_train_batch_size(args.per_device_train_batch_size * self.micro_batches_per_step
-                                       * self.accelerator.num_processes)
         # Every rank samples its own random numbers (one seed for all made their samples agree on most tokens).
         set_seed(args.seed + self.accelerator.process_index * RANK_SEED_STRIDE)
         if resume_from_checkpoint:
