@@ -239,10 +239,12 @@ def test_ppo_batch_sizes_must_tile(tmp_path: Path) -> None:
 
 def test_reward_model_is_a_sequence_classifier_or_a_causal_lm(tmp_path: Path) -> None:
     """The seed's reward model, pythia-70m, is a GPTNeoXForCausalLM: the ranks give it a new score head."""
+    gpt2 = write(tmp_path / "gpt2" / "config.json", '{"architectures": ["GPT2LMHeadModel"]}').parent
     for algorithm in ("ppo", "rloo", "online_dpo"):
         smoke = str(RECIPES / algorithm / "smoke.yaml")
-        resolve(RunRequest(algorithm, smoke, sets=(f"reward_model_name_or_path={RECIPES}/smoke/policy",)),
-                cwd=tmp_path, cuda=False)
+        for causal_lm in (RECIPES / "smoke" / "policy", gpt2):
+            resolve(RunRequest(algorithm, smoke, sets=(f"reward_model_name_or_path={causal_lm}",)), cwd=tmp_path,
+                    cuda=False)
     masked_lm = write(tmp_path / "masked-lm" / "config.json", '{"architectures": ["BertForMaskedLM"]}').parent
     assert ppo_problems(tmp_path, f"reward_model_name_or_path={masked_lm}") == [
         f"`reward_model_name_or_path`: {masked_lm} is a BertForMaskedLM, neither a sequence classifier nor a "
