@@ -253,7 +253,8 @@ def test_gradient_checkpointing_trains_with_it_and_generates_without(family_mode
 
 @pytest.mark.parametrize("family", ["pythia", "gpt2", "llama3", "mistral"])
 def test_a_tokenizer_without_pad_gets_one(family: str, family_models: dict[str, Path], tmp_path: Path) -> None:
-    """A new pad token, distinct from EOS; the embedding grows only when it has no spare row (pythia has)."""
+    """A new pad token, distinct from EOS; the embedding grows only when it has no spare row (pythia has), the
+    same new row in the policy and its reference (the first update's KL is 0)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     source = family_models[family]
@@ -264,6 +265,7 @@ def test_a_tokenizer_without_pad_gets_one(family: str, family_models: dict[str, 
     expected_rows = rows if family == "pythia" else len(tokenizer)
     for model in (trainer.policy_and_value.policy, trainer.ref_policy):
         assert model.get_input_embeddings().num_embeddings == model.config.vocab_size == expected_rows
+    assert logged(trainer)[0]["objective/kl"] == 0
     trainer.save_model()
     saved, saved_tokenizer = AutoModelForCausalLM.from_pretrained(tmp_path / "out"), \
         AutoTokenizer.from_pretrained(tmp_path / "out")

@@ -32,8 +32,8 @@ def add_pad_token(tokenizer: Any) -> bool:
 
 def fit_embeddings(model: Any, tokenizer: Any, seed: int) -> None:
     """Make room for every token of `tokenizer` in `model`: resize only when the embedding has no spare row
-    (pythia's has 27, GPT-2's and Llama 3's none). The new rows start from the mean of the others, drawn
-    after reseeding, so that a policy and its reference get the same ones."""
+    (pythia's has 27, GPT-2's and Llama 3's none). New rows are drawn around the others' mean (transformers'
+    mean resizing) after reseeding, so that a policy and its reference get the same ones."""
     from transformers import set_seed
 
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
