@@ -81,10 +81,10 @@ def finite_numbers(entry: dict) -> bool:
 
 
 def agreement(samples: list[list[int]], others: list[list[int]]) -> float:
-    """Share of positions where two ranks sampled the same token, over all their responses in order."""
-    first = [token for ids in samples for token in ids]
-    second = [token for ids in others for token in ids]
-    return sum(a == b for a, b in zip(first, second, strict=True)) / len(first)
+    """Share of positions where two ranks sampled the same token, response by response (a generation chunk
+    that stopped early is shorter)."""
+    pairs = [(a, b) for ids, other in zip(samples, others, strict=True) for a, b in zip(ids, other, strict=False)]
+    return sum(a == b for a, b in pairs) / len(pairs)
 
 
 @pytest.mark.parametrize(("algorithm", "family", "mode", "kind"), CASES)
