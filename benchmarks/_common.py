@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -31,17 +32,31 @@ class Timed:
     output: str
 
 
+class CommandTimedOut(CommandFailed):
+    """A measured command ran past its timeout; it was killed with every process it started."""
+
+
 def run_timed(argv: Sequence[str], env: dict[str, str] | None = None, timeout: float = 600) -> Timed:
-    """Run `argv` from the repository root (our code first on the path), and time it from start to exit."""
+    """Run `argv` from the repository root (our code first on the path), and time it from start to exit.
+
+    It runs in its own process group: on timeout the ranks it started are killed with it, not left holding
+    memory (or a GPU) while the next command runs."""
     full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                 **(env or {})}
     started = time.perf_counter()
-    done = subprocess.run(list(argv), check=False, cwd=REPO, env=full_env, capture_output=True, text=True,
-                          timeout=timeout)
+    with subprocess.Popen(list(argv), cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            raise CommandTimedOut(f"{' '.join(argv)} ran past {timeout:.0f} s and was killed:\n"
+                                  f"{(stdout + stderr)[-4000:]}") from None
     seconds = time.perf_counter() - started
-    output = done.stdout + done.stderr
-    if done.returncode != 0:
-        raise CommandFailed(f"{' '.join(argv)} exited {done.returncode}:\n{output[-4000:]}")
+    output = stdout + stderr
+    if process.returncode != 0:
+        raise CommandFailed(f"{' '.join(argv)} exited {process.returncode}:\n{output[-4000:]}")
     return Timed(seconds, output)
 
 

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-MANIFEST = "rlhf-manifest.json"
-_CHECKPOINT_DIR = re.compile(r"checkpoint-(\d+)")
+from rlhf_cli.run_dir import MANIFEST, RunDir
 
 
 def write_manifest(checkpoint: Path) -> Path:
@@ -52,18 +50,10 @@ class ResumePoint:
     skipped: tuple[str, ...]  # one line per newer checkpoint that is not whole, and why
 
 
-def checkpoint_step(checkpoint: Path | str) -> int | None:
-    """N of a `checkpoint-N` directory, or None for any other name."""
-    match = _CHECKPOINT_DIR.fullmatch(Path(checkpoint).name)
-    return int(match.group(1)) if match else None
-
-
 def newest_complete_checkpoint(output_dir: Path) -> ResumePoint:
     """The highest-step `checkpoint-N` whose files match its manifest, and the newer ones passed over."""
-    candidates = sorted(((step, path) for path in output_dir.glob("checkpoint-*")
-                         if path.is_dir() and (step := checkpoint_step(path)) is not None), reverse=True)
     skipped = []
-    for _, path in candidates:
+    for _, path in RunDir(output_dir).checkpoints():
         reason = incomplete_reason(path)
         if reason is None:
             return ResumePoint(path, tuple(skipped))

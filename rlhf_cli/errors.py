@@ -17,3 +17,7 @@ class ConfigError(RlhfError):
     def __init__(self, *problems: str) -> None:
         self.problems = list(problems)
         super().__init__("\n".join(problems))
+
+
+class PlanError(RlhfError):
+    """A choice left to the memory plan (`gather: auto`) that the plan cannot make; the message says what would fit."""

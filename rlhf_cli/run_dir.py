@@ -1,17 +1,103 @@
-"""What a run leaves in its output dir, named once for the launcher and the ranks that both use it."""
+"""The contract between the launcher and the ranks, named once: the files of a run's output directory, the
+variables the launcher sets for the ranks, and the exit code of a preemption.
+
+The launcher writes the run's files before any rank starts; the ranks write their records, checkpoints and
+the model; the launcher and `rlhf report` read them afterwards. Pure: paths only, no I/O.
+"""
 
 from __future__ import annotations
 
-RUN_FILE = "run.json"  # launcher: command, versions, layout, then how it ended
-SUMMARY_FILE = "summary.json"  # rank 0: steps, pace, last metrics
-PREEMPTED_FILE = "preempted.json"  # rank 0: the step and checkpoint a preemption stopped at
-RANKS_DIR = "ranks"  # rank-N.json per rank; rank-N.error.json for a rank that failed
-FIRST_FAILURE_FILE = "ranks/first-failure"  # created by the first rank to fail, exclusively
-ERROR_FILES = "rank-*.error.json"  # in RANKS_DIR
+import re
+from dataclasses import dataclass
+from pathlib import Path
 
-
-def error_file(rank: int) -> str:
-    """A failed rank's error record, in RANKS_DIR."""
-    return f"rank-{rank}.error.json"
+# Variables the launcher sets for every rank.
+OUTPUT_MODE_ENV = "RLHF_OUTPUT"  # quiet | normal | verbose, from --quiet / --verbose
+PROBE_GENERATION_ENV = "RLHF_PROBE_GENERATION"  # set: each rank records what generation cost it
+STOCK_TRL_ENV = "RLHF_STOCK_TRL_GENERATION"  # set: TRL's no-gather generation as shipped (the upstream-bug canary)
+PROBE_CUDA_MEMORY_ENV = "RLHF_PROBE_CUDA_MEMORY"  # set: each rank records its peak CUDA memory per phase
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the ranks checkpointed and stopped; run again with --resume auto
+
+MANIFEST = "rlhf-manifest.json"  # in a checkpoint: its files and sizes, written once every rank has saved
+TRAINER_STATE = "trainer_state.json"  # the trainer's state and every logged metric (run dir and checkpoints)
+_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+
+
+def checkpoint_step(checkpoint: Path | str) -> int | None:
+    """N of a `checkpoint-N` directory, or None for any other name."""
+    match = _CHECKPOINT.fullmatch(Path(checkpoint).name)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run's output directory and the name of everything in it."""
+
+    path: Path
+
+    # -- written by the launcher, before any rank starts ---------------------------------------------------
+    @property
+    def recipe(self) -> Path:
+        """The fully resolved recipe, itself a valid recipe; the ranks read nothing else."""
+        return self.path / "recipe.yaml"
+
+    @property
+    def accelerate_config(self) -> Path:
+        return self.path / "accelerate_config.yaml"
+
+    @property
+    def launch_script(self) -> Path:
+        return self.path / "launch.sh"
+
+    @property
+    def run_record(self) -> Path:
+        """Command, versions and layout; at the end how it ended (machine 0 only)."""
+        return self.path / "run.json"
+
+    def machine(self, machine_rank: int) -> RunDir:
+        """Where machine N > 0 of a multi-node job keeps its own launch files: machine 0 owns the output dir."""
+        return self if machine_rank == 0 else RunDir(self.path / "machines" / f"machine-{machine_rank}")
+
+    # -- written by the ranks -----------------------------------------------------------------------------
+    @property
+    def summary(self) -> Path:
+        return self.path / "summary.json"
+
+    @property
+    def preempted(self) -> Path:
+        return self.path / "preempted.json"
+
+    @property
+    def trainer_state(self) -> Path:
+        return self.path / TRAINER_STATE
+
+    @property
+    def ranks(self) -> Path:
+        return self.path / "ranks"
+
+    def rank_record(self, rank: int) -> Path:
+        return self.ranks / f"rank-{rank}.json"
+
+    def rank_error(self, rank: int) -> Path:
+        """A failed rank's error and traceback."""
+        return self.ranks / f"rank-{rank}.error.json"
+
+    @property
+    def first_failure(self) -> Path:
+        """Created by the first rank to fail, exclusively; every other rank stops on seeing it."""
+        return self.ranks / "first-failure"
+
+    def rank_records(self) -> list[Path]:
+        return sorted(path for path in self.ranks.glob("rank-[0-9]*.json") if not path.name.endswith(".error.json"))
+
+    def rank_errors(self) -> list[Path]:
+        return sorted(self.ranks.glob("rank-*.error.json"))
+
+    def checkpoint(self, step: int) -> Path:
+        return self.path / f"checkpoint-{step}"
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """(step, directory) of every `checkpoint-N` here, newest first."""
+        found = ((checkpoint_step(path), path) for path in self.path.glob("checkpoint-*") if path.is_dir())
+        return sorted(((step, path) for step, path in found if step is not None), reverse=True)

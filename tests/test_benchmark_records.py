@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,19 @@ def test_a_run_without_the_probe_is_refused(tmp_path: Path) -> None:
     write_run(tmp_path, 0, 4, [])
     with pytest.raises(ValueError, match="RLHF_PROBE_GENERATION=1"):
         load_common().rank_generations([tmp_path])
+
+
+def test_a_command_past_its_timeout_is_killed_with_what_it_started() -> None:
+    """A benchmark's timed-out run must not leave its ranks behind, holding memory (or a GPU) during the next run."""
+    common = load_common()
+    starts_a_child = ("import subprocess, sys, time; "
+                      "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+                      "print(child.pid, flush=True); time.sleep(120)")
+    with pytest.raises(common.CommandTimedOut, match="ran past 3 s") as raised:
+        common.run_timed([sys.executable, "-c", starts_a_child], timeout=3)
+    child = int(str(raised.value).split("\n")[1])
+    status = Path(f"/proc/{child}/status")
+    deadline = time.monotonic() + 10
+    while status.exists() and "zombie" not in status.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not status.exists() or "zombie" in status.read_text(), "the command's child outlived it"

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, REPO, write
+from rlhf_cli.algorithms import ALGORITHMS
 
-TRAIN_COMMANDS = ("ppo", "rloo", "online-dpo")
+TRAIN_COMMANDS = tuple(entry.command for entry in ALGORITHMS.values())
 pytestmark = pytest.mark.usefixtures("nothing_launches")  # no test here starts ranks
 BUNDLED = sorted(RECIPES.glob("*/*.yaml"))
 
@@ -159,7 +160,7 @@ def test_bash_completion_completes_commands_and_choices(tmp_path: Path) -> None:
              "try:\n    app(prog_name='rlhf')\nexcept SystemExit:\n    pass\n"
              "print('HEAVY', [m for m in %r if m in sys.modules])" % (HEAVY,))
     answers = {}
-    for line, expected in (("rlhf re", "recipes report"), ("rlhf init ", "ppo rloo online-dpo"),
+    for line, expected in (("rlhf re", "recipes report"), ("rlhf init ", " ".join(TRAIN_COMMANDS)),
                            ("rlhf rloo --offload-optimizer ", "none cpu nvme")):
         env = {**os.environ, "_RLHF_COMPLETE": "complete_bash", "COMP_WORDS": line,
                "COMP_CWORD": str(len(line.split(" ")) - 1)}

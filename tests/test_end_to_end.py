@@ -15,12 +15,16 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES
+from rlhf_cli.algorithms import ALGORITHMS, algorithm
+from rlhf_cli.run_dir import PROBE_CUDA_MEMORY_ENV, PROBE_GENERATION_ENV
 
 pytestmark = pytest.mark.launch
 
 SMALL_BUCKETS = ("stage3_prefetch_bucket_size=2000", "stage3_param_persistence_threshold=0",
                  "stage3_max_live_parameters=20000")
-SCORE_METRIC = {"rloo": "reward", "online-dpo": "objective/scores"}
+# PPO, our own trainer, has its own end-to-end tests (test_ppo_end_to_end.py).
+TRL_COMMANDS = [entry.command for entry in ALGORITHMS.values() if entry.name != "ppo"]
+PROBES = {PROBE_GENERATION_ENV: "1", PROBE_CUDA_MEMORY_ENV: "1"}
 STALE_TRACE_CRASH = "The size of tensor a (0) must match the size of tensor b"
 
 
@@ -30,13 +34,13 @@ def rlhf(command: str, out: Path, *args: str, env: dict[str, str] | None = None)
     for pair in SMALL_BUCKETS:
         argv += ["--set", pair]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=480,
-                          env={**os.environ, "RLHF_PROBE_GENERATION": "1", **(env or {})})
+                          env={**os.environ, **PROBES, **(env or {})})
     print(done.stdout[-4000:], done.stderr[-8000:], sep="\n")  # shown by pytest when a later assertion fails
     return done
 
 
 @pytest.mark.parametrize("gather", [True, False], ids=["gather", "no-gather"])
-@pytest.mark.parametrize("command", ["rloo", "online-dpo"])
+@pytest.mark.parametrize("command", TRL_COMMANDS)
 def test_smoke_recipe_trains_under_zero3(command: str, gather: bool, tmp_path: Path) -> None:
     out = tmp_path / "run"
     done = rlhf(command, out, "--gather" if gather else "--no-gather")
@@ -46,7 +50,7 @@ def test_smoke_recipe_trains_under_zero3(command: str, gather: bool, tmp_path: P
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 4
     steps = [entry for entry in state["log_history"] if "loss" in entry]
-    assert len(steps) == 4 and all(SCORE_METRIC[command] in entry for entry in steps)
+    assert len(steps) == 4 and all(algorithm(command).headline_metrics[0][0] in entry for entry in steps)
 
     # The saved policy is whole (consolidated from the ZeRO-3 shards), loads, and has been trained.
     from transformers import AutoModelForCausalLM
@@ -68,6 +72,11 @@ def test_smoke_recipe_trains_under_zero3(command: str, gather: bool, tmp_path: P
             assert probe["peak_fraction"] == 1.0  # the whole policy was gathered to generate
         else:
             assert probe["peak_fraction"] < 0.6  # generation only ever held a part of it
+        # The phase probe saw the same calls (no CUDA here: their times only), one after the other.
+        phases = record["phase_memory"]
+        assert phases["cuda"] is False and phases["phases"] == {}
+        starts = [call["started_s"] for call in phases["generation_calls"]]
+        assert len(starts) == probe["calls"] and starts == sorted(starts)
 
 
 def test_stock_trl_still_crashes_with_no_gather(tmp_path: Path) -> None:

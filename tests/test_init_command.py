@@ -8,20 +8,22 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.config.fields import catalogue, coerce
 from rlhf_cli.config.starter import entry_value, sections, starter_recipe
 
-ALGORITHMS = ("ppo", "rloo", "online-dpo")
+COMMANDS = [entry.command for entry in ALGORITHMS.values()]
 LIKELY_KEYS = {"model_name_or_path", "reward_model_name_or_path", "reward_funcs", "dataset_name",
                "dataset_prompt_column", "gather", "offload_optimizer", "offload_params", "num_processes",
                "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate", "output_dir",
                "logging_steps", "save_strategy"}
 PER_ALGORITHM = {"ppo": {"kl_coef", "response_length", "total_episodes"},
                  "rloo": {"beta", "num_generations", "max_completion_length"},
-                 "online-dpo": {"beta", "max_new_tokens", "max_length"}}
+                 "online-dpo": {"beta", "max_new_tokens", "max_length"},
+                 "grpo": {"beta", "num_generations", "max_completion_length", "loss_type"}}
 
 
-@pytest.mark.parametrize("command", ALGORITHMS)
+@pytest.mark.parametrize("command", COMMANDS)
 def test_the_written_recipe_passes_dry_run(cli, command: str, tmp_path: Path) -> None:
     written = cli("init", command, "--out", "starter.yaml")
     assert written.exit_code == 0, written.output
@@ -34,7 +36,7 @@ def test_the_written_recipe_passes_dry_run(cli, command: str, tmp_path: Path) ->
     assert plan["trainer"]["ds3_gather_for_generation"] is recipe["gather"]
 
 
-@pytest.mark.parametrize("command", ALGORITHMS)
+@pytest.mark.parametrize("command", COMMANDS)
 def test_every_field_has_a_comment_and_a_valid_value_even_when_commented_out(command: str) -> None:
     algorithm = command.replace("-", "_")
     text = starter_recipe(algorithm)

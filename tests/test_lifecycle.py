@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlhf_cli.run_dir import FIRST_FAILURE_FILE
+from rlhf_cli.run_dir import RunDir
 
 BLOCKED_RANK = """
 import sys, time
@@ -24,7 +24,7 @@ def test_a_blocked_rank_exits_soon_after_another_rank_fails(tmp_path: Path) -> N
     assert rank.stdout.readline() == "training\n"
     time.sleep(0.5)
     assert rank.poll() is None  # no failure anywhere: it keeps going
-    marker = tmp_path / FIRST_FAILURE_FILE
+    marker = RunDir(tmp_path).first_failure
     marker.parent.mkdir(parents=True)
     marker.touch()  # what the first failing rank, on any machine, leaves in the shared output dir
     started = time.monotonic()

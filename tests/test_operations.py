@@ -13,18 +13,18 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES
+from rlhf_cli.algorithms import ALGORITHMS, algorithm
 from rlhf_cli.checkpoints import incomplete_reason
 
 pytestmark = pytest.mark.launch
 
 FIXTURES = Path(__file__).parent / "fixtures"
-# Twelve steps per algorithm, and the metric each logs per step (and shows on its progress line).
-TWELVE_STEPS = {"rloo": ("--max-steps", "12"), "online-dpo": ("--max-steps", "12"),
-                "ppo": ("--set", "total_episodes=96")}
-# What SLURM sends before it kills a job: SIGTERM on preemption, SIGUSR1 with --signal=USR1@SECONDS.
-PREEMPTION_SIGNAL = {"rloo": signal.SIGTERM, "online-dpo": signal.SIGUSR1, "ppo": signal.SIGTERM}
-STEP_METRIC = {"rloo": ("reward", "reward"), "online-dpo": ("objective/scores", "score"),
-               "ppo": ("objective/scores", "score")}
+COMMANDS = [entry.command for entry in ALGORITHMS.values()]
+# Twelve steps: PPO counts episodes (8 per update in its smoke recipe), the others steps.
+TWELVE_STEPS = {"ppo": ("--set", "total_episodes=96")}
+# What SLURM sends before it kills a job: SIGTERM on preemption, SIGUSR1 with --signal=USR1@SECONDS. Both are
+# tested: every other algorithm gets SIGUSR1.
+PREEMPTION_SIGNAL = {command: (signal.SIGTERM, signal.SIGUSR1)[index % 2] for index, command in enumerate(COMMANDS)}
 
 
 def rlhf_argv(command: str, out: Path, *args: str) -> list[str]:
@@ -40,10 +40,10 @@ def finish(process: subprocess.Popen, lines: list[str]) -> tuple[int, str, str]:
     return process.returncode, stdout, stderr
 
 
-@pytest.mark.parametrize("command", ["rloo", "online-dpo", "ppo"])
+@pytest.mark.parametrize("command", COMMANDS)
 def test_a_preemption_signal_checkpoints_and_resume_auto_finishes_the_same_steps(command: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    argv = rlhf_argv(command, out, *TWELVE_STEPS[command])
+    argv = rlhf_argv(command, out, *TWELVE_STEPS.get(command, ("--max-steps", "12")))
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     for line in process.stdout:  # not a terminal: one plain line per logged step
@@ -53,7 +53,7 @@ def test_a_preemption_signal_checkpoints_and_resume_auto_finishes_the_same_steps
             break
     code, stdout, stderr = finish(process, lines)
     assert code == 75, "preemption has its own exit code"
-    metric, label = STEP_METRIC[command]
+    metric, label = algorithm(command).headline_metrics[0]  # logged every step, shown on its progress line
     assert any(line.startswith("step 1/12") and f" {label} " in line and "eta" in line for line in lines)
     preempted = json.loads((out / "preempted.json").read_text())
     stopped = preempted["step"]

@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import RECIPES, REPO, write
+from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.config.resolve import RunRequest, resolve
-from rlhf_cli.errors import ConfigError
+from rlhf_cli.errors import ConfigError, PlanError
 from rlhf_cli.plan import memory
-from rlhf_cli.plan.estimate import choose_gather, plan_run
-from rlhf_cli.plan.gpus import SizeError, available_ram, detect_hardware, parse_size
+from rlhf_cli.plan.estimate import plan_run, planned
+from rlhf_cli.plan.gpus import available_ram, detect_hardware
 from rlhf_cli.plan.models import ModelConfigUnavailable, find_config, model_size, read_config
+from rlhf_cli.sizes import SizeError, parse_size
 
 FIXTURES = REPO / "tests" / "fixtures" / "models"
 SEED = RECIPES / "ppo" / "pythia-12b-descriptiveness.yaml"
@@ -49,6 +52,8 @@ TINY = {"vocab_size": 320, "hidden_size": 64, "intermediate_size": 96, "num_hidd
 ARCHITECTURES = {
     "pythia-12b": json.loads((FIXTURES / "pythia-12b" / "config.json").read_text()),
     "pythia-70m": json.loads((FIXTURES / "pythia-70m" / "config.json").read_text()),
+    **{name: json.loads((FIXTURES / name / "config.json").read_text())
+       for name in ("qwen2.5-7b", "qwen3-0.6b", "llama-3.1-8b")},
     "llama-gqa": {**TINY, "model_type": "llama", "num_key_value_heads": 2},
     "llama-tied-bias": {**TINY, "model_type": "llama", "tie_word_embeddings": True, "attention_bias": True,
                         "mlp_bias": True},
@@ -87,21 +92,69 @@ def test_a_config_without_sizes_is_refused_with_what_it_lacks() -> None:
         model_size({"model_type": "llama"})
 
 
-# -- DeepSpeed's own estimator -------------------------------------------------------------------------------
+# -- model states: what DeepSpeed's ZeRO-3 optimizer allocates ---------------------------------------------
 
-def test_model_states_equal_deepspeeds_estimator(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
-    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+ZERO3_PROBE = """
+import json, os, sys
+import torch, deepspeed
+from transformers import AutoConfig, AutoModelForCausalLM
 
-    sizes = [model_size(ARCHITECTURES[name]) for name in ("pythia-12b", "pythia-70m")]
-    for size, gpus, machines, optimizer, params, zero_init in itertools.product(
-            sizes, (1, 4, 8), (1, 3), (True, False), (True, False), (True, False)):
-        theirs = estimate_zero3_model_states_mem_needs(
-            size.params, size.largest_layer, num_gpus_per_node=gpus, num_nodes=machines, cpu_offload=optimizer,
-            cpu_offload_params=params, zero_init=zero_init)
-        ours = memory.zero3_model_states(size.params, size.largest_layer, gpus, machines, offload_optimizer=optimizer,
-                                         offload_params=params, zero_init=zero_init)
-        assert ours == theirs[:2], (size.params, gpus, machines, optimizer, params, zero_init)
+deepspeed.init_distributed(dist_backend="gloo")
+found = {}
+for name, bf16, offload in (("bf16", True, False), ("bf16 offload", True, True), ("fp32", False, False)):
+    config = AutoConfig.for_model(model_type="llama", vocab_size=320, hidden_size=64, intermediate_size=96,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    model = AutoModelForCausalLM.from_config(config)
+    params = sum(p.numel() for p in model.parameters())
+    zero = {"stage": 3, "offload_optimizer": {"device": "cpu" if offload else "none"}}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config={
+        "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": bf16}, "zero_optimization": zero,
+        "zero_force_ds_cpu_optimizer": False})
+    optimizer = engine.optimizer
+    step_gradients = []
+    prepare = optimizer._prepare_fp32_grad_for_sub_group
+    def recording(sub_group, prepare=prepare, optimizer=optimizer):
+        prepare(sub_group)
+        gradient = optimizer.fp32_partitioned_groups_flat[sub_group].grad
+        step_gradients.append(gradient.numel() * gradient.element_size())
+    optimizer._prepare_fp32_grad_for_sub_group = recording
+    ids = torch.randint(0, 320, (1, 8))
+    engine.backward(engine(input_ids=ids, labels=ids).loss)
+    engine.step()
+    def size(tensors):
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+    masters = [t for t in optimizer.fp32_partitioned_groups_flat
+               if all(t.data_ptr() != p.data_ptr() for p in optimizer.fp16_partitioned_groups_flat)]
+    found[name] = {"params": params, "parameter": size(optimizer.fp16_partitioned_groups_flat),
+                   "optimizer": size([optimizer.grad_partitions_flat_buffer, *masters,
+                                      *[v for s in optimizer.optimizer.state.values() for v in s.values()
+                                        if torch.is_tensor(v) and v.numel() > 1],
+                                      *(t.grad for t in optimizer.fp32_partitioned_groups_flat if offload)]),
+                   "step": max(step_gradients, default=0)}
+print(json.dumps(found))
+"""
+
+
+def test_model_states_are_what_deepspeeds_zero3_optimizer_allocates(tmp_path: Path) -> None:
+    """One process, DeepSpeed's CPU accelerator: the partitions, master weights, Adam's moments and gradient
+    buffers it really creates, against the plan's bytes per parameter (one GPU: the shard is the model)."""
+    probe = write(tmp_path / "probe.py", ZERO3_PROBE)
+    environment = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29613",
+                   "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    done = subprocess.run([sys.executable, str(probe)], env=environment, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    for name, element_bytes, offload in (("bf16", 2, False), ("bf16 offload", 2, True), ("fp32", 4, False)):
+        measured = found[name]
+        params = measured["params"]
+        cpu, gpu = memory.zero3_model_states(params, element_bytes, 1, 1, offload_optimizer=offload,
+                                             offload_params=False)
+        allocated = measured["parameter"] + measured["optimizer"]
+        assert (gpu + cpu, gpu) == (allocated, allocated - measured["optimizer"] if offload else allocated), name
+        assert memory.optimizer_step(params, 0, element_bytes, 1, offload) == measured["step"] * (
+            1 + element_bytes / 4 if element_bytes < 4 else 1), name
+    assert memory.zero3_model_states(10**9, 2, 8, 1, offload_optimizer=False, offload_params=False)[1] == 2 * 10**9
 
 
 # -- the formulas ------------------------------------------------------------------------------------------
@@ -115,14 +168,68 @@ def test_generation_weights_without_gathering_are_bounded_by_what_zero3_keeps_li
         small, 2, True, 10**9, 5 * 10**7)
 
 
-def test_gradient_checkpointing_shrinks_activations_and_the_peak_takes_the_larger_phase() -> None:
+def test_gradient_checkpointing_shrinks_activations_and_the_peak_takes_the_largest_phase() -> None:
     size = model_size(ARCHITECTURES["pythia-12b"])
     full = memory.activations(size, 2, 512, 2, checkpointing=False)
     assert memory.activations(size, 2, 512, 2, checkpointing=True) < full / 5
     assert memory.activations(size, 4, 512, 2, checkpointing=False) == 2 * full
     rows = [memory.Component("a", memory.STATIC, 10), memory.Component("b", memory.GENERATION, 5),
-            memory.Component("c", memory.GENERATION, 4), memory.Component("d", memory.TRAINING, 7)]
-    assert memory.peak(rows) == 10 + 9
+            memory.Component("c", memory.GENERATION, 4), memory.Component("d", memory.TRAINING, 7),
+            memory.Component("e", memory.STEP, 11)]
+    assert memory.peak(rows) == 10 + 11
+    assert memory.peak(rows[:4]) == 10 + 9
+
+
+LAYER_SHAPE = {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 1,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096}
+LAYERS = {"llama": {**LAYER_SHAPE, "model_type": "llama"}, "qwen2": {**LAYER_SHAPE, "model_type": "qwen2"},
+          "qwen3": {**LAYER_SHAPE, "model_type": "qwen3", "head_dim": 32},
+          "gpt_neox": {**LAYER_SHAPE, "model_type": "gpt_neox", "num_key_value_heads": 4, "rotary_pct": 0.25,
+                       "intermediate_size": 256}}
+
+
+def saved_by_one_layer(config: dict, attention: str, dtype_name: str, sequence: int = 64) -> int:
+    """Bytes per token that autograd keeps for the backward of one decoder layer: every tensor a saved-tensor
+    hook sees, by storage, less the parameters and what all layers share (RoPE's cos and sin, the mask)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dtype = getattr(torch, dtype_name)
+    hf_config = AutoConfig.for_model(**config)
+    hf_config._attn_implementation = "eager" if attention == memory.EAGER else "sdpa"
+    model = AutoModelForCausalLM.from_config(hf_config).to(dtype).train()
+    layer = model.base_model.layers[0]
+    hidden = torch.randn(1, sequence, config["hidden_size"], dtype=dtype, requires_grad=True)
+    shared = list(model.base_model.rotary_emb(hidden, torch.arange(sequence)[None]))
+    mask = None  # no padding: SDPA runs its fused kernels with k and v per kv head, as FlashAttention does
+    if attention == memory.SDPA:  # a padded batch: transformers' boolean mask
+        mask = torch.ones(1, 1, sequence, sequence, dtype=torch.bool).tril()
+    elif attention == memory.EAGER:
+        mask = torch.zeros(1, 1, sequence, sequence, dtype=dtype).masked_fill(
+            torch.ones(sequence, sequence, dtype=torch.bool).triu(1), torch.finfo(dtype).min)
+    excluded = {tensor.untyped_storage().data_ptr() for tensor in [*model.parameters(), *shared]}
+    if mask is not None:
+        excluded.add(mask.untyped_storage().data_ptr())
+    kept: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in excluded:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        layer(hidden, attention_mask=mask, position_embeddings=tuple(shared))
+    return sum(kept.values()) // sequence
+
+
+@pytest.mark.parametrize("attention", [memory.FLASH_ATTENTION, memory.SDPA, memory.EAGER])
+@pytest.mark.parametrize("name", LAYERS)
+def test_layer_activations_are_what_autograd_keeps(name: str, attention: str) -> None:
+    for dtype_name, element_bytes in (("bfloat16", 2), ("float32", 4)):
+        size = model_size(LAYERS[name])
+        expected = memory.layer_activations(size, 64, element_bytes, attention, liger=False)
+        assert expected == saved_by_one_layer(LAYERS[name], attention, dtype_name), (name, attention, dtype_name)
 
 
 # -- sizes and GPUs ----------------------------------------------------------------------------------------
@@ -199,7 +306,7 @@ def test_seed_case_gather_does_not_fit_no_gather_does(seed_models) -> None:
 
 
 def test_seed_case_gather_auto_picks_no_gather(seed_models) -> None:
-    run = seed_run(ds3_gather_for_generation=("--gather auto", "auto"))
+    run, _ = planned(seed_run(ds3_gather_for_generation=("--gather auto", "auto")))
     setting = run.settings["ds3_gather_for_generation"]
     assert setting.value is False
     assert setting.source.startswith("rlhf plan: gathering needs") and "of 23.7 GiB" in setting.source
@@ -207,8 +314,8 @@ def test_seed_case_gather_auto_picks_no_gather(seed_models) -> None:
 
 
 def test_gather_auto_with_nothing_that_fits_says_what_would(seed_models) -> None:
-    with pytest.raises(ConfigError) as caught:
-        seed_run(ds3_gather_for_generation=("--gather auto", "auto"), gpu_memory=("--gpu-memory", "12GiB"))
+    with pytest.raises(PlanError) as caught:
+        planned(seed_run(ds3_gather_for_generation=("--gather auto", "auto"), gpu_memory=("--gpu-memory", "12GiB")))
     message = str(caught.value)
     assert "neither fits" in message and "no-gather, opt+params->cpu fits" in message
     assert "no-gather, optimizer->cpu fits on" in message and "GPUs" in message
@@ -257,8 +364,9 @@ def test_plan_commands_take_exactly_the_training_flags(cli) -> None:
     def options(*command: str) -> set[str]:
         return {word.strip(",") for word in cli(*command, "--help").output.split() if word.startswith("--")}
 
-    assert {"ppo", "rloo", "online-dpo"} <= set(cli("plan", "--help").output.split())
-    for command in ("ppo", "rloo", "online-dpo"):
+    commands = [entry.command for entry in ALGORITHMS.values()]
+    assert set(commands) <= set(cli("plan", "--help").output.split())
+    for command in commands:
         assert options("plan", command) == options(command)
         assert {"--gpu-memory", "--num-gpus", "--gather", "--no-gather", "--json"} <= options(command)
 
@@ -283,7 +391,8 @@ def test_the_plan_is_printed_before_a_launch_and_in_dry_runs(cli, nothing_launch
 @pytest.mark.parametrize(("args", "message"), [
     (["auto"], "unexpected argument 'auto'; did you mean --gather auto?"),
     (["--no-gather", "auto"], "unexpected argument 'auto'; did you mean --gather auto?"),
-    (["--gather", "always"], "--gather takes no value but auto, got 'always'"),
+    (["--gather", "always"], "unexpected argument 'always'"),
+    (["--dry-run", "stray"], "unexpected argument 'stray'"),
     (["--set", "gather=sometimes"], "expected one of true, false, auto, got 'sometimes'"),
     (["--gpu-memory", "lots"], "Error: --gpu-memory: `gpu_memory`: 'lots' is not a memory size"),
 ])
@@ -303,25 +412,87 @@ def test_which_models_each_algorithm_holds(seed_models) -> None:
                              "reward": "EleutherAI/pythia-70m"}
     assert "reference" not in roles("rloo", "beta=0")
     assert set(roles("online_dpo")) == {"policy", "reference", "reward"}
+    assert set(roles("grpo")) == {"policy", "reward"}  # TRL's default beta 0: no reference model
+    assert set(roles("grpo", "beta=0.04")) == {"policy", "reference", "reward"}
     assert roles("ppo", "reward_model_name_or_path=null", "reward_funcs=[tests.fixtures.rewards:letter_e]")["value"] \
         == "EleutherAI/pythia-12b"
 
 
-def test_choose_gather_on_a_non_zero3_config_names_the_fix(tmp_path: Path) -> None:
+def test_gather_auto_on_a_non_zero3_config_names_the_fix(tmp_path: Path) -> None:
     config = write(tmp_path / "ddp.yaml", "distributed_type: MULTI_GPU\nnum_processes: 2\n")
-    run = resolve(RunRequest("rloo", "rloo/smoke", {"accelerate_config": ("--accelerate-config", str(config))}))
+    run = resolve(RunRequest("rloo", "rloo/smoke", {"accelerate_config": ("--accelerate-config", str(config))},
+                             ("gather=auto",)))
     assert not plan_run(run).known
-    with pytest.raises(ConfigError, match="not DeepSpeed ZeRO-3.*pass --gather or --no-gather"):
-        choose_gather(run)
+    with pytest.raises(PlanError, match="not DeepSpeed ZeRO-3.*pass --gather or --no-gather"):
+        planned(run)
 
 
 def test_gather_auto_in_a_recipe(tmp_path: Path) -> None:
     recipe = write(tmp_path / "auto.yaml", (RECIPES / "rloo" / "smoke.yaml").read_text().replace(
         "gather: true", "gather: auto").replace("../smoke/", f"{RECIPES}/smoke/"))
-    run = resolve(RunRequest("rloo", str(recipe), {"gpu_memory": ("--gpu-memory", "24GiB")}))
+    run, _ = planned(resolve(RunRequest("rloo", str(recipe), {"gpu_memory": ("--gpu-memory", "24GiB")})))
     assert run.value("ds3_gather_for_generation") is True
     source = run.settings["ds3_gather_for_generation"].source
     assert source.startswith("rlhf plan: gathering needs") and source.endswith("of 24.0 GiB")
+
+
+# -- what each trainer computes ------------------------------------------------------------------------------
+
+QWEN = ("model_name_or_path=Qwen/Qwen2.5-7B", "reward_model_name_or_path=null",
+        "reward_funcs=[think_format_reward]")
+
+
+def rows_of(algorithm: str, *sets: str, gather: bool = False) -> dict[str, int]:
+    """GPU bytes of each row of the seed recipe's no-offload column, with Qwen2.5-7B as the policy."""
+    cache_model("Qwen/Qwen2.5-7B", "qwen2.5-7b")
+    recipe = RECIPES / algorithm / "pythia-12b-descriptiveness.yaml"
+    run = resolve(RunRequest(algorithm, str(recipe), dict(SEED_HARDWARE), (*QWEN, *sets)), cuda=True)
+    column = plan_run(run).column(gather, "none", "none")
+    return {part.name: part.gpu for part in column.components}
+
+
+def test_attention_scores_are_counted_only_with_eager_attention() -> None:
+    def activations(attention: str, length: int) -> int:
+        return rows_of("rloo", f"attn_implementation={attention}", f"plan_prompt_length={length}",
+                       "max_completion_length=64")["train activations"]
+
+    def scores(length: int) -> int:
+        return activations("eager", length - 64) - activations("flash_attention_2", length - 64)
+
+    # FlashAttention keeps nothing per pair of tokens: twice the tokens, twice the bytes
+    assert activations("flash_attention_2", 2048 - 64) == 2 * activations("flash_attention_2", 1024 - 64)
+    assert scores(2048) > 3.5 * scores(1024) > 0  # eager keeps scores: they grow with the square of the length
+    assert activations("sdpa", 1024 - 64) < 1.2 * activations("flash_attention_2", 1024 - 64)
+
+
+def test_rloo_scores_completion_tokens_only_and_ppo_every_position() -> None:
+    def logits(algorithm: str, prompt: int) -> int:
+        return rows_of(algorithm, f"plan_prompt_length={prompt}")["train logits"]
+
+    # TRL's fused LM head: tiles and the head's fp32 weight gradient, whatever the prompt
+    assert logits("rloo", 64) == logits("rloo", 1024)
+    vocab, hidden = 152064, 3584
+    assert 4 * vocab * hidden < logits("rloo", 64) < 4 * vocab * hidden + 2**30
+    # PPO's policy returns logits for every position: they grow with the prompt
+    assert logits("ppo", 1024) - logits("ppo", 64) == 2 * 16 * (1024 - 64) * vocab * 2
+
+
+def test_liger_kernels_shrink_activations_not_the_logits_of_a_forward_without_labels() -> None:
+    plain, liger = rows_of("ppo"), rows_of("ppo", "use_liger_kernel=true")
+    assert liger["train activations"] < 0.8 * plain["train activations"]
+    assert liger["train logits"] == plain["train logits"]  # Liger's fused cross-entropy needs labels
+
+
+def test_gathered_generation_counts_the_policy_once(seed_models) -> None:
+    plan = plan_run(seed_run())
+    gather = plan.column(True, "cpu", "none")
+    rows = {part.name: part for part in gather.components}
+    policy = plan.roles[0].size
+    assert rows["policy states"].gpu == 2 * policy.params // 4  # the 16-bit shard, no largest layer on top
+    static = sum(part.gpu for part in gather.components if part.phase == memory.STATIC)
+    assert gather.peak == static + rows["gen weights"].gpu + rows["gen KV cache"].gpu
+    assert rows["gen weights"].gpu == 2 * (policy.params + plan.roles[3].size.params)
+    assert rows["step fp32 grads"].gpu == 0  # the optimizer steps in CPU memory
 
 
 def test_ppo_rollouts_per_process_are_per_device_times_accumulation() -> None:

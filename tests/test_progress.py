@@ -8,7 +8,6 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from rlhf_cli.metrics import HEADLINE_METRICS
 from rlhf_cli.rank.progress import TrainingProgress
 
 # What each trainer really logs per step (names from TRL 1.16's trainers and ours), with made-up values.
@@ -60,10 +59,6 @@ def test_a_resumed_run_counts_its_eta_from_where_it_resumed() -> None:
     out = io.StringIO()
     train(TrainingProgress("rloo", Console(file=out, force_terminal=False)), LOGGED["rloo"], steps=2, start=6)
     assert out.getvalue().splitlines()[0].startswith("step 7/10")
-
-
-def test_every_algorithm_has_headline_metrics() -> None:
-    assert set(HEADLINE_METRICS) == {"rloo", "online_dpo", "ppo"}
 
 
 def test_generation_seconds_per_step_since_the_last_log() -> None:

@@ -22,6 +22,7 @@ EXPECTED = {  # algorithm -> (panels drawn, table columns after `step`)
     "ppo": (5, ["objective/scores", "objective/rlhf_reward", "objective/kl", "loss/policy_avg", "loss/value_avg",
                 "policy/clipfrac_avg", "val/clipfrac_avg"]),
     "online_dpo": (3, ["objective/scores", "objective/rlhf_reward", "objective/kl", "loss"]),
+    "grpo": (2, ["reward", "loss"]),  # beta 0: no reference, no KL
 }
 
 

@@ -7,12 +7,13 @@ from typing import Annotated
 import typer
 
 from rlhf_cli import __version__
+from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.cli import doctor, init, recipes, report
-from rlhf_cli.cli.train import EXTRA_ARGS, train
+from rlhf_cli.cli.train import EXTRA_ARGS, plan, train
 
 app = typer.Typer(
     name="rlhf",
-    help="Launch PPO, RLOO and online DPO under DeepSpeed ZeRO-3, with gather and offload as flags.",
+    help="Launch PPO, RLOO, online DPO and GRPO under DeepSpeed ZeRO-3, with gather and offload as flags.",
     no_args_is_help=True,
     add_completion=True,
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -34,26 +35,18 @@ def root(
     """Set RLHF_DEBUG=1 to see tracebacks for errors."""
 
 
-TRAIN_COMMANDS = {
-    "ppo": ("Train with PPO (rlhf's own trainer): a value model, GAE and a per-token KL penalty.",
-            "rlhf ppo -r ppo/smoke --no-gather"),
-    "rloo": ("Train with RLOO (TRL's RLOOTrainer): several completions per prompt, leave-one-out baseline.",
-             "rlhf rloo -r rloo/smoke --no-gather"),
-    "online-dpo": ("Train with online DPO (TRL's OnlineDPOTrainer): two completions per prompt, ranked by the reward.",
-                   "rlhf online-dpo -r online_dpo/smoke --offload-optimizer cpu --dry-run"),
-}
-
-for _name, (_help, _example) in TRAIN_COMMANDS.items():
-    app.command(_name, help=_help, epilog=f"Example: {_example}", context_settings=EXTRA_ARGS)(train)
+for _entry in ALGORITHMS.values():
+    app.command(_entry.command, help=_entry.summary, epilog=f"Example: {_entry.example}",
+                context_settings=EXTRA_ARGS)(train)
 
 plan_app = typer.Typer(
     name="plan", no_args_is_help=True,
     help="Will it fit? Per-GPU memory of a run for every gather/offload choice, before anything starts.")
-for _name in TRAIN_COMMANDS:
-    plan_app.command(_name, help=f"Plan `rlhf {_name}`: the same flags, nothing is started.",
+for _entry in ALGORITHMS.values():
+    plan_app.command(_entry.command, help=f"Plan `rlhf {_entry.command}`: the same flags; nothing is started.",
                      context_settings=EXTRA_ARGS,
-                     epilog=f"Example: rlhf plan {_name} -r {_name.replace('-', '_')}/pythia-12b-descriptiveness "
-                            "--gpu-memory 24GiB --num-gpus 4")(train)
+                     epilog=f"Example: rlhf plan {_entry.command} -r {_entry.name}/pythia-12b-descriptiveness "
+                            "--gpu-memory 24GiB --num-gpus 4")(plan)
 app.add_typer(plan_app)
 
 

@@ -19,7 +19,7 @@ def doctor(
     json_: Annotated[bool, typer.Option("--json", help="Print the checks as a JSON list, for scripts.")] = False,
 ) -> None:
     """Check python, pinned packages, GPUs, DeepSpeed's build tools and accelerator, the hub; exit 1 on a problem."""
-    from rlhf_cli import doctor as checks
+    from rlhf_cli import machine_checks as checks
 
     found = checks.run_checks()
     problems = [check for check in found if check.status == checks.PROBLEM]

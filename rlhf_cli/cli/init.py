@@ -8,21 +8,20 @@ from typing import Annotated, Optional
 
 import typer
 
+from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.cli.output import fail_on_user_errors, stderr
 from rlhf_cli.errors import RlhfError
 
 EXAMPLE = "rlhf init rloo --out my-rloo.yaml && rlhf rloo -r my-rloo.yaml --dry-run"
 
-
-class Algorithm(str, Enum):
-    ppo = "ppo"
-    rloo = "rloo"
-    online_dpo = "online-dpo"
+# The training commands as a choice: `rlhf init ppo`, `rlhf init online-dpo`, ...
+Command = Enum("Command", {entry.command: entry.command for entry in ALGORITHMS.values()}, type=str)
 
 
 def init(
-    algorithm: Annotated[Algorithm, typer.Argument(
-        metavar="ALGORITHM", help="ppo, rloo or online-dpo.", show_default=False)],
+    algorithm: Annotated[Command, typer.Argument(
+        metavar="ALGORITHM", help=", ".join(entry.command for entry in ALGORITHMS.values()) + ".",
+        show_default=False)],
     out: Annotated[Optional[Path], typer.Option(
         "--out", "-o", metavar="FILE", help="Write the recipe to FILE instead of printing it.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite FILE if it exists.")] = False,
@@ -30,9 +29,8 @@ def init(
     """Print or write a starter recipe with every field you are likely to change, each with a comment."""
     from rlhf_cli.config.starter import starter_recipe
 
-    name = algorithm.value.replace("-", "_")
     if out is None:
-        print(starter_recipe(name), end="")
+        print(starter_recipe(algorithm.value), end="")
         return
     with fail_on_user_errors():
         if out.is_dir():
@@ -40,7 +38,7 @@ def init(
         if out.exists() and not force:
             raise RlhfError(f"{out} already exists; choose another --out or pass --force to overwrite it")
         try:
-            out.write_text(starter_recipe(name, str(out)))
+            out.write_text(starter_recipe(algorithm.value, str(out)))
         except OSError as error:
             raise RlhfError(f"{out}: cannot write the recipe ({error.strerror})") from None
     stderr.print(f"Wrote {out}. Check it with: rlhf {algorithm.value} -r {out} --dry-run", highlight=False,

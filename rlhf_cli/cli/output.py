@@ -14,11 +14,11 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
+from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.resolve import ResolvedRun
 from rlhf_cli.errors import RlhfError
 from rlhf_cli.launch.runner import Outcome
-from rlhf_cli.metrics import headline
-from rlhf_cli.run_dir import RANKS_DIR, error_file
+from rlhf_cli.run_dir import RunDir
 from rlhf_cli.plan.memory import MARGIN
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def _count(params: int) -> str:
 def _plan_table(run: ResolvedRun, plan: Plan) -> Table:
     assert plan.hardware is not None
     hardware = plan.hardware
-    table = Table(title=f"rlhf plan {run.algorithm.replace('_', '-')}: GiB per GPU on {hardware.total_gpus} GPU(s)",
+    table = Table(title=f"rlhf plan {algorithm(run.algorithm).command}: GiB per GPU on {hardware.total_gpus} GPU(s)",
                   title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
     table.add_column("", style="cyan", no_wrap=True)
     for column in plan.columns:
@@ -130,13 +130,14 @@ def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
     work = plan.work
     lines = [f"GPU memory: {plan.hardware.source}; fits: peak at most {1 - MARGIN:.0%} of it",
              "offload: none; opt = optimizer to CPU; opt+par = optimizer and parameters to CPU; * the run's own",
-             "peak = static rows + the larger of the gen and train rows", f"models: {models}"]
+             "peak = static rows + the largest of the gen, train and step rows", f"models: {models}"]
     for line in lines:
         stdout.print(line, highlight=False, markup=False)
     stdout.print(f"per GPU: generation batch {work.generation_batch} x ({work.prompt_length} prompt + "
                  f"{work.completion_length} completion tokens), training micro-batch {work.train_batch} x "
                  f"{work.train_sequence} tokens, {work.element_bytes}-byte elements, gradient checkpointing "
-                 f"{'on' if work.gradient_checkpointing else 'off'}", highlight=False, markup=False)
+                 f"{'on' if work.gradient_checkpointing else 'off'}, {work.attention} attention"
+                 f"{', Liger kernels' if work.liger else ''}", highlight=False, markup=False)
     stdout.print(f"* the run's own: {plan.reason}", highlight=False, markup=False)
     for line in plan.suggestions:
         stdout.print(f"instead: {line}", highlight=False, markup=False)
@@ -145,7 +146,7 @@ def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
 
 
 def _settings_table(run: ResolvedRun) -> Table:
-    table = Table(title=f"rlhf {run.algorithm.replace('_', '-')}: resolved run", title_justify="left")
+    table = Table(title=f"rlhf {algorithm(run.algorithm).command}: resolved run", title_justify="left")
     table.add_column("key", style="cyan", no_wrap=True)
     table.add_column("value", overflow="fold")
     table.add_column("from", style="dim")
@@ -190,7 +191,8 @@ def print_header(run: ResolvedRun, plan: Plan) -> None:
     rows = {
         "policy": run.value("model_name_or_path"),
         "reward": ", ".join(filter(None, [run.value("reward_model_name_or_path"), *(run.value("reward_funcs") or [])])),
-        "value model": run.value("value_model_name_or_path") if run.algorithm == "ppo" else None,
+        "value model": run.value("value_model_name_or_path") if algorithm(run.algorithm).trains_value_model
+        else None,
         "dataset": run.value("dataset_name"),
         "processes": f"{run.accelerate.get('num_processes')} on {run.accelerate.get('num_machines') or 1} machine(s)",
         "ZeRO": f"stage {deepspeed.get('zero_stage', '-')}, "
@@ -209,7 +211,7 @@ def print_header(run: ResolvedRun, plan: Plan) -> None:
     for key, value in rows.items():
         if value not in (None, ""):
             grid.add_row(key, str(value))
-    stderr.print(Panel(grid, title=f"rlhf {run.algorithm.replace('_', '-')}", title_align="left", expand=False))
+    stderr.print(Panel(grid, title=f"rlhf {algorithm(run.algorithm).command}", title_align="left", expand=False))
 
 
 def _summary_table(outcome: Outcome) -> Table:
@@ -221,7 +223,7 @@ def _summary_table(outcome: Outcome) -> Table:
     table.add_row("wall time", f"{outcome.wall_seconds:.0f} s")
     if summary.get("steps_per_second"):
         table.add_row("steps/s", f"{summary['steps_per_second']:.3g} (loading and saving included)")
-    for label, value in headline(outcome.summary["algorithm"], summary.get("final_metrics") or {}):
+    for label, value in algorithm(summary["algorithm"]).headline(summary.get("final_metrics") or {}):
         table.add_row(label, f"{value:.4g}")
     table.add_row("saved", str(summary.get("saved")))
     return table
@@ -237,9 +239,8 @@ def print_outcome(outcome: Outcome, run: ResolvedRun, quiet: bool) -> None:
                      style="yellow", highlight=False, markup=False)
     elif outcome.status == "failed":
         failure = outcome.failure
-        where = run.output_dir / RANKS_DIR
         message = (f"rank {failure['rank']} on {failure['hostname']} failed: {failure['type']}: {failure['message']} "
-                   f"(traceback above and in {where / error_file(failure['rank'])})" if failure else
+                   f"(traceback above and in {RunDir(run.output_dir).rank_error(failure['rank'])})" if failure else
                    f"the ranks exited with code {outcome.exit_code} without recording an error (killed?); "
                    "see the output above")
         stderr.print(f"[bold red]Error:[/] {message}", highlight=False)

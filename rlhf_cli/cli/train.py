@@ -1,14 +1,18 @@
-"""The training subcommands. They only parse flags, hand them to the config layer and print."""
+"""The training commands and `rlhf plan`. They only parse flags, hand them to the config layer and print."""
 
 from __future__ import annotations
 
+import inspect
 from enum import Enum
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from rlhf_cli.cli.output import (fail_on_user_errors, print_header, print_notes, print_outcome,
                                  print_plan_compact, print_plan_table, print_run_human, print_run_json)
+
+if TYPE_CHECKING:
+    from rlhf_cli.config.resolve import ResolvedRun
 
 
 class Offload(str, Enum):
@@ -93,6 +97,22 @@ ResumeOpt = Annotated[Optional[str], typer.Option(
     help="Continue from a checkpoint directory, or `auto`: the newest complete one in --output-dir, if any.")]
 
 
+# recipe key -> (the flag as people type it, the parameter that holds it)
+FLAGS = {
+    "model_name_or_path": ("--model", "model"), "reward_model_name_or_path": ("--reward-model", "reward_model"),
+    "dataset_name": ("--dataset", "dataset"), "output_dir": ("--output-dir", "output_dir"),
+    "max_steps": ("--max-steps", "max_steps"), "seed": ("--seed", "seed"),
+    "offload_optimizer": ("--offload-optimizer", "offload_optimizer"),
+    "offload_params": ("--offload-params", "offload_params"), "nvme_path": ("--nvme-path", "nvme_path"),
+    "num_processes": ("--num-processes", "num_processes"), "num_gpus": ("--num-gpus", "num_gpus"),
+    "gpu_memory": ("--gpu-memory", "gpu_memory"), "num_machines": ("--num-machines", "num_machines"),
+    "machine_rank": ("--machine-rank", "machine_rank"), "main_process_ip": ("--main-process-ip", "main_process_ip"),
+    "main_process_port": ("--main-process-port", "main_process_port"),
+    "accelerate_config": ("--accelerate-config", "accelerate_config"),
+    "resume_from_checkpoint": ("--resume", "resume"),
+}
+
+
 def train(
     ctx: typer.Context,
     recipe: RecipeOpt = None,
@@ -122,43 +142,16 @@ def train(
     verbose: VerboseOpt = False,
     resume: ResumeOpt = None,
 ) -> None:
-    """Shared body of `rlhf ppo|rloo|online-dpo` and `rlhf plan ppo|rloo|online-dpo`.
+    """`rlhf ppo|rloo|online-dpo|...`: the command name picks the algorithm."""
+    options = dict(locals())
+    from rlhf_cli.plan.estimate import planned
 
-    The command name picks the algorithm; under `rlhf plan` the run is planned, not started.
-    """
-    from rlhf_cli.config.resolve import RunRequest, resolve
-    from rlhf_cli.plan.estimate import plan_run
-
-    planning = ctx.parent is not None and ctx.parent.info_name == "plan"
-
-    given = {  # recipe key -> (the flag as typed, its value)
-        "model_name_or_path": ("--model", model), "reward_model_name_or_path": ("--reward-model", reward_model),
-        "dataset_name": ("--dataset", dataset), "output_dir": ("--output-dir", output_dir),
-        "max_steps": ("--max-steps", max_steps), "seed": ("--seed", seed),
-        "ds3_gather_for_generation": _gather_flag(gather, ctx.args),
-        "offload_optimizer": ("--offload-optimizer", offload_optimizer and offload_optimizer.value),
-        "offload_params": ("--offload-params", offload_params and offload_params.value),
-        "nvme_path": ("--nvme-path", nvme_path), "num_processes": ("--num-processes", num_processes),
-        "num_gpus": ("--num-gpus", num_gpus), "gpu_memory": ("--gpu-memory", gpu_memory),
-        "num_machines": ("--num-machines", num_machines), "machine_rank": ("--machine-rank", machine_rank),
-        "main_process_ip": ("--main-process-ip", main_process_ip),
-        "main_process_port": ("--main-process-port", main_process_port),
-        "accelerate_config": ("--accelerate-config", accelerate_config),
-        "resume_from_checkpoint": ("--resume", resume),
-    }
-    flags = {name: (flag, value) for name, (flag, value) in given.items() if value is not None}
-    algorithm = ctx.info_name.replace("-", "_")
     with fail_on_user_errors():
-        if json_ and not (dry_run or planning):
+        if json_ and not dry_run:
             raise typer.BadParameter("--json goes with --dry-run", param_hint="--json")
         if quiet and verbose:
             raise typer.BadParameter("--quiet and --verbose contradict each other; keep one", param_hint="--quiet")
-        run = resolve(RunRequest(algorithm, recipe, flags, tuple(set_ or ()), overwrite))
-        plan = plan_run(run)
-        if planning:
-            print_plan_table(run, plan, as_json=json_)
-            print_notes(run)
-            return
+        run, plan = planned(_resolve(ctx, options, planning=False))
         if dry_run:
             print_plan_compact(plan)
             print_run_json(run, plan) if json_ else print_run_human(run)
@@ -173,13 +166,48 @@ def train(
     raise typer.Exit(outcome.exit_code)
 
 
+def plan(ctx: typer.Context, **options: Any) -> None:
+    """`rlhf plan ALGO`: the run's memory plan for every gather/offload choice; nothing is started or written.
+
+    It takes every option of `rlhf ALGO`, so that any training command line is planned by inserting `plan`; the
+    options that only decide how a run starts (--resume, --overwrite, --dry-run, -q, -v) change nothing here.
+    """
+    from rlhf_cli.plan.estimate import plan_run
+
+    with fail_on_user_errors():
+        run = _resolve(ctx, options, planning=True)
+        plan = plan_run(run)
+    print_plan_table(run, plan, as_json=options["json_"])
+    print_notes(run)
+
+
+# Typer reads a command's options from its signature.
+plan.__signature__ = inspect.signature(train, eval_str=True)  # type: ignore[attr-defined]
+
+
+def _resolve(ctx: typer.Context, options: dict[str, Any], planning: bool) -> ResolvedRun:
+    from rlhf_cli.config.resolve import RunRequest, resolve
+
+    flags = {key: (flag, _plain(options[parameter])) for key, (flag, parameter) in FLAGS.items()
+             if options.get(parameter) is not None}
+    gather = _gather_flag(options["gather"], ctx.args)
+    if gather[1] is not None:
+        flags["ds3_gather_for_generation"] = gather
+    algorithm = ctx.info_name.replace("-", "_")
+    return resolve(RunRequest(algorithm, options["recipe"], flags, tuple(options["set_"] or ()),
+                              options.get("overwrite", False), planning=planning))
+
+
+def _plain(value: Any) -> Any:
+    """An enum choice as its value."""
+    return value.value if isinstance(value, Enum) else value
+
+
 def _gather_flag(gather: bool | None, extra: list[str]) -> tuple[str, bool | str | None]:
-    """The flag as typed and its value: --gather, --no-gather, or --gather auto."""
-    if not extra:
-        return ("--gather" if gather else "--no-gather", gather)
-    if gather is True and extra != ["auto"]:
-        raise typer.BadParameter(f"--gather takes no value but auto, got {' '.join(extra)!r}", param_hint="--gather")
-    if gather is not True:
-        hint = "; did you mean --gather auto?" if "auto" in extra else ""
-        raise typer.BadParameter(f"unexpected argument {' '.join(extra)!r}{hint}", param_hint="--gather")
-    return ("--gather auto", "auto")
+    """The flag as typed and its value: --gather, --no-gather, or --gather auto; any other word is an error."""
+    if gather is True and extra == ["auto"]:
+        return ("--gather auto", "auto")
+    if extra:
+        hint = "; did you mean --gather auto?" if "auto" in extra and gather is not True else ""
+        raise typer.BadParameter(f"unexpected argument {' '.join(extra)!r}{hint}", param_hint="the command line")
+    return ("--gather" if gather else "--no-gather", gather)

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from rlhf_cli.paths import bundled_dir
+from rlhf_cli.config.bundled import bundled_dir
 
 BUNDLED_CONFIG = "deepspeed_zero3.yaml"
 

@@ -1,18 +1,30 @@
-"""The recipes shipped with rlhf, described from their own files (no TRL, no torch)."""
+"""What ships with rlhf: the recipes and accelerate configs, where they are, and what each recipe is for.
+
+No TRL, no torch: `rlhf recipes` lists them in a blink.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhf_cli.config.recipe import load_recipe
-from rlhf_cli.paths import bundled_dir
+import yaml
+
+from rlhf_cli.algorithms import algorithm
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def bundled_dir(name: str) -> Path:
+    """`recipes` or `accelerate_configs`: packed into the wheel, or beside the package in a checkout."""
+    packed = _PACKAGE / "_bundled" / name
+    return packed if packed.is_dir() else _PACKAGE.parent / name
 
 
 @dataclass(frozen=True)
 class BundledRecipe:
     name: str  # what -r takes: ALGO/NAME
-    algorithm: str  # the command that runs it: ppo, rloo, online-dpo
+    algorithm: str  # the command that runs it: ppo, rloo, online-dpo, ...
     model: str
     purpose: str  # the recipe's first comment line
     path: Path
@@ -39,9 +51,8 @@ def _model(path: Path, value: object) -> str:
 def bundled_recipes() -> list[BundledRecipe]:
     recipes = []
     for path in sorted(bundled_dir("recipes").glob("*/*.yaml")):
-        algorithm = path.parent.name
-        recipe = load_recipe(str(path))
-        recipes.append(BundledRecipe(f"{algorithm}/{path.stem}", algorithm.replace("_", "-"),
-                                     _model(path, recipe.values.get("model_name_or_path")),
-                                     _first_comment(path), path))
+        entry = algorithm(path.parent.name)
+        values = yaml.safe_load(path.read_text()) or {}
+        recipes.append(BundledRecipe(f"{entry.name}/{path.stem}", entry.command,
+                                     _model(path, values.get("model_name_or_path")), _first_comment(path), path))
     return recipes

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from rlhf_cli.errors import ConfigError
-from rlhf_cli.paths import bundled_dir
+from rlhf_cli.config.bundled import bundled_dir
 
 
 @dataclass(frozen=True)

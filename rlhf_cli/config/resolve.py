@@ -16,22 +16,22 @@ from typing import Any
 
 import yaml
 
-from rlhf_cli.checkpoints import MANIFEST, incomplete_reason, newest_complete_checkpoint
+from rlhf_cli.algorithms import ALGORITHMS, algorithm
+from rlhf_cli.checkpoints import incomplete_reason, newest_complete_checkpoint
 from rlhf_cli.config.accelerate import AccelerateChoices, build_accelerate_config
-from rlhf_cli.config.checks import check_ppo, check_reward_model
+from rlhf_cli.config.checks import check_reward_model
 from rlhf_cli.config.cluster import detect_layout
 from rlhf_cli.config.fields import Field, FieldTypeError, catalogue, coerce, trl_reward_functions
-from rlhf_cli.config.legacy import IGNORED_BY_TRL, LEGACY_KEYS
 from rlhf_cli.config.recipe import Recipe, load_recipe
 from rlhf_cli.errors import ConfigError
-from rlhf_cli.plan.gpus import SizeError, parse_size
+from rlhf_cli.run_dir import MANIFEST, RunDir
+from rlhf_cli.sizes import SizeError, parse_size
 
 # Short names people type, resolved to the field they stand for.
 ALIASES = {"gather": "ds3_gather_for_generation"}
 MODEL_FIELDS = ("model_name_or_path", "reward_model_name_or_path", "value_model_name_or_path")
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 MACHINE_FIELDS = ("num_machines", "machine_rank", "main_process_ip", "main_process_port")
-RECIPE_FILE = "recipe.yaml"
 RESUME_AUTO = "auto"
 # Keys naming something that must already exist: what it is, and whether it is a directory.
 EXISTING_PATHS = {"accelerate_config": ("file", False), "nvme_path": ("directory", True),
@@ -53,6 +53,7 @@ class RunRequest:
     flags: dict[str, tuple[str, Any]] = field(default_factory=dict)  # field -> (flag, value), only those given
     sets: tuple[str, ...] = ()
     overwrite: bool = False
+    planning: bool = False  # `rlhf plan`: nothing will be written, so the output dir and resume point are not checked
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,10 @@ class ResolvedRun:
         """The resolved run as a recipe: loading it again gives the same run."""
         return {name: setting.value for name, setting in self.settings.items()}
 
+    def with_setting(self, name: str, value: Any, source: str, note: str) -> ResolvedRun:
+        """A copy with one value decided after resolution (`gather: auto`, by the plan), and a note on why."""
+        return replace(self, settings={**self.settings, name: Setting(value, source)}, notes=(*self.notes, note))
+
 
 def _suggest(key: str, names: list[str]) -> str:
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
@@ -99,20 +104,24 @@ class _Resolver:
     # -- keys ---------------------------------------------------------------------------
     def canonical(self, key: str, where: str) -> str | None:
         """Today's field for `key`, or None after recording why it cannot be used."""
-        algorithm = self.request.algorithm
-        if key in IGNORED_BY_TRL.get(algorithm, ()) or (key not in self.fields and key in LEGACY_KEYS):
-            legacy = LEGACY_KEYS[key]
-            today = legacy.renamed_to.get(algorithm)
-            if today:
-                self.notes.append(f"{where}: `{key}` is the old name of `{today}`; using it as `{today}`")
-                return today
-            self.problems.append(f"{where}: `{key}` has no counterpart in today's {algorithm.replace('_', '-')}: "
-                                 f"{legacy.instead or 'remove it'}")
-            return None
+        entry = algorithm(self.request.algorithm)
+        if key in entry.renamed:  # also a key TRL declares but never reads
+            today = entry.renamed[key]
+            self.notes.append(f"{where}: `{key}` is the old name of `{today}`; using it as `{today}`")
+            return today
         if key in ALIASES:
             return ALIASES[key]
         if key in self.fields:
             return key
+        if key in entry.retired:
+            self.problems.append(f"{where}: `{key}` has no counterpart in today's {entry.command}: "
+                                 f"{entry.retired[key]}")
+            return None
+        owners = [other.command for other in ALGORITHMS.values() if key in catalogue(other.name)]
+        if owners:
+            self.problems.append(f"{where}: `{key}` is a key of {' and '.join(owners)}, not of {entry.command}; "
+                                 f"remove it or run `rlhf {owners[0]}`")
+            return None
         names = sorted(set(self.fields) | set(ALIASES))
         self.problems.append(f"{where}: unknown key `{key}`{_suggest(key, names)}")
         return None
@@ -293,7 +302,7 @@ class _Resolver:
         resuming = "resume_from_checkpoint" in self.settings  # also `--resume auto` with nothing to resume yet
         if (self.value("machine_rank") or 0) > 0:
             return  # machine rank 0 owns the output dir; the others join its run
-        if (output_dir / RECIPE_FILE).exists() and not (self.request.overwrite or resuming):
+        if RunDir(output_dir).recipe.exists() and not (self.request.overwrite or resuming):
             self.problems.append(
                 f"output dir {output_dir} already holds a run; choose another --output-dir or pass --overwrite")
 
@@ -316,8 +325,9 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     resolver.check_required()
     check_reward_model(resolver.value("reward_model_name_or_path"), resolver.problems)
     resolver.default_output_dir()
-    resolver.find_resume_point()
-    resolver.check_output_dir()
+    if not request.planning:
+        resolver.find_resume_point()
+        resolver.check_output_dir()
     resolver.check_gpu_memory()
     cpu_only = not (_cuda_present() if cuda is None else cuda) or environ.get("DS_ACCELERATOR") == "cpu"
     accelerate, accelerate_notes = build_accelerate_config(
@@ -336,8 +346,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         ),
         resolver.problems,
     )
-    if request.algorithm == "ppo":
-        check_ppo(resolver.value, int(accelerate.get("num_processes") or 1), resolver.problems)
+    resolver.problems += algorithm(request.algorithm).checks(resolver.value, int(accelerate.get("num_processes") or 1))
     if resolver.problems:
         raise ConfigError(*resolver.problems)
     settings = dict(resolver.settings)
@@ -351,16 +360,5 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         for name, value in cpu_defaults:
             settings.setdefault(name, Setting(value, reason))
         resolver.notes.append("no CUDA here: the ranks run on DeepSpeed's CPU path (DS_ACCELERATOR=cpu, gloo)")
-    run = ResolvedRun(request.algorithm, recipe.path if recipe else None, settings, accelerate, cpu_only,
-                      tuple(resolver.notes + accelerate_notes))
-    return _gather_from_plan(run) if run.value("ds3_gather_for_generation") == "auto" else run
-
-
-def _gather_from_plan(run: ResolvedRun) -> ResolvedRun:
-    """`gather: auto` becomes true or false, with the memory plan's reason as its source."""
-    from rlhf_cli.plan.estimate import choose_gather
-
-    gather, why = choose_gather(run)
-    settings = {**run.settings, "ds3_gather_for_generation": Setting(gather, why)}
-    note = f"gather: auto -> {'gather' if gather else 'no-gather'}; {why.removeprefix('rlhf plan: ')}"
-    return replace(run, settings=settings, notes=(*run.notes, note))
+    return ResolvedRun(request.algorithm, recipe.path if recipe else None, settings, accelerate, cpu_only,
+                       tuple(resolver.notes + accelerate_notes))

@@ -17,19 +17,19 @@ def _exit_code(code: int) -> int:
 
 def main(argv: list[str]) -> int:
     from accelerate.commands.launch import launch_command, launch_command_parser
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    from rlhf_cli import compat
+
+    signal_stopped, rank_failed = compat.launch_errors()
     args = launch_command_parser().parse_args(argv)
     # torch's agent passes the signals it handles on to the ranks, which checkpoint on SIGTERM and SIGUSR1;
-    # any other signal kills the agent itself. accelerate forwards this attribute to torch's launcher.
-    args.signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+    # any other signal kills the agent itself.
+    compat.forward_signals_to_ranks(args, "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
     try:
         launch_command(args)
-    except ChildFailedError as failed:
-        _, failure = failed.get_first_failure()
-        return _exit_code(failure.exitcode) or 1
-    except SignalException as stopped:
+    except rank_failed as failed:
+        return _exit_code(compat.first_failure_exitcode(failed)) or 1
+    except signal_stopped as stopped:
         return 128 + int(stopped.sigval)
     except subprocess.CalledProcessError as failed:
         return _exit_code(failed.returncode) or 1

@@ -7,10 +7,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhf_cli.config.resolve import RECIPE_FILE, ResolvedRun
-
-ACCELERATE_FILE = "accelerate_config.yaml"
-LAUNCH_SCRIPT = "launch.sh"
+from rlhf_cli.config.resolve import ResolvedRun
+from rlhf_cli.run_dir import OUTPUT_MODE_ENV, RunDir
 # Seconds the ranks get to checkpoint after a preemption signal before torch's agent kills them.
 PREEMPTION_GRACE_SECONDS = 300
 
@@ -29,11 +27,10 @@ def machine_rank(run: ResolvedRun) -> int:
     return int(run.accelerate.get("machine_rank") or 0)
 
 
-def run_files_dir(run: ResolvedRun) -> Path:
+def run_files_dir(run: ResolvedRun) -> RunDir:
     """Where this machine's launch files go: the output dir on machine 0, which owns it; machines of a
     multi-node job share the output dir, so the others keep theirs apart (and never look like a run)."""
-    rank = machine_rank(run)
-    return run.output_dir if rank == 0 else run.output_dir / "machines" / f"machine-{rank}"
+    return RunDir(run.output_dir).machine(machine_rank(run))
 
 
 def launch_command(run: ResolvedRun, python: str = sys.executable, verbosity: str = "normal") -> Launch:
@@ -41,15 +38,15 @@ def launch_command(run: ResolvedRun, python: str = sys.executable, verbosity: st
     run_dir = run_files_dir(run)
     argv = [
         python, "-m", "rlhf_cli.launch.agent",  # accelerate launch, without its own failure traceback
-        "--config_file", str(run_dir / ACCELERATE_FILE),
+        "--config_file", str(run_dir.accelerate_config),
         # The shared config file holds the job's layout; which machine this is goes on the command line.
         "--machine_rank", str(machine_rank(run)),
-        "-m", "rlhf_cli.rank", run.algorithm, str(run_dir / RECIPE_FILE),
+        "-m", "rlhf_cli.rank", run.algorithm, str(run_dir.recipe),
     ]
     env = {
         "TRL_EXPERIMENTAL_SILENCE": "1",
         "TOKENIZERS_PARALLELISM": "false",
-        "RLHF_OUTPUT": verbosity,
+        OUTPUT_MODE_ENV: verbosity,
         "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(PREEMPTION_GRACE_SECONDS),
     }
     if verbosity == "quiet":

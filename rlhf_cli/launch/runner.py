@@ -17,11 +17,9 @@ from typing import Any
 
 import yaml
 
-from rlhf_cli.config.resolve import RECIPE_FILE, ResolvedRun
-from rlhf_cli.launch.command import (ACCELERATE_FILE, LAUNCH_SCRIPT, launch_command, launch_script, machine_rank,
-                                     run_files_dir)
-from rlhf_cli.run_dir import (ERROR_FILES, EXIT_PREEMPTED, FIRST_FAILURE_FILE, PREEMPTED_FILE, RANKS_DIR, RUN_FILE,
-                              SUMMARY_FILE)
+from rlhf_cli.config.resolve import ResolvedRun
+from rlhf_cli.launch.command import launch_command, launch_script, machine_rank, run_files_dir
+from rlhf_cli.run_dir import EXIT_PREEMPTED, RunDir
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 VERSIONED = ("torch", "transformers", "trl", "deepspeed", "accelerate", "datasets", "rlhf")
@@ -64,15 +62,14 @@ def _versions() -> dict[str, str | None]:
 
 def write_run_files(run: ResolvedRun, accelerate: dict[str, Any], verbosity: str = "normal") -> None:
     """The resolved recipe, the accelerate config and launch.sh, in the output dir, before any rank starts."""
-    run_dir = run_files_dir(run)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    files = run_files_dir(run)
+    files.path.mkdir(parents=True, exist_ok=True)
     header = f"# Resolved by rlhf from {run.recipe or 'flags'}; a valid recipe for `rlhf {run.algorithm}`.\n"
-    _write_atomic(run_dir / RECIPE_FILE, header + yaml.safe_dump(run.recipe_values(), sort_keys=True))
+    _write_atomic(files.recipe, header + yaml.safe_dump(run.recipe_values(), sort_keys=True))
     shared = {key: value for key, value in accelerate.items() if key != "machine_rank"}
-    _write_atomic(run_dir / ACCELERATE_FILE, yaml.safe_dump(shared, sort_keys=True))
-    script = run_dir / LAUNCH_SCRIPT
-    _write_atomic(script, launch_script(launch_command(run, verbosity=verbosity), Path.cwd()))
-    script.chmod(0o755)
+    _write_atomic(files.accelerate_config, yaml.safe_dump(shared, sort_keys=True))
+    _write_atomic(files.launch_script, launch_script(launch_command(run, verbosity=verbosity), Path.cwd()))
+    files.launch_script.chmod(0o755)
 
 
 def _run_record(run: ResolvedRun, accelerate: dict[str, Any]) -> dict[str, Any]:
@@ -87,10 +84,9 @@ def _run_record(run: ResolvedRun, accelerate: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _clear_previous_outcome(run_dir: Path) -> None:
+def _clear_previous_outcome(run_dir: RunDir) -> None:
     """A resumed run reuses the output dir: the last attempt's ending must not be read as this one's."""
-    for stale in (run_dir / PREEMPTED_FILE, run_dir / SUMMARY_FILE, run_dir / FIRST_FAILURE_FILE,
-                  *(run_dir / RANKS_DIR).glob(ERROR_FILES)):
+    for stale in (run_dir.preempted, run_dir.summary, run_dir.first_failure, *run_dir.rank_errors()):
         stale.unlink(missing_ok=True)
 
 
@@ -101,14 +97,13 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _first_failure(run_dir: Path) -> dict[str, Any] | None:
-    records = [record for path in sorted((run_dir / RANKS_DIR).glob(ERROR_FILES))
-               if (record := _read_json(path))]
+def _first_failure(run_dir: RunDir) -> dict[str, Any] | None:
+    records = [record for path in run_dir.rank_errors() if (record := _read_json(path))]
     return min(records, key=lambda record: (not record.get("first"), record.get("time", 0)), default=None)
 
 
-def outcome(run_dir: Path, code: int, signals: list[int], wall_seconds: float) -> Outcome:
-    summary, preempted = _read_json(run_dir / SUMMARY_FILE), _read_json(run_dir / PREEMPTED_FILE)
+def outcome(run_dir: RunDir, code: int, signals: list[int], wall_seconds: float) -> Outcome:
+    summary, preempted = _read_json(run_dir.summary), _read_json(run_dir.preempted)
     if preempted is not None:
         return Outcome(EXIT_PREEMPTED, "preempted", summary, None, preempted, wall_seconds)
     if code == 0:
@@ -123,11 +118,11 @@ def launch(run: ResolvedRun, verbosity: str = "normal") -> Outcome:
     accelerate = dict(run.accelerate)
     if int(accelerate.get("num_machines") or 1) == 1 and not accelerate.get("main_process_port"):
         accelerate["main_process_port"] = _free_port()  # two runs on one node must not collide
-    run_dir = run.output_dir
+    run_dir = RunDir(run.output_dir)
     write_run_files(run, accelerate, verbosity)
     if machine_rank(run) == 0:
         _clear_previous_outcome(run_dir)
-        _write_atomic(run_dir / RUN_FILE, json.dumps(_run_record(run, accelerate), indent=2) + "\n")
+        _write_atomic(run_dir.run_record, json.dumps(_run_record(run, accelerate), indent=2) + "\n")
     command = launch_command(run, verbosity=verbosity)
     started = time.monotonic()
     # The ranks get their own process group, so a terminal's Ctrl-C reaches them once, through us.
@@ -151,10 +146,9 @@ def launch(run: ResolvedRun, verbosity: str = "normal") -> Outcome:
     code = 128 - code if code < 0 else code
     result = outcome(run_dir, code, received, time.monotonic() - started)
     if machine_rank(run) == 0:
-        record = _read_json(run_dir / RUN_FILE) or {}
+        record = _read_json(run_dir.run_record) or {}
         record.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), status=result.status,
                       exit_code=result.exit_code, wall_seconds=round(result.wall_seconds, 1),
-                      ranks=[_read_json(path) for path in sorted((run_dir / RANKS_DIR).glob("rank-[0-9]*.json"))
-                             if not path.name.endswith(".error.json")])
-        _write_atomic(run_dir / RUN_FILE, json.dumps(record, indent=2) + "\n")
+                      ranks=[_read_json(path) for path in run_dir.rank_records()])
+        _write_atomic(run_dir.run_record, json.dumps(record, indent=2) + "\n")
     return result

@@ -11,10 +11,14 @@ Nothing here imports torch, transformers, deepspeed or accelerate.
   `margin` (the share of a GPU's memory a configuration must leave free to fit).
 - `models`: role (policy, reference, reward, value) -> `name_or_path`, `params`, `largest_layer`, `trained`.
 - `workload`: `prompt_length`, `completion_length`, `generation_batch`, `train_batch`, `score_batch`,
-  `train_sequence`, `gradient_checkpointing`, `element_bytes`.
+  `train_sequence`, `gradient_checkpointing`, `element_bytes`, `attention` (attn_implementation), `liger`
+  (use_liger_kernel), `logits` (how the trainer scores tokens: `sequence_copies`, `completion_copies`,
+  `fused_head`).
 - `configurations`: one object per candidate: `label`, `gather`, `offload_optimizer`, `offload_params`,
-  `components` (row name -> GPU bytes), `peak_gpu` (bytes: static rows + the larger of the generation and
-  training rows), `cpu_per_machine` (bytes of offloaded states), `fits`, `chosen` (the run's own).
+  `components` (row name -> GPU bytes), `phases` (`static`, `generation`, `training`, `step` -> the GPU bytes
+  of their rows), `peak_gpu` (bytes: static rows + the largest of the generation, training and optimizer-step
+  rows), `cpu_per_machine` (bytes of offloaded states), `fits`, `chosen` (the
+  run's own).
 - `reason`: one line on the chosen configuration; `suggestions`: what would fit when it does not;
   `notes`: caveats (an architecture counted approximately).
 """

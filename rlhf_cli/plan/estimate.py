@@ -11,14 +11,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.accelerate import is_zero3
 from rlhf_cli.config.resolve import ResolvedRun
-from rlhf_cli.errors import ConfigError
+from rlhf_cli.errors import PlanError
 from rlhf_cli.plan import memory
-from rlhf_cli.plan.gpus import Hardware, SizeError, detect_hardware, gib, parse_size
-from rlhf_cli.plan.memory import GENERATION, STATIC, TRAINING, Component
+from rlhf_cli.plan.gpus import Hardware, detect_hardware
+from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, TRAINING, Component
 from rlhf_cli.plan.models import ModelConfigUnavailable, ModelSize, model_size, read_config
-from rlhf_cli.plan.workload import BATCH_FIELDS, COMPLETION_FIELD, Workload, WorkloadUnknown, workload
+from rlhf_cli.plan.workload import Workload, WorkloadUnknown, workload
+from rlhf_cli.sizes import SizeError, gib, parse_size
 
 OFFLOADS = (("none", "none"), ("cpu", "none"), ("cpu", "cpu"))  # (optimizer, parameters)
 MAX_MACHINES_SEARCHED = 256
@@ -107,6 +109,7 @@ class Plan:
                 {"label": c.candidate.label, "gather": c.candidate.gather,
                  "offload_optimizer": c.candidate.offload_optimizer, "offload_params": c.candidate.offload_params,
                  "components": {part.name: part.gpu for part in c.components},
+                 "phases": memory.phase_totals(c.components),
                  "peak_gpu": c.peak, "cpu_per_machine": c.cpu_per_machine, "fits": c.fits, "chosen": c.chosen}
                 for c in self.columns],
             "reason": self.reason, "suggestions": self.suggestions, "notes": self.notes,
@@ -135,14 +138,15 @@ def _roles(run: ResolvedRun) -> list[Role]:
     def size(path: str, classifier: bool) -> ModelSize:
         return model_size(read_config(path, revision), sequence_classifier=classifier)
 
+    entry = algorithm(run.algorithm)
     policy_path = run.value("model_name_or_path")
     reward_path = run.value("reward_model_name_or_path")
     roles = [Role("policy", policy_path, size(policy_path, False), True)]
-    if run.algorithm != "rloo" or run.value("beta") != 0:  # RLOO builds no reference model when beta is 0
+    if entry.has_reference(run.value):
         roles.append(Role("reference", policy_path, roles[0].size, False))
     if reward_path:
         roles.append(Role("reward", reward_path, size(reward_path, True), False))
-    if run.algorithm == "ppo":
+    if entry.trains_value_model:
         value_path = run.value("value_model_name_or_path") or reward_path or policy_path
         roles.append(Role("value", value_path, size(value_path, True), True))
     return roles
@@ -178,15 +182,14 @@ def components(inputs: _Inputs, candidate: Candidate) -> list[Component]:
     """Every row of one candidate's column."""
     hw, work = inputs.hardware, inputs.work
     size_bytes = work.element_bytes
-    params_offloaded = candidate.offload_params != "none"
+    optimizer_offloaded, params_offloaded = candidate.offload_optimizer != "none", candidate.offload_params != "none"
     rows: list[Component] = []
     for role in inputs.roles:
         params = role.size.params
         if role.trained:
             cpu, gpu = memory.zero3_model_states(
-                params, role.size.largest_layer, hw.gpus_per_machine, hw.machines,
-                offload_optimizer=candidate.offload_optimizer != "none", offload_params=params_offloaded,
-                zero_init=inputs.zero_init)
+                params, size_bytes, hw.gpus_per_machine, hw.machines, offload_optimizer=optimizer_offloaded,
+                offload_params=params_offloaded, zero_init=inputs.zero_init)
             rows.append(Component(f"{role.name} states", STATIC, gpu, cpu))
         else:
             shard = memory.frozen_shard(params, size_bytes, hw.total_gpus)
@@ -200,14 +203,18 @@ def components(inputs: _Inputs, candidate: Candidate) -> list[Component]:
         engine, size_bytes, candidate.gather, inputs.max_live, largest)))
     rows.append(Component("gen KV cache", GENERATION, memory.kv_cache(
         policy, work.generation_batch, work.prompt_length + work.completion_length, size_bytes)))
-    rows.append(Component("train live params", TRAINING, memory.live_parameters(
+    rows.append(Component("train live params", TRAINING, memory.training_parameters(
         engine, size_bytes, inputs.max_live, largest)))
     trained = [role.size for role in inputs.roles if role.trained]
     rows.append(Component("train activations", TRAINING, sum(
-        memory.activations(size, work.train_batch, work.train_sequence, size_bytes, work.gradient_checkpointing)
+        memory.activations(size, work.train_batch, work.train_sequence, size_bytes, work.gradient_checkpointing,
+                           work.attention, work.liger)
         for size in trained)))
     rows.append(Component("train logits", TRAINING, memory.logits(
-        max(work.train_batch, work.score_batch), work.train_sequence, policy.vocab)))
+        work.logits, policy, max(work.train_batch, work.score_batch), work.train_sequence, work.completion_length,
+        size_bytes)))
+    rows.append(Component("step fp32 grads", STEP, memory.optimizer_step(
+        engine, largest, size_bytes, hw.total_gpus, optimizer_offloaded)))
     return rows
 
 
@@ -259,7 +266,8 @@ def suggestions(inputs: _Inputs, columns: list[Column], candidate: Candidate) ->
     found.append(f"{candidate.label} fits on {machines * per_machine} GPUs ({machines} machine(s) of {per_machine})"
                  if machines else f"{candidate.label} fits on no number of {gib(inputs.hardware.gpu_memory)} GPUs: "
                                   "what does not shrink with more GPUs (weights gathered, activations) is too big")
-    for name in (COMPLETION_FIELD[inputs.algorithm], *BATCH_FIELDS[inputs.algorithm]):
+    entry = algorithm(inputs.algorithm)
+    for name in (entry.completion_field, *entry.batch_fields):
         largest = _largest_fitting(inputs, candidate, name)
         if largest:
             found.append(f"{candidate.label} fits with {name} {largest} (now {inputs.value(name)})")
@@ -299,20 +307,30 @@ def plan_run(run: ResolvedRun) -> Plan:
                 suggestions=[] if mine.fits else suggestions(inputs, columns, chosen), notes=notes)
 
 
-def choose_gather(run: ResolvedRun) -> tuple[bool, str]:
-    """`gather: auto`: the plan's choice (gather when it fits with the margin, else no-gather) and why.
-    Errors name the fix."""
+def planned(run: ResolvedRun) -> tuple[ResolvedRun, Plan]:
+    """Plan a resolved run once, and settle from that plan the choices left to it (`gather: auto`)."""
     plan = plan_run(run)
+    return settle_gather(run, plan), plan
+
+
+def settle_gather(run: ResolvedRun, plan: Plan) -> ResolvedRun:
+    """`gather: auto` becomes true or false: the plan's choice (gather when it fits with the margin, else
+    no-gather), with the reason as the value's source. Errors name the fix."""
+    if run.value("ds3_gather_for_generation") != "auto":
+        return run
     if not plan.known:
-        raise ConfigError(f"gather: auto needs a memory plan, and there is none: {plan.why_unknown}; "
-                          "pass --gather or --no-gather, or make config.json available")
+        raise PlanError(f"gather: auto needs a memory plan, and there is none: {plan.why_unknown}; "
+                        "pass --gather or --no-gather, or make config.json available")
     assert plan.hardware is not None and plan.chosen is not None
     offload = _run_candidate(run, True)
     gathered, sharded = (plan.column(g, offload.offload_optimizer, offload.offload_params) for g in (True, False))
     assert gathered is not None and sharded is not None
     memory_text = gib(plan.hardware.gpu_memory)
-    if plan.chosen.fits:
-        return plan.chosen.candidate.gather, f"rlhf plan: gathering needs {gib(gathered.peak)} of {memory_text}"
-    what = "; ".join(plan.suggestions)
-    raise ConfigError(f"gather: auto: neither fits: gathering needs {gib(gathered.peak)} and generating from shards "
-                      f"{gib(sharded.peak)} of {memory_text} per GPU ({memory.MARGIN:.0%} margin). {what}")
+    if not plan.chosen.fits:
+        what = "; ".join(plan.suggestions)
+        raise PlanError(f"gather: auto: neither fits: gathering needs {gib(gathered.peak)} and generating from shards "
+                        f"{gib(sharded.peak)} of {memory_text} per GPU ({memory.MARGIN:.0%} margin). {what}")
+    gather = plan.chosen.candidate.gather
+    why = f"gathering needs {gib(gathered.peak)} of {memory_text}"
+    return run.with_setting("ds3_gather_for_generation", gather, f"rlhf plan: {why}",
+                            f"gather: auto -> {'gather' if gather else 'no-gather'}; {why}")

@@ -5,37 +5,12 @@ No torch: `nvidia-smi` answers in a few milliseconds and needs no CUDA initialis
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
-
-
-class SizeError(ValueError):
-    """A memory size that cannot be read; the message says what is expected."""
-
-
-def parse_size(value: str | int) -> int:
-    """Bytes from `24GiB`, `24GB`, `24576MiB` or a plain number of bytes."""
-    if isinstance(value, bool):
-        raise SizeError(f"{value!r} is not a memory size; write e.g. 24GiB, 24GB, 24576MiB or bytes")
-    if isinstance(value, int):
-        number, unit = float(value), ""
-    else:
-        match = SIZE.match(str(value))
-        if not match or match.group(2).lower() not in UNITS:
-            raise SizeError(f"{value!r} is not a memory size; write e.g. 24GiB, 24GB, 24576MiB or bytes")
-        number, unit = float(match.group(1)), match.group(2).lower()
-    if unit in ("", "b") and number != int(number):
-        raise SizeError(f"{value!r}: a plain number is bytes and must be whole; write e.g. 23.7GiB")
-    if number <= 0:
-        raise SizeError(f"{value!r}: a memory size must be positive")
-    return int(number * UNITS[unit])
+from rlhf_cli.sizes import gib
 
 
 @dataclass(frozen=True)
@@ -78,10 +53,6 @@ def available_ram(meminfo: Path = Path("/proc/meminfo")) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-def gib(value: int) -> str:
-    return f"{value / 2**30:.1f} GiB"
 
 
 def detect_hardware(gpu_memory: int | None, processes: int, machines: int) -> Hardware | str:

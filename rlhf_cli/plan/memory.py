@@ -1,63 +1,129 @@
 """Per-GPU memory of one ZeRO-3 RLHF run, as pure functions of sizes, lengths and batch sizes (bytes).
 
-The run goes through two phases that never overlap on a GPU: generation (the policy's weights as
-generation sees them, plus the KV cache) and training (the ZeRO-3 parameters live during a
-forward/backward, activations, fp32 logits). What stays for the whole run is static: the model
-states of the trained models, the shards of the frozen ones, and a fixed allowance for the CUDA
-context and communication buffers. Peak per GPU = static + max(generation, training).
+A run goes through phases that never overlap on a GPU: generation (the policy's weights as generation
+sees them, the KV cache), training (the parameters ZeRO-3 keeps live in a forward/backward, activations,
+the LM head's logits or gradients) and the optimizer step. What stays for the whole run is static: the
+model states of the trained models, the shards of the frozen ones, and a fixed allowance.
+Peak per GPU = static + the largest phase.
 
-Formulas (P parameters, L the largest layer's parameters, G GPUs in total, N machines, b bytes per
-element: 2 under bf16 or fp16 mixed precision, else the dtype's):
-- trained models: DeepSpeed's `estimate_zero3_model_states_mem_needs` (runtime/zero/stage3.py),
-  which assumes mixed precision: no offload 4L + 18P/G on each GPU; optimizer offloaded 4L + 2P/G
-  (CPU: 16P/N x 1.5); optimizer and parameters offloaded 4L (CPU: 18P/N x 1.5). With zero_init off
-  the CPU side is P x max(4 x GPUs per machine, 16 or 18 / N) x 1.5. Like DeepSpeed's estimator,
-  parameter offload without optimizer offload counts as no offload.
-- frozen models (reference, reward): ZeRO-3 shards of P x b / G, in CPU memory (P x b / N per
-  machine) when parameters are offloaded.
-- weights for generation: gathering materialises the whole policy, P x b (for PPO the value model
-  too: they are one DeepSpeed engine). Without gathering, DeepSpeed prefetches only within what is
-  left of stage3_max_live_parameters (`max_params_to_prefetch` in its parameter coordinator), while
-  the module being run is fetched whatever the budget: min(P, max_live + L) x b. The same bound holds
-  for the training forward/backward. (Measured on a 100M model: benchmarks/.)
-- KV cache: layers x 2 x kv_heads x head_dim x batch x (prompt + completion) x b.
-- activations (Korthikanti et al. 2022, for 16-bit; scaled by b/2): per layer
-  s x batch x hidden x (34 + 5 x heads x s / hidden); all layers without gradient checkpointing,
-  with it one layer plus each layer's input (s x batch x hidden x b).
-- logits: batch x s x vocab x 4 bytes (fp32), for the larger of the training micro-batch and the
-  no-grad scoring batch.
-- CUDA context and communication buffers: a fixed CONTEXT_ALLOWANCE.
+Symbols: P a model's parameters, L the most parameters one module owns (the embedding or the LM head),
+G GPUs in total, N machines, b bytes per element as the run trains (2 under bf16 or fp16 mixed precision,
+else the dtype's), h hidden size, q = heads x head_dim, kv = kv_heads x head_dim, i the MLP's inner width,
+a heads, V vocabulary, s tokens per training sequence, c completion tokens.
+
+Model states of a trained model (DeepSpeed 0.19, `runtime/zero/stage3.py`), per parameter, 1/G on each GPU:
+- the parameter partition, b (`fp16_partitioned_groups_flat`), on the CPU with parameter offload;
+- the gradient partition in the model's dtype, b (`grad_partitions_flat_buffer`, `gradient_accumulation_dtype`);
+- the fp32 master copy, 4 (`_create_fp32_partitions`: a copy even in fp32, where the branch that would
+  reuse the partition compares a torch.device with a device name and never matches), and Adam's two fp32
+  moments, 8;
+- with the optimizer offloaded, the last three and DeepSpeedCPUAdam's fp32 gradient buffer, 4
+  (`initialize_optimizer_states`), are in pinned CPU memory (`self.device` is the CPU).
+That is 12 + 2b bytes per parameter without offload, 16 under mixed precision; b on the GPU and 16 + b in
+CPU memory with the optimizer offloaded (checked against DeepSpeed's optimizer in tests/test_plan.py).
+DeepSpeed's `estimate_zero3_model_states_mem_needs` (18P/G + 4L; 2P/G + 4L offloaded) adds 4 x the largest
+layer for every trained model, gathered whole or not; here the module being run is counted once, where it
+is live (below).
+Only during the optimizer step, the fp32 gradient of one sub-group (`_prepare_fp32_grad_for_sub_group`
+flattens its b-byte gradients, then casts them): (4 + b) x min(P/G, sub_group_size + L/G) bytes under mixed
+precision (a sub-group closes at the parameter that fills it), 4 per element in fp32 (the cast is a no-op);
+nothing on the GPU with the optimizer offloaded.
+Without zero.Init each process first loads the whole model into CPU memory: 4P, as DeepSpeed's estimator says.
+
+Frozen models (reference, reward): ZeRO-3 shards of P x b / G, in CPU memory with parameter offload.
+
+Weights: gathering for generation materialises the whole policy, P x b (for PPO the value model too: they
+are one DeepSpeed engine). Otherwise DeepSpeed prefetches only within what is left of
+stage3_max_live_parameters (`max_params_to_prefetch` in its parameter coordinator), while the module being
+run is fetched whatever the budget: min(P, max_live + L) x b, in generation and in training alike
+(measured on a 100M model: benchmarks/). Training adds the gradient of the module being reduced, L x b:
+ZeRO-3 materialises each module's whole gradient before it reduce-scatters it.
+
+KV cache: layers x 2 x kv x batch x (prompt + completion) x b.
+
+Activations: what autograd keeps for the backward, read from transformers 5's modeling code and checked
+against torch's saved-tensor hooks (tests/test_plan.py). Per token and layer, llama-like block:
+- each of the 2 RMSNorms: an fp32 copy of its input (4h), the normalised input cast back (bh), its output
+  (bh, kept by the projections that read it) and an fp32 rstd (4): (4 + 2b)h + 4;
+- attention: FlashAttention and SDPA's fused kernels keep q, k, v, their output and an fp32 log-sum-exp,
+  b(2q + 2kv) + 4a (RoPE's products keep only cos and sin, shared by all layers). Under
+  `attn_implementation: sdpa` (transformers' default) with a padded batch, which RLHF batches are,
+  transformers repeats k and v over every head (`repeat_kv`) and PyTorch turns the boolean mask into an
+  additive one that the kernel keeps: 4bq + 4a + bs, and the boolean mask itself, s bytes per token for all
+  layers. Eager attention keeps q, the repeated k and v and its output (4bq), the fp32 softmax (4as) and its
+  b-byte copy (bas; none in fp32), and a b-byte additive mask for all layers: the only term in s per layer,
+  Korthikanti et al.'s 5as (their softmax input, output and dropout mask);
+- SwiGLU MLP: gate, SiLU(gate), up and their product, 4bi;
+- qwen3's RMSNorms of each head's queries and keys: (4 + b)(q + kv) + 4(a + kv_heads).
+Korthikanti et al. ("Reducing Activation Recomputation in Large Transformer Models", 2022, section 4.1)
+count 34 bytes per hidden unit for a GPT block (LayerNorm, a 4h GeLU MLP, dropout masks); a llama-like
+block in bf16 keeps 16 + (4q + 4kv + 8i)/h: 63 for Qwen2.5-7B, 49 for Llama-3.1-8B under FlashAttention.
+With `use_liger_kernel` (Liger's RMSNorm and SwiGLU kernels patched into each decoder layer and the final
+norm; `liger_kernel/ops/rms_norm.py` and `swiglu.py`, `ctx.save_for_backward`): an RMSNorm keeps its
+input, output and rstd, 2bh + 4; SwiGLU keeps gate and up, and the down projection their product: 3bi.
+Liger's fused linear cross-entropy needs labels; none of our trainers passes them (see Logits).
+GPT-NeoX block (pythia; GPT-2 counted alike, approximately): its LayerNorms' input, statistics and outputs,
+the fused QKV output (v is a view of it), rotated q and k, the attention output and the dense projection's
+input, the GeLU MLP's input and output: 10bh + 2bi + 4a + 4b, measured the same way.
+All layers without gradient checkpointing; with it, each layer's input (bh) and one layer recomputed in the
+backward. Plus the final norm, the masks above, and the gradients alive at once inside one MLP's backward:
+the output's (bh) and, llama-like, the product's, SiLU's and up's (3bi; Liger writes two of them over its
+saved inputs: bi), GeLU's input's and output's (2bi).
+
+Logits: a `LogitsModel` per trainer (its registry entry, rlhf_cli/algorithms). A trainer that materialises
+logits holds, at its peak, some [sequence, V] and [completion, V] tensors in the model's dtype. TRL 1.16's fused LM head
+(`add_fused_lm_head`, RLOO and GRPO) never does: it projects tiles of 4096 tokens x 32768 vocabulary
+entries (`TOKEN_CHUNK_SIZE`, `_CHUNKED_LOGPROB_CHUNK_SIZE`), keeps the scored tokens' hidden states and 7
+fp32 statistics per token, and in the backward accumulates the head weight's gradient in fp32 (4Vh; its
+b-byte cast is the module gradient counted above) and the hidden states' (4 + b per element).
+
+CUDA context and communication buffers: a fixed CONTEXT_ALLOWANCE.
+
+Not counted: the allocator's fragmentation and caching, vLLM, LoRA adapters, mixture-of-experts routing, the
+generation's transient logits, and Adam's temporaries (transformers' default is the fused AdamW: none).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlhf_cli.algorithms.spec import LogitsModel
 from rlhf_cli.plan.models import ModelSize
 
 GIB = 2**30
-CONTEXT_ALLOWANCE = int(1.5 * GIB)  # CUDA context and kernels (~0.5 GiB), NCCL and DeepSpeed buckets (~1 GiB)
+CONTEXT_ALLOWANCE = int(1.5 * GIB)  # CUDA context (~0.5 GiB), DeepSpeed's reduce bucket (5e8 x 2 bytes), NCCL
 MARGIN = 0.10  # a configuration fits when its peak is at most 90% of a GPU's memory
 DEFAULT_MAX_LIVE_PARAMETERS = 1_000_000_000  # DeepSpeed's stage3_max_live_parameters
-ADDITIONAL_BUFFER_FACTOR = 1.5  # DeepSpeed's estimator default
-STATIC, GENERATION, TRAINING = "static", "generation", "training"
+SUB_GROUP_SIZE = 1_000_000_000  # DeepSpeed's sub_group_size: parameters the optimizer steps at once
+FUSED_HEAD_TILE = (4096, 32768)  # TRL's fused LM head: tokens x vocabulary entries projected at once
+FUSED_HEAD_STATISTICS = 7  # fp32 values per scored token in TRL's fused LM head (max, sums, target logit...)
+FLASH_ATTENTION, SDPA, EAGER = "flash_attention_2", "sdpa", "eager"
+STATIC, GENERATION, TRAINING, STEP = "static", "generation", "training", "step"
+PHASES = (GENERATION, TRAINING, STEP)
 
 
-def zero3_model_states(params: int, largest_layer: int, gpus_per_machine: int, machines: int, *,
-                       offload_optimizer: bool, offload_params: bool, zero_init: bool = True,
-                       buffer_factor: float = ADDITIONAL_BUFFER_FACTOR) -> tuple[int, int]:
-    """(CPU bytes per machine, GPU bytes per GPU) of a trained model's ZeRO-3 states, as DeepSpeed estimates."""
+def zero3_model_states(params: int, element_bytes: int, gpus_per_machine: int, machines: int, *,
+                       offload_optimizer: bool, offload_params: bool, zero_init: bool = True) -> tuple[int, int]:
+    """(CPU bytes per machine, GPU bytes per GPU) of a trained model's ZeRO-3 states between steps."""
     total_gpus = machines * gpus_per_machine
-    largest_layer_memory = 4 * largest_layer
+    parameter = element_bytes
+    optimizer = element_bytes + 4 + 8 + (4 if offload_optimizer else 0)  # gradient, master, Adam, CPU Adam's
+    gpu = (0 if offload_params else parameter) + (0 if offload_optimizer else optimizer)
+    cpu = (parameter if offload_params else 0) + (optimizer if offload_optimizer else 0)
+    cpu_per_machine = params * cpu // machines
+    if not zero_init:
+        cpu_per_machine = max(cpu_per_machine, 4 * params * gpus_per_machine)
+    return cpu_per_machine, params * gpu // total_gpus
+
+
+def optimizer_step(params: int, largest_layer: int, element_bytes: int, total_gpus: int,
+                   offload_optimizer: bool) -> int:
+    """The fp32 gradients of the largest optimizer sub-group, on the GPU during the step. DeepSpeed closes a
+    sub-group at the first parameter that takes it to sub_group_size, so one can exceed it by a partition."""
     if offload_optimizer:
-        per_param = 18 if offload_params else 16
-        gpu = largest_layer_memory + (0 if offload_params else int(2 * params / total_gpus))
-        factor = per_param / machines if zero_init else max(4 * gpus_per_machine, per_param / machines)
-        cpu = params * factor * buffer_factor
-    else:
-        gpu = largest_layer_memory + int(18 * params / total_gpus)
-        cpu = (largest_layer if zero_init else params) * 4 * gpus_per_machine * buffer_factor
-    return int(cpu), int(gpu)
+        return 0
+    sub_group = min(-(-params // total_gpus), SUB_GROUP_SIZE + -(-largest_layer // total_gpus))
+    return sub_group * (4 + (element_bytes if element_bytes < 4 else 0))
 
 
 def frozen_shard(params: int, element_bytes: int, total_gpus: int) -> int:
@@ -73,21 +139,75 @@ def live_parameters(params: int, element_bytes: int, max_live: int, largest_laye
     return min(params, max_live + largest_layer) * element_bytes
 
 
+def training_parameters(params: int, element_bytes: int, max_live: int, largest_layer: int) -> int:
+    """Live parameters in a forward/backward, and the gradient of the module ZeRO-3 is reducing."""
+    return live_parameters(params, element_bytes, max_live, largest_layer) + largest_layer * element_bytes
+
+
 def kv_cache(model: ModelSize, batch: int, sequence: int, element_bytes: int) -> int:
     return model.layers * 2 * model.kv_heads * model.head_dim * batch * sequence * element_bytes
 
 
-def activations(model: ModelSize, batch: int, sequence: int, element_bytes: int, checkpointing: bool) -> int:
-    """Activations kept for the backward pass of one micro-batch."""
-    tokens = batch * sequence
-    one_layer = tokens * model.hidden * (34 + 5 * model.heads * sequence / model.hidden) * element_bytes / 2
-    if checkpointing:
-        return int(model.layers * tokens * model.hidden * element_bytes + one_layer)
-    return int(model.layers * one_layer)
+def _norm(model: ModelSize, element_bytes: int, liger: bool) -> int:
+    """Bytes per token one normalisation keeps, its output included."""
+    b, hidden = element_bytes, model.hidden
+    if not model.gated_mlp:  # LayerNorm: input, output, mean and rstd in the model's dtype
+        return 2 * b * hidden + 2 * b
+    return (2 * b * hidden if liger else (4 + 2 * b) * hidden) + 4
 
 
-def logits(batch: int, sequence: int, vocab: int) -> int:
-    return batch * sequence * vocab * 4
+def layer_activations(model: ModelSize, sequence: int, element_bytes: int, attention: str, liger: bool) -> int:
+    """Bytes per token one decoder layer keeps for the backward (see the module's docstring)."""
+    b, h, a, i = element_bytes, model.hidden, model.heads, model.intermediate
+    q, kv = model.heads * model.head_dim, model.kv_heads * model.head_dim
+    scores = (4 + (b if b < 4 else 0)) * a * sequence  # eager: the fp32 softmax and its 16-bit copy
+    if not model.gated_mlp:  # no grouped heads: eager keeps the scores instead of SDPA's output and log-sum-exp
+        extra = {EAGER: scores - 4 * a - b * h, SDPA: b * sequence}.get(attention, 0)
+        return 10 * b * h + 2 * b * i + 4 * a + 4 * b + extra
+    if attention == EAGER:
+        attention_bytes = 4 * b * q + scores
+    elif attention == SDPA:
+        attention_bytes = 4 * b * q + 4 * a + b * sequence
+    else:
+        attention_bytes = b * (2 * q + 2 * kv) + 4 * a
+    mlp = (3 if liger else 4) * b * i
+    qk_norm = (4 + b) * (q + kv) + 4 * (a + model.kv_heads) if model.qk_norm else 0
+    return 2 * _norm(model, b, liger) + attention_bytes + mlp + qk_norm
+
+
+def _shared_mask(sequence: int, element_bytes: int, attention: str) -> int:
+    """Bytes per token of the 4D attention mask that every layer reads."""
+    return {SDPA: sequence, EAGER: element_bytes * sequence}.get(attention, 0)
+
+
+def _backward_transient(model: ModelSize, element_bytes: int, liger: bool) -> int:
+    """Bytes per token of the gradients alive at once inside one MLP's backward."""
+    inner = 2 if not model.gated_mlp else (1 if liger else 3)
+    return element_bytes * (inner * model.intermediate + model.hidden)
+
+
+def activations(model: ModelSize, batch: int, sequence: int, element_bytes: int, checkpointing: bool,
+                attention: str = FLASH_ATTENTION, liger: bool = False) -> int:
+    """Activations kept for the backward of one micro-batch, and the gradients of one MLP's backward."""
+    liger = liger and model.gated_mlp  # Liger patches llama-like blocks only
+    layer = layer_activations(model, sequence, element_bytes, attention, liger)
+    stored = model.layers * element_bytes * model.hidden + layer if checkpointing else model.layers * layer
+    per_token = (stored + _norm(model, element_bytes, liger) + _shared_mask(sequence, element_bytes, attention)
+                 + _backward_transient(model, element_bytes, liger))
+    return batch * sequence * per_token
+
+
+def logits(head: LogitsModel, model: ModelSize, batch: int, sequence: int, completion: int,
+           element_bytes: int) -> int:
+    """What the LM head holds at the training peak for one micro-batch (see LogitsModel)."""
+    if head.fused_head:
+        tokens = batch * completion
+        tile = min(tokens, FUSED_HEAD_TILE[0]) * min(model.vocab, FUSED_HEAD_TILE[1]) * element_bytes
+        weight_gradient = 4 * model.vocab * model.hidden
+        hidden = tokens * model.hidden * (2 * element_bytes + 4)  # kept, their fp32 gradient, its cast
+        return tile + weight_gradient + hidden + 4 * FUSED_HEAD_STATISTICS * tokens
+    positions = head.sequence_copies * sequence + head.completion_copies * completion
+    return batch * positions * model.vocab * element_bytes
 
 
 @dataclass(frozen=True)
@@ -100,12 +220,15 @@ class Component:
     cpu: int = 0
 
 
-def peak(components: list[Component]) -> int:
-    """Static memory plus the larger of the two phases."""
-    def total(phase: str) -> int:
-        return sum(c.gpu for c in components if c.phase == phase)
+def phase_totals(components: list[Component]) -> dict[str, int]:
+    """GPU bytes of the static rows and of each phase's rows."""
+    return {phase: sum(c.gpu for c in components if c.phase == phase) for phase in (STATIC, *PHASES)}
 
-    return total(STATIC) + max(total(GENERATION), total(TRAINING))
+
+def peak(components: list[Component]) -> int:
+    """Static memory plus the largest phase."""
+    totals = phase_totals(components)
+    return totals[STATIC] + max(totals[phase] for phase in PHASES)
 
 
 def fits(gpu_bytes: int, gpu_memory: int) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlhf_cli.paths import hub_cache
+from rlhf_cli.hub import hub_cache
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -37,6 +37,9 @@ class ModelSize:
     kv_heads: int
     head_dim: int
     vocab: int
+    intermediate: int  # width of the MLP's inner layer
+    gated_mlp: bool = True  # llama-like block (RMSNorm, SwiGLU) rather than GPT-NeoX/GPT-2's (LayerNorm, GeLU)
+    qk_norm: bool = False  # RMSNorm of each head's queries and keys (qwen3)
     max_positions: int | None = None  # longest sequence the model takes, when its config says
     approximate: bool = False  # an architecture we do not know: counted as a llama-like decoder
 
@@ -137,14 +140,18 @@ def model_size(config: dict[str, Any], *, sequence_classifier: bool = False, num
         head = hidden * num_labels if sequence_classifier else (0 if tied else vocab * hidden)
         if model_type == "gpt2":
             layout = _gpt2_layout(config, hidden, head)
+            intermediate = config.get("n_inner") or 4 * hidden
         elif model_type == "gpt_neox":
             layout = _gpt_neox_layout(config, hidden, head)
+            intermediate = config["intermediate_size"]
         else:
             layout = _llama_layout(config, hidden, heads, kv_heads, head_dim, head)
+            intermediate = config["intermediate_size"]
     except (KeyError, TypeError) as error:
         raise ModelConfigUnavailable(f"config.json of a {model_type or 'model'} lacks {error}") from None
     params = sum(layout.embeddings) + layers * sum(layout.per_layer) + sum(layout.final) + layout.head
     largest = max(*layout.embeddings, *layout.per_layer, *layout.final, layout.head)
     max_positions = config.get("n_positions" if model_type == "gpt2" else "max_position_embeddings")
-    return ModelSize(params, largest, layers, hidden, heads, kv_heads, head_dim, vocab, max_positions,
-                     approximate=model_type not in ("gpt2", "gpt_neox", *LLAMA_LIKE))
+    return ModelSize(params, largest, layers, hidden, heads, kv_heads, head_dim, vocab, intermediate,
+                     gated_mlp=model_type not in ("gpt2", "gpt_neox"), qk_norm=model_type == "qwen3",
+                     max_positions=max_positions, approximate=model_type not in ("gpt2", "gpt_neox", *LLAMA_LIKE))

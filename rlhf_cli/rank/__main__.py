@@ -15,8 +15,8 @@ from rlhf_cli.run_dir import EXIT_PREEMPTED
 
 def main(argv: list[str]) -> int:
     started = time.monotonic()
-    algorithm, recipe_path = argv
-    inputs = RankInputs.read(algorithm, Path(recipe_path))
+    name, recipe_path = argv
+    inputs = RankInputs.read(name, Path(recipe_path))
     output_dir = Path(inputs.trainer["output_dir"])
 
     from rlhf_cli.rank.lifecycle import (
@@ -33,13 +33,14 @@ def main(argv: list[str]) -> int:
     stop.install()  # before loading models: a job can be preempted while it loads
     with failures_recorded(output_dir):
         quiet_libraries(output_mode(), is_rank_zero=global_rank() == 0)
-        from rlhf_cli.rank.builders import BUILDERS
+        from rlhf_cli.algorithms import algorithm
+        from rlhf_cli.algorithms.spec import load_object
         from rlhf_cli.rank.record import write_rank_record, write_summary
         from rlhf_cli.rank.zero3 import install_no_gather_fix
 
         install_no_gather_fix(required=inputs.trainer.get("ds3_gather_for_generation") is False)
-        trainer = BUILDERS[algorithm](inputs)
-        use_progress(trainer, algorithm)
+        trainer = load_object(algorithm(name).builder)(inputs)
+        use_progress(trainer, name)
         stopper = CheckpointAndStop(stop, trainer.accelerator)
         trainer.add_callback(stopper)
         trainer.add_callback(CompleteCheckpoints(trainer.accelerator))
@@ -53,7 +54,7 @@ def main(argv: list[str]) -> int:
             trainer.save_model(trainer.args.output_dir)
             trainer.save_state()  # trainer_state.json: the logged metrics of every step
             status, exit_code = "finished", 0
-        write_summary(trainer, algorithm, status, time.monotonic() - started)
+        write_summary(trainer, name, status, time.monotonic() - started)
         trainer.accelerator.wait_for_everyone()
         # Destroys the process group while the interpreter is whole: left to interpreter teardown, gloo's
         # worker threads abort a finished rank now and then ("terminate called without an active exception").

@@ -1,8 +1,7 @@
-"""One builder per algorithm: resolved recipe -> a ready TRL trainer. A closed registry."""
+"""One builder per algorithm: resolved recipe -> a ready trainer. The registry (rlhf_cli.algorithms) names them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from rlhf_cli.rank.inputs import RankInputs, load_prompts, reward_funcs, reward_functions
@@ -34,14 +33,25 @@ def _note_causal_lm_reward(inputs: RankInputs) -> None:
         note_untrained_head(path, "reward model", inputs.model_init_kwargs().get("revision"))
 
 
+def _build_generating(config_class: type, trainer_class: type, inputs: RankInputs) -> Any:
+    """TRL's generating trainers that load the policy (and a reference, when beta is not 0) from its path."""
+    config = _config(config_class, inputs)
+    _note_causal_lm_reward(inputs)
+    train, evaluation = load_prompts(inputs)
+    return trainer_class(model=inputs.model_value("model_name_or_path"), reward_funcs=reward_funcs(inputs),
+                         args=config, train_dataset=train, eval_dataset=evaluation)
+
+
 def build_rloo(inputs: RankInputs) -> Any:
     from trl import RLOOConfig, RLOOTrainer
 
-    config = _config(RLOOConfig, inputs)
-    _note_causal_lm_reward(inputs)
-    train, evaluation = load_prompts(inputs)
-    return RLOOTrainer(model=inputs.model_value("model_name_or_path"), reward_funcs=reward_funcs(inputs),
-                       args=config, train_dataset=train, eval_dataset=evaluation)
+    return _build_generating(RLOOConfig, RLOOTrainer, inputs)
+
+
+def build_grpo(inputs: RankInputs) -> Any:
+    from trl import GRPOConfig, GRPOTrainer
+
+    return _build_generating(GRPOConfig, GRPOTrainer, inputs)
 
 
 def build_online_dpo(inputs: RankInputs) -> Any:
@@ -108,7 +118,3 @@ def build_ppo(inputs: RankInputs) -> Any:
     return PPOTrainer(args=config, processing_class=tokenizer, policy=policy, ref_policy=reference,
                       value_model=value, reward_model=reward, reward_funcs=reward_functions(inputs),
                       train_dataset=_tokenize_prompts(train, tokenizer))
-
-
-BUILDERS: dict[str, Callable[[RankInputs], Any]] = {
-    "rloo": build_rloo, "online_dpo": build_online_dpo, "ppo": build_ppo}

@@ -26,7 +26,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from rlhf_cli.checkpoints import write_manifest
-from rlhf_cli.run_dir import FIRST_FAILURE_FILE, PREEMPTED_FILE, RANKS_DIR, error_file
+from rlhf_cli.run_dir import RunDir
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -47,7 +47,7 @@ class StopRequest:
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        if (self.output_dir / FIRST_FAILURE_FILE).exists():
+        if RunDir(self.output_dir).first_failure.exists():
             os._exit(1)  # another rank failed and the launcher is stopping us: nothing left to save
         if self.signal_name is None and global_rank() == 0:
             print(f"rlhf: {signal.Signals(signum).name} received: saving a checkpoint after this step, then stopping",
@@ -83,20 +83,21 @@ class CompleteCheckpoints(TrainerCallback):
     def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> Any:
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
-            write_manifest(Path(args.output_dir) / f"checkpoint-{state.global_step}")
+            write_manifest(RunDir(Path(args.output_dir)).checkpoint(state.global_step))
         self.accelerator.wait_for_everyone()
         return control
 
 
 def write_preempted(output_dir: Path, step: int, signal_name: str | None) -> None:
-    record = {"step": step, "checkpoint": str(output_dir / f"checkpoint-{step}"), "signal": signal_name,
+    run_dir = RunDir(output_dir)
+    record = {"step": step, "checkpoint": str(run_dir.checkpoint(step)), "signal": signal_name,
               "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    (output_dir / PREEMPTED_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    run_dir.preempted.write_text(json.dumps(record, indent=2) + "\n")
 
 
 def _claim_first_failure(output_dir: Path) -> bool:
     """True for exactly one failing rank: the first to create the marker (O_EXCL)."""
-    marker = output_dir / FIRST_FAILURE_FILE
+    marker = RunDir(output_dir).first_failure
     marker.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -108,7 +109,7 @@ def _claim_first_failure(output_dir: Path) -> bool:
 def _stop_when_another_rank_fails(output_dir: Path, interval_s: float) -> None:
     """A rank blocked in a collective whose peer died may wait for NCCL's timeout (30 minutes by default),
     on another machine too. The first failure's marker sits in the shared output dir: seeing it, exit."""
-    marker = output_dir / FIRST_FAILURE_FILE
+    marker = RunDir(output_dir).first_failure
 
     def watch() -> None:
         while not marker.exists():
@@ -133,7 +134,7 @@ def failures_recorded(output_dir: Path, watch_interval_s: float = 2.0) -> Iterat
         record = {"rank": rank, "hostname": socket.gethostname(), "first": first,
                   "type": type(error).__name__, "message": str(error).strip().splitlines()[0] if str(error) else "",
                   "traceback": text, "time": time.time()}
-        (output_dir / RANKS_DIR / error_file(rank)).write_text(json.dumps(record, indent=2) + "\n")
+        RunDir(output_dir).rank_error(rank).write_text(json.dumps(record, indent=2) + "\n")
         if first:
             print(f"rank {rank} on {record['hostname']} failed:\n{text}", file=sys.stderr, flush=True)
         sys.stdout.flush()

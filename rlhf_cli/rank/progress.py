@@ -12,15 +12,14 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from rlhf_cli.metrics import format_metrics
+from rlhf_cli.algorithms import algorithm
+from rlhf_cli.run_dir import OUTPUT_MODE_ENV
 from rlhf_cli.rank.zero3 import GenerationClock
-
-OUTPUT_ENV = "RLHF_OUTPUT"  # quiet | normal | verbose, set by the launcher from --quiet / --verbose
 
 
 
 def output_mode() -> str:
-    return os.environ.get(OUTPUT_ENV, "normal")
+    return os.environ.get(OUTPUT_MODE_ENV, "normal")
 
 
 def _clock(seconds: float) -> str:
@@ -31,10 +30,10 @@ def _clock(seconds: float) -> str:
 class TrainingProgress(TrainerCallback):
     """Rank 0's view of training; `live` redraws a bar, otherwise each log is one line."""
 
-    def __init__(self, algorithm: str, console: Any = None) -> None:
+    def __init__(self, name: str, console: Any = None) -> None:
         from rich.console import Console
 
-        self.algorithm = algorithm
+        self.algorithm = algorithm(name)
         self.console = console or Console()
         self.live = self.console.is_terminal
         self.progress: Any = None
@@ -58,7 +57,7 @@ class TrainingProgress(TrainerCallback):
         )
 
         self.progress = Progress(
-            TextColumn(f"[bold]{self.algorithm.replace('_', '-')}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+            TextColumn(f"[bold]{self.algorithm.command}"), BarColumn(bar_width=24), MofNCompleteColumn(),
             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[metrics]}"),
             console=self.console,
         )
@@ -70,7 +69,7 @@ class TrainingProgress(TrainerCallback):
             self.progress.update(self.task, completed=state.global_step)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
-        metrics = format_metrics(self.algorithm, logs or {})
+        metrics = self.algorithm.format_metrics(logs or {})
         if not metrics:
             return  # the end-of-training summary log; the launcher prints the summary
         generating, steps = GenerationClock.take(), state.global_step - self.logged_step
@@ -115,11 +114,11 @@ def quiet_libraries(mode: str, is_rank_zero: bool) -> None:
         warnings.filterwarnings("ignore")
 
 
-def use_progress(trainer: Any, algorithm: str) -> None:
+def use_progress(trainer: Any, name: str) -> None:
     """Swap transformers' progress printing for ours (rank 0, unless --quiet)."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
     if trainer.accelerator.is_main_process and output_mode() != "quiet":
-        trainer.add_callback(TrainingProgress(algorithm))
+        trainer.add_callback(TrainingProgress(name))

@@ -8,9 +8,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from rlhf_cli.checkpoints import checkpoint_step
-from rlhf_cli.rank.zero3 import GenerationProbe
-from rlhf_cli.run_dir import RANKS_DIR, SUMMARY_FILE
+from rlhf_cli.rank.zero3 import GenerationProbe, PhaseMemory
+from rlhf_cli.run_dir import RunDir, checkpoint_step
 
 
 def write_rank_record(trainer: Any) -> Path:
@@ -31,8 +30,9 @@ def write_rank_record(trainer: Any) -> Path:
             "full_numel": calls[0]["full_numel"] if calls else None,
             "per_call": calls,  # seconds, all_gathers, peak_bytes, rss_peak_bytes, ... of each call
         },
+        "phase_memory": PhaseMemory.active.record() if PhaseMemory.active else None,  # RLHF_PROBE_CUDA_MEMORY
     }
-    path = Path(trainer.args.output_dir) / RANKS_DIR / f"rank-{accelerator.process_index}.json"
+    path = RunDir(Path(trainer.args.output_dir)).rank_record(accelerator.process_index)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path
@@ -45,7 +45,7 @@ def write_summary(trainer: Any, algorithm: str, status: str, wall_seconds: float
         return
     state = trainer.state
     step_logs = [entry for entry in state.log_history if "train_runtime" not in entry]
-    output_dir = Path(trainer.args.output_dir)
+    output_dir = RunDir(Path(trainer.args.output_dir))
     resumed = trainer.args.resume_from_checkpoint
     first_step = (checkpoint_step(resumed) or 0) if resumed else 0
     summary = {
@@ -58,6 +58,6 @@ def write_summary(trainer: Any, algorithm: str, status: str, wall_seconds: float
         "steps_per_second": round((state.global_step - first_step) / wall_seconds, 4) if wall_seconds else None,
         "final_metrics": {key: value for key, value in (step_logs[-1] if step_logs else {}).items()
                           if isinstance(value, (int, float))},
-        "saved": str(output_dir if status == "finished" else output_dir / f"checkpoint-{state.global_step}"),
+        "saved": str(output_dir.path if status == "finished" else output_dir.checkpoint(state.global_step)),
     }
-    (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    output_dir.summary.write_text(json.dumps(summary, indent=2) + "\n")

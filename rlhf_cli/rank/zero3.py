@@ -7,8 +7,8 @@ backward then prefetch and release parameters by that stale trace and crash at t
 backward ("The size of tensor a (0) must match the size of tensor b (64)") on any model larger
 than one prefetch bucket. TRL's gather path already invalidates the trace when it re-adds the
 hooks (`trl.models.utils.add_hooks`, TRL PR #4693); its no-gather path does nothing. We wrap
-`trl.models.utils._unwrap_model_for_generation`, the one context manager through which every
-TRL trainer (and our PPO) generates, and invalidate the trace after each no-gather generation.
+TRL's private generation context (through `rlhf_cli.compat`), the one context manager through which
+every TRL trainer (and our PPO) generates, and invalidate the trace after each no-gather generation.
 Drop this module's fix once TRL invalidates the trace on its no-gather path too.
 """
 
@@ -20,45 +20,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-TESTED_WITH = "trl 1.16 and deepspeed 0.19"
-# Set to run TRL's generation as shipped (no fix); the regression tests use it to show that the
-# upstream bug is still there, so that we learn when this module can go.
-STOCK_TRL_ENV = "RLHF_STOCK_TRL_GENERATION"
-PROBE_ENV = "RLHF_PROBE_GENERATION"
-
-
-class Zero3InternalsChanged(RuntimeError):
-    """TRL or DeepSpeed no longer has what the no-gather fix relies on."""
-
-
-def _versions() -> str:
-    import deepspeed
-    import trl
-
-    return f"trl {trl.__version__}, deepspeed {deepspeed.__version__}"
-
-
-def param_coordinator(engine: Any) -> Any | None:
-    """The ZeRO-3 parameter coordinator of a DeepSpeed engine, or None (not ZeRO-3, not prepared yet)."""
-    optimizer = getattr(engine, "optimizer", None)
-    if optimizer is None:
-        return None
-    offload = getattr(optimizer, "parameter_offload", optimizer)  # engines without optimizer hold it directly
-    getter = getattr(offload, "get_param_coordinator", None)
-    return getter() if getter is not None else None
-
-
-def invalidate_trace(engine: Any) -> None:
-    """Make the next forward re-record its fetch trace."""
-    coordinator = param_coordinator(engine)
-    if coordinator is None:
-        return
-    if not (hasattr(coordinator, "is_invalid_trace") and hasattr(coordinator, "_invalidate_trace")):
-        raise Zero3InternalsChanged(
-            f"DeepSpeed's ZeRO-3 parameter coordinator changed ({_versions()}); rlhf's --no-gather fix was "
-            f"written for {TESTED_WITH}. Use --gather, or install the tested versions.")
-    if not coordinator.is_invalid_trace():  # invalidating twice raises
-        coordinator._invalidate_trace()
+from rlhf_cli import compat
+from rlhf_cli.run_dir import PROBE_CUDA_MEMORY_ENV, PROBE_GENERATION_ENV, STOCK_TRL_ENV
 
 
 class GenerationClock:
@@ -78,15 +41,12 @@ def install_no_gather_fix(required: bool) -> None:
 
     `required`: the run generates without gathering, so a TRL without the wrapped function is an error.
     """
-    import trl.models.utils as trl_model_utils
-
-    original = getattr(trl_model_utils, "_unwrap_model_for_generation", None)
-    if original is None:
+    try:
+        original = compat.trl_generation_context()
+    except compat.InternalsChanged:
         if not required:
             return
-        raise Zero3InternalsChanged(
-            f"trl.models.utils._unwrap_model_for_generation is gone ({_versions()}); rlhf's --no-gather fix was "
-            f"written for {TESTED_WITH}. Use --gather, or install the tested versions.")
+        raise
     if getattr(original, "rlhf_no_gather_fix", False):
         return
 
@@ -94,16 +54,19 @@ def install_no_gather_fix(required: bool) -> None:
     def unwrap_without_stale_trace(model: Any, accelerator: Any, gather_deepspeed3_params: bool = True,
                                    *args: Any, **kwargs: Any) -> Iterator[Any]:
         started = time.perf_counter()
-        with (_probe(model, gather_deepspeed3_params) as probe,  # around the gathering too
+        phases = PhaseMemory.current()
+        with (phases.generating() if phases else contextlib.nullcontext(),
+              _probe(model, gather_deepspeed3_params) as probe,  # around the gathering too
               original(model, accelerator, gather_deepspeed3_params, *args, **kwargs) as unwrapped,
               probe.sampling(unwrapped)):
             yield unwrapped
         GenerationClock.seconds += time.perf_counter() - started
+        # STOCK_TRL_ENV: the regression test shows the upstream bug is still there, so that we learn when this can go.
         if not gather_deepspeed3_params and not os.environ.get(STOCK_TRL_ENV):
-            invalidate_trace(model)
+            compat.invalidate_fetch_trace(model)
 
     unwrap_without_stale_trace.rlhf_no_gather_fix = True
-    trl_model_utils._unwrap_model_for_generation = unwrap_without_stale_trace
+    compat.replace_trl_generation_context(unwrap_without_stale_trace)
 
 
 def apply_zero3_settings(config: Any, knobs: dict[str, int]) -> None:
@@ -133,10 +96,7 @@ class GenerationProbe:
     RSS_INTERVAL_S = 0.01
 
     def __init__(self, model: Any) -> None:
-        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
-
-        self.available = ZeroParamStatus.AVAILABLE
-        self.partitioned = ZeroParamStatus.NOT_AVAILABLE
+        self.available, self.partitioned = compat.zero3_param_states()
         self.params = [p for p in model.parameters() if hasattr(p, "ds_status")]
         self.total = sum(p.ds_numel for p in self.params)
         self.total_bytes = sum(p.ds_numel * p.element_size() for p in self.params)
@@ -167,9 +127,7 @@ class GenerationProbe:
 
     @contextlib.contextmanager
     def counting_all_gathers(self) -> Iterator[None]:
-        import deepspeed.comm.comm as ds_comm
-
-        backend = ds_comm.cdb
+        backend = compat.deepspeed_comm_backend()
         names = [name for name in self.ALL_GATHER_METHODS if backend is not None and hasattr(backend, name)]
         for name in names:
             setattr(backend, name, self._counted(getattr(backend, name)))
@@ -225,7 +183,7 @@ class GenerationProbe:
 @contextlib.contextmanager
 def _probe(model: Any, gather: bool) -> Iterator[Any]:
     """Measure one generation call when RLHF_PROBE_GENERATION is set; else a probe that measures nothing."""
-    if not os.environ.get(PROBE_ENV):
+    if not os.environ.get(PROBE_GENERATION_ENV):
         yield _NoProbe()
         return
     probe = GenerationProbe(model)
@@ -243,3 +201,66 @@ class _NoProbe:
     @contextlib.contextmanager
     def sampling(self, module: Any) -> Iterator[None]:
         yield
+
+
+class PhaseMemory:
+    """Peak CUDA memory of each phase of a rank's run, when RLHF_PROBE_CUDA_MEMORY is set.
+
+    Phases: `load` until the first generation, `generation` inside TRL's generation context (gathering
+    included), `train` between generations (scoring, reference and policy passes, backward, optimizer step).
+    Peaks are torch's allocator peaks, reset at each phase change; `outside_allocator_bytes` is what the
+    device has in use beyond what the allocator reserved (CUDA context, NCCL and library workspaces). Each
+    generation call's start and seconds are kept too, so that a benchmark reads seconds per step from the
+    spacing of the calls. Without CUDA only the calls' times are kept.
+    """
+
+    active: PhaseMemory | None = None
+
+    def __init__(self, cuda: Any | None, clock: Any = time.perf_counter) -> None:
+        self.cuda = cuda  # `torch.cuda`, or None
+        self.clock = clock
+        self.started = clock()
+        self.phase = "load"
+        self.peaks: dict[str, dict[str, int]] = {}
+        self.generation_calls: list[dict[str, float]] = []
+
+    @classmethod
+    def current(cls) -> PhaseMemory | None:
+        """This rank's recorder when the probe is asked for (made at the first generation), else None."""
+        if cls.active is None and os.environ.get(PROBE_CUDA_MEMORY_ENV):
+            import torch
+
+            cls.active = cls(torch.cuda if torch.cuda.is_available() else None)
+        return cls.active
+
+    def _switch(self, phase: str) -> dict[str, int]:
+        """End the current phase (folding its peaks into its record) and start `phase` with fresh peaks."""
+        ended: dict[str, int] = {}
+        if self.cuda is not None:
+            self.cuda.synchronize()
+            free, total = self.cuda.mem_get_info()
+            ended = {"max_allocated_bytes": self.cuda.max_memory_allocated(),
+                     "max_reserved_bytes": self.cuda.max_memory_reserved(),
+                     "outside_allocator_bytes": total - free - self.cuda.memory_reserved()}
+            record = self.peaks.setdefault(self.phase, dict.fromkeys(ended, 0))
+            for key, value in ended.items():
+                record[key] = max(record[key], value)
+            self.cuda.reset_peak_memory_stats()
+        self.phase = phase
+        return ended
+
+    @contextlib.contextmanager
+    def generating(self) -> Iterator[None]:
+        self._switch("generation")
+        started = self.clock()
+        try:
+            yield
+        finally:
+            peaks = self._switch("train")
+            self.generation_calls.append({"started_s": started - self.started, "seconds": self.clock() - started,
+                                          **peaks})
+
+    def record(self) -> dict[str, Any]:
+        """What the rank writes into `ranks/rank-N.json`; ends the open phase."""
+        self._switch(self.phase)
+        return {"cuda": self.cuda is not None, "phases": self.peaks, "generation_calls": self.generation_calls}

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhf_cli.errors import RlhfError
+from rlhf_cli.run_dir import TRAINER_STATE, RunDir
 
-STATE_FILE = "trainer_state.json"
 
 @dataclass(frozen=True)
 class Panel:
@@ -40,14 +40,13 @@ def find_state(run_dir: Path) -> Path:
     """The run's own trainer_state.json, else the one of its newest checkpoint."""
     if not run_dir.is_dir():
         raise RlhfError(f"{run_dir}: no such run directory")
-    if (run_dir / STATE_FILE).is_file():
-        return run_dir / STATE_FILE
-    checkpoints = [path for path in run_dir.glob(f"checkpoint-*/{STATE_FILE}")
-                   if path.parent.name.removeprefix("checkpoint-").isdigit()]
-    if not checkpoints:
-        raise RlhfError(f"{run_dir}: no {STATE_FILE} here or in a checkpoint-*/ directory; it is written when a "
+    layout = RunDir(run_dir)
+    found = [layout.trainer_state, *(checkpoint / TRAINER_STATE for _, checkpoint in layout.checkpoints())]
+    state = next((path for path in found if path.is_file()), None)
+    if state is None:
+        raise RlhfError(f"{run_dir}: no {TRAINER_STATE} here or in a checkpoint-*/ directory; it is written when a "
                         "run ends or saves a checkpoint")
-    return max(checkpoints, key=lambda path: int(path.parent.name.removeprefix("checkpoint-")))
+    return state
 
 
 def _number(value: object) -> float | None:

@@ -26,17 +26,13 @@ def _algorithm_dataclasses() -> dict[str, dict[str, type]]:
     import warnings
 
     warnings.filterwarnings("ignore", message=".*trl.experimental.*")
-    from trl import ModelConfig, RLOOConfig
-    from trl.experimental.online_dpo import OnlineDPOConfig
-    from trl.scripts.rloo import RLOOScriptArguments
+    from trl import ModelConfig
 
-    from rlhf_cli.rank.ppo.config import PPOConfig
+    from rlhf_cli.algorithms import ALGORITHMS
+    from rlhf_cli.algorithms.spec import load_object
 
-    return {
-        "ppo": {"script": RLOOScriptArguments, "model": ModelConfig, "trainer": PPOConfig},
-        "rloo": {"script": RLOOScriptArguments, "model": ModelConfig, "trainer": RLOOConfig},
-        "online_dpo": {"script": RLOOScriptArguments, "model": ModelConfig, "trainer": OnlineDPOConfig},
-    }
+    return {name: {"script": load_object(entry.script_class), "model": ModelConfig,
+                   "trainer": load_object(entry.config_class)} for name, entry in ALGORITHMS.items()}
 
 
 def _kinds(annotation: Any) -> tuple[list[str], list[Any] | None]:

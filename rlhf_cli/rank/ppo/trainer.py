@@ -18,11 +18,12 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader
 from transformers import GenerationConfig, PreTrainedTokenizerBase, Trainer, TrainerState, set_seed
-from transformers.trainer_callback import ExportableState
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 
+from rlhf_cli import compat
 from rlhf_cli.rank.ppo import core
 from rlhf_cli.rank.ppo.config import PPOConfig
+from rlhf_cli.run_dir import TRAINER_STATE
 
 RANK_SEED_STRIDE = 100003  # rank r samples with seed + r x this prime, as TRL's PPOTrainer did
 
@@ -129,7 +130,7 @@ class PPOTrainer(Trainer):
         # transformers leaves accumulation to its own loop (1 here); ours uses `accelerator.accumulate`. Without
         # sync_with_dataloader off, accelerate steps at every micro-batch while the loader is at its last batch.
         self.accelerator.gradient_accumulation_steps = self.micro_batches_per_step
-        self.accelerator.gradient_state.plugin_kwargs["sync_with_dataloader"] = False
+        compat.stop_sync_with_dataloader(self.accelerator)
         if self.is_deepspeed_enabled:  # DeepSpeed divides each micro-batch's loss by its own accumulation count
             self.accelerator.state.deepspeed_plugin.deepspeed_config.update(
                 gradient_accumulation_steps=self.micro_batches_per_step,
@@ -245,15 +246,15 @@ class PPOTrainer(Trainer):
         self.state = TrainerState(
             is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero(),
             stateful_callbacks=[cb for cb in [*self.callback_handler.callbacks, self.control]
-                                if isinstance(cb, ExportableState)])
+                                if isinstance(cb, compat.exportable_state_class())])
         if args.activation_checkpointing:  # transformers turns it on only in its own train loop, replaced here
             self.policy_and_value.gradient_checkpointing_enable(args.activation_checkpointing_kwargs)
-        model, loader = self._prepare_for_training(self.num_updates, loader, resume_from_checkpoint)
+        model, loader = compat.prepare_for_training(self, self.num_updates, loader, resume_from_checkpoint)
         # Every rank samples its own random numbers (one seed for all made their samples agree on most tokens).
         set_seed(args.seed + self.accelerator.process_index * RANK_SEED_STRIDE)
         if resume_from_checkpoint:
-            self.state = TrainerState.load_from_json(f"{resume_from_checkpoint}/trainer_state.json")
-            self._load_rng_state(resume_from_checkpoint)
+            self.state = TrainerState.load_from_json(f"{resume_from_checkpoint}/{TRAINER_STATE}")
+            compat.load_rng_state(self, resume_from_checkpoint)
         self.state.max_steps = self.num_updates
         self.state.logging_steps, self.state.save_steps = args.logging_steps, args.save_steps
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
@@ -273,7 +274,7 @@ class PPOTrainer(Trainer):
                 stats["eps"] = int(stats["episode"] / (time.time() - started))
                 self.log(stats)
             if self.control.should_save:
-                self._save_checkpoint(model, trial=None)
+                compat.save_checkpoint(self, model)
                 self.control = self.callback_handler.on_save(args, self.state, self.control)
             if self.control.should_training_stop:
                 break

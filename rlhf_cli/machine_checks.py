@@ -24,7 +24,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from rlhf_cli.paths import hub_cache
+from rlhf_cli.hub import hub_cache
 from rlhf_cli.plan.gpus import nvidia_smi
 
 OK, WARNING, PROBLEM = "ok", "warning", "problem"

@@ -1,0 +1,112 @@
+"""PPO: rlhf's own trainer (TRL deleted its PPOTrainer in 1.13), with TRL's former PPOConfig field names."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rlhf_cli.algorithms.legacy import COMMON_RENAMED, COMMON_RETIRED
+from rlhf_cli.algorithms.spec import Algorithm, Batches, LogitsModel, StarterEntry, Values
+
+
+def _batches(values: Values, num_processes: int) -> Batches:
+    # As in TRL 1.12: a process's rollouts per update, split into num_mini_batches
+    rollouts = values("per_device_train_batch_size") * values("gradient_accumulation_steps")
+    generation = min(values("local_rollout_forward_batch_size"), rollouts)
+    return Batches(generation=generation, train=values("per_device_train_batch_size"), score=generation)
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        loaded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _checks(values: Values, num_processes: int) -> list[str]:
+    """Batch sizes that tile, one stop token setting, a tokenizer with EOS, a stop token inside the vocabulary."""
+    problems = []
+    per_device, accumulation = values("per_device_train_batch_size"), values("gradient_accumulation_steps")
+    mini_batches, chunk = values("num_mini_batches"), values("local_rollout_forward_batch_size")
+    for name, number in (("per_device_train_batch_size", per_device), ("gradient_accumulation_steps", accumulation),
+                         ("num_mini_batches", mini_batches), ("local_rollout_forward_batch_size", chunk),
+                         ("num_ppo_epochs", values("num_ppo_epochs"))):
+        if number < 1:
+            return [f"`{name}` must be at least 1, got {number}"]
+    local_batch = per_device * accumulation  # split into num_mini_batches, as in TRL 1.12
+    if accumulation % mini_batches:
+        problems.append(f"`num_mini_batches` ({mini_batches}) must divide `gradient_accumulation_steps` "
+                        f"({accumulation}): each mini-batch is one optimizer step over whole micro-batches")
+    if local_batch % min(chunk, local_batch):
+        problems.append(f"`local_rollout_forward_batch_size` ({chunk}) must divide the rollouts per process "
+                        f"(per_device_train_batch_size x gradient_accumulation_steps = {local_batch})")
+    if values("stop_token") is not None and values("stop_token_id") is not None:
+        problems.append(f"`stop_token` ({values('stop_token')}) and `stop_token_id` ({values('stop_token_id')}) are "
+                        "both set; keep one")
+    episodes = values("total_episodes")
+    batch = local_batch * num_processes
+    if episodes is not None and episodes < batch:
+        problems.append(f"`total_episodes` ({episodes}) is less than one batch of rollouts ({local_batch} per process "
+                        f"x {num_processes} processes = {batch})")
+
+    policy = values("model_name_or_path")
+    if not isinstance(policy, str) or not Path(policy, "config.json").is_file():
+        return problems
+    tokenizer = _json(Path(policy, "tokenizer_config.json"))
+    if tokenizer and not tokenizer.get("eos_token"):  # a missing pad token is added when the ranks load it
+        problems.append(f"`model_name_or_path`: the tokenizer in {policy} has no eos_token; PPO needs one")
+    vocab_size = _json(Path(policy, "config.json")).get("vocab_size")
+    stop = values("stop_token_id")
+    if stop is not None and vocab_size is not None and not 0 <= stop < vocab_size:
+        problems.append(f"`stop_token_id` {stop} is not in the vocabulary of {policy} (0..{vocab_size - 1})")
+    return problems
+
+
+ALGORITHM = Algorithm(
+    name="ppo",
+    command="ppo",
+    summary="Train with PPO (rlhf's own trainer): a value model, GAE and a per-token KL penalty.",
+    example="rlhf ppo -r ppo/smoke --no-gather",
+    config_name="rlhf's PPO (named as in TRL's former PPOConfig)",
+    config_class="rlhf_cli.rank.ppo.config:PPOConfig",
+    script_class="trl.scripts.rloo:RLOOScriptArguments",
+    builder="rlhf_cli.rank.builders:build_ppo",
+    completion_field="response_length",
+    batch_fields=("local_rollout_forward_batch_size", "per_device_train_batch_size"),
+    batches=_batches,
+    has_reference=lambda values: True,
+    trains_value_model=True,
+    bf16_unless_told=False,
+    # rlhf_cli/rank/ppo/trainer.py: `output.logits` over every position stays referenced through the backward,
+    # with the completion's scaled logits and log-softmax; the backward adds a completion gradient or two and,
+    # through the slice, one over every position: at most 2 [sequence] and 4 [completion] copies at once
+    logits=LogitsModel(sequence_copies=2, completion_copies=4),
+    headline_metrics=(("objective/scores", "score"), ("objective/kl", "kl"), ("loss/policy_avg", "loss"),
+                      ("loss/value_avg", "value loss")),
+    renamed=COMMON_RENAMED,
+    retired=COMMON_RETIRED,
+    starter_models=(StarterEntry("value_model_name_or_path", "the value model's start; default: the reward model",
+                                 "./my-value-model", enabled=False),),
+    starter=(
+        StarterEntry("total_episodes", "responses to train on in total", 10000),
+        StarterEntry("response_length", "most tokens generated per response", 256),
+        StarterEntry("stop_token", "eos: cut responses after the first EOS token", "eos"),
+        StarterEntry("missing_eos_penalty", "subtracted from the score of unfinished responses", 1.0),
+        StarterEntry("per_device_train_batch_size", "rollouts per GPU per micro-batch", 4),
+        StarterEntry("gradient_accumulation_steps", "micro-batches per update: rollouts per GPU = this x the above",
+                     4),
+        StarterEntry("num_mini_batches", "optimizer steps per pass over the rollouts; divides the above", 1),
+        StarterEntry("local_rollout_forward_batch_size", "sequences per generation pass; divides rollouts per GPU",
+                     16),
+        StarterEntry("num_ppo_epochs", "passes over each batch of rollouts"),
+        StarterEntry("learning_rate", "AdamW learning rate"),
+        StarterEntry("kl_coef", "weight of the per-token KL penalty (vs. the reference)"),
+        StarterEntry("kl_estimator", "k1 (log-ratio) or k3 (unbiased, non-negative)"),
+        StarterEntry("cliprange", "clip range of the policy ratio"),
+        StarterEntry("vf_coef", "weight of the value loss"),
+        StarterEntry("temperature", "sampling temperature of rollouts"),
+    ),
+    checks=_checks,
+)

@@ -1,0 +1,194 @@
+"""Every private internal of TRL, transformers, DeepSpeed, accelerate and torch that rlhf relies on, in one place.
+
+rlhf reaches each of them only through a function here, and `INTERNALS` lists each with why we need it and when
+it can go. `tests/test_compat.py` resolves the list against the installed versions in seconds (no launch), so an
+upgrade that moves one fails that test instead of a run on a GPU node. Used inside ranks and the launch agent
+only: the CLI never imports this module, and the heavy packages load inside the functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+TESTED_WITH = "torch 2.14, transformers 5.24, accelerate 1.15, deepspeed 0.19.8 and trl 1.16"
+
+
+@dataclass(frozen=True)
+class Internal:
+    path: str  # `package.module:Name.attribute`
+    why: str
+    until: str  # when rlhf can stop using it
+    parameters: tuple[str, ...] = ()  # for a callable: the parameters rlhf passes, by name
+
+
+INTERNALS = (
+    Internal("trl.models.utils:_unwrap_model_for_generation",
+             "the one generation context every TRL trainer (and our PPO) enters; wrapped to invalidate ZeRO-3's "
+             "stale fetch trace after no-gather generation, and to measure generation",
+             "TRL invalidates the trace on its no-gather path (the canary test in tests/test_end_to_end.py passes)",
+             ("model", "accelerator", "gather_deepspeed3_params")),
+    Internal("deepspeed.runtime.zero.parameter_offload:DeepSpeedZeRoOffload.get_param_coordinator",
+             "reaches the ZeRO-3 parameter coordinator of an engine", "as above"),
+    Internal("deepspeed.runtime.zero.partitioned_param_coordinator:PartitionedParameterCoordinator.is_invalid_trace",
+             "whether the coordinator's fetch trace is already invalid (invalidating twice raises)", "as above"),
+    Internal("deepspeed.runtime.zero.partitioned_param_coordinator:PartitionedParameterCoordinator._invalidate_trace",
+             "makes the next forward re-record its fetch trace", "as above"),
+    Internal("deepspeed.runtime.zero.partition_parameters:ZeroParamStatus",
+             "the generation probe counts parameters gathered (`ds_status`, `ds_numel`)",
+             "DeepSpeed reports gathered parameters itself"),
+    Internal("deepspeed.comm.comm:cdb",
+             "the generation probe counts all-gather launches on DeepSpeed's communication backend",
+             "DeepSpeed's comms logger counts them per call"),
+    Internal("transformers:Trainer._prepare_for_training",
+             "PPO runs its own loop on Trainer's machinery: model wrapping, DeepSpeed engine, optimizer, scheduler, "
+             "checkpoint loading", "never: PPO is ours",
+             ("max_steps", "train_dataloader", "resume_from_checkpoint")),
+    Internal("transformers:Trainer._save_checkpoint", "PPO saves checkpoints as Trainer does (sharded states, RNG, "
+             "trainer_state.json, rotation)", "never: PPO is ours", ("model", "trial")),
+    Internal("transformers:Trainer._load_rng_state", "PPO's resume restores every RNG as Trainer's does",
+             "never: PPO is ours", ("checkpoint",)),
+    Internal("transformers.trainer_callback:ExportableState",
+             "PPO's TrainerState carries the callbacks whose state a checkpoint keeps", "never: PPO is ours"),
+    Internal("accelerate.state:GradientState.sync_with_dataloader",
+             "PPO turns it off (else accelerate steps at every micro-batch of the loader's last batch); accelerate "
+             "has no setter once the Accelerator exists, so rlhf writes the plugin kwargs this property reads",
+             "accelerate lets a running Accelerator change sync_with_dataloader"),
+    Internal("accelerate.commands.launch:_filter_args",
+             "accelerate hands torch's launcher the attributes of its launch arguments that torch's parser knows; "
+             "rlhf sets `signals_to_handle` so that SIGUSR1 (SLURM's warning) reaches the ranks",
+             "accelerate launch takes --signals_to_handle itself"),
+    Internal("torch.distributed.elastic.multiprocessing.api:SignalException",
+             "the launch agent tells a signal that stopped the ranks from a rank failure", "torch exports it"),
+    Internal("torch.distributed.elastic.multiprocessing.errors:ChildFailedError.get_first_failure",
+             "the launch agent's exit code is the first failing rank's", "never: public enough"),
+)
+
+
+class InternalsChanged(RuntimeError):
+    """An upgrade moved an internal rlhf relies on; the message names it and the versions rlhf was tested with."""
+
+
+def locate(path: str) -> Any:
+    """The object `package.module:Name.attribute` names; InternalsChanged when it is gone."""
+    module_name, _, attributes = path.partition(":")
+    try:
+        found: Any = importlib.import_module(module_name)
+        for attribute in attributes.split("."):
+            found = getattr(found, attribute)
+    except (ImportError, AttributeError) as error:
+        raise InternalsChanged(f"{path} is gone ({error}); rlhf was tested with {TESTED_WITH}. "
+                               "Install the tested versions, or an rlhf release that supports yours.") from None
+    return found
+
+
+def check(internal: Internal) -> None:
+    """Raise InternalsChanged unless `internal` exists and takes the parameters rlhf passes."""
+    found = locate(internal.path)
+    if internal.parameters:
+        taken = inspect.signature(found).parameters
+        missing = [name for name in internal.parameters if name not in taken]
+        if missing:
+            raise InternalsChanged(f"{internal.path} no longer takes {', '.join(missing)}; rlhf was tested with "
+                                   f"{TESTED_WITH}")
+
+
+# -- TRL's generation context ---------------------------------------------------------------------------------
+
+def trl_generation_context() -> Any:
+    """TRL's private generation context manager, as installed (or as rlhf wrapped it)."""
+    return locate(INTERNALS[0].path)
+
+
+def replace_trl_generation_context(wrapper: Any) -> None:
+    """Make every TRL trainer (and our PPO) generate through `wrapper`: the public
+    `unwrap_model_for_generation` looks the private one up in its module at each call."""
+    import trl.models.utils
+
+    trl.models.utils._unwrap_model_for_generation = wrapper
+
+
+# -- DeepSpeed ZeRO-3 --------------------------------------------------------------------------------------------
+
+def zero3_param_coordinator(engine: Any) -> Any | None:
+    """The ZeRO-3 parameter coordinator of a DeepSpeed engine, or None (not ZeRO-3, not prepared yet)."""
+    optimizer = getattr(engine, "optimizer", None)
+    if optimizer is None:
+        return None
+    offload = getattr(optimizer, "parameter_offload", optimizer)  # engines without optimizer hold it directly
+    getter = getattr(offload, "get_param_coordinator", None)
+    return getter() if getter is not None else None
+
+
+def invalidate_fetch_trace(engine: Any) -> None:
+    """Make the engine's next forward re-record which parameters to fetch, and when."""
+    coordinator = zero3_param_coordinator(engine)
+    if coordinator is None:
+        return
+    if not (hasattr(coordinator, "is_invalid_trace") and hasattr(coordinator, "_invalidate_trace")):
+        raise InternalsChanged(f"DeepSpeed's ZeRO-3 parameter coordinator changed; rlhf's --no-gather fix was "
+                               f"written for {TESTED_WITH}. Use --gather, or install the tested versions.")
+    if not coordinator.is_invalid_trace():  # invalidating twice raises
+        coordinator._invalidate_trace()
+
+
+def zero3_param_states() -> tuple[Any, Any]:
+    """(gathered, partitioned): the `ds_status` values of a ZeRO-3 parameter fully present, and not present."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    return ZeroParamStatus.AVAILABLE, ZeroParamStatus.NOT_AVAILABLE
+
+
+def deepspeed_comm_backend() -> Any | None:
+    """DeepSpeed's communication backend object (None before deepspeed.init_distributed)."""
+    import deepspeed.comm.comm as ds_comm
+
+    return ds_comm.cdb
+
+
+# -- transformers' Trainer, for PPO's own loop -------------------------------------------------------------------
+
+def prepare_for_training(trainer: Any, max_steps: int, loader: Any, resume_from_checkpoint: str | None) -> Any:
+    """(model, loader) wrapped as Trainer.train would: DeepSpeed engine, optimizer, scheduler, checkpoint loaded."""
+    return trainer._prepare_for_training(max_steps, loader, resume_from_checkpoint)
+
+
+def save_checkpoint(trainer: Any, model: Any) -> None:
+    trainer._save_checkpoint(model, trial=None)
+
+
+def load_rng_state(trainer: Any, checkpoint: str) -> None:
+    trainer._load_rng_state(checkpoint)
+
+
+def stop_sync_with_dataloader(accelerator: Any) -> None:
+    """Gradients accumulate over the loader's last batch like over any other."""
+    accelerator.gradient_state.plugin_kwargs["sync_with_dataloader"] = False
+
+
+def exportable_state_class() -> type:
+    from transformers.trainer_callback import ExportableState
+
+    return ExportableState
+
+
+# -- accelerate and torch's launcher -------------------------------------------------------------------------
+
+def forward_signals_to_ranks(launch_args: Any, signals: str) -> None:
+    """torch's launcher passes on the signals it handles; accelerate forwards this attribute to it."""
+    launch_args.signals_to_handle = signals
+
+
+def launch_errors() -> tuple[type, type]:
+    """(a signal stopped the launcher, a rank failed) as torch's elastic launcher raises them."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    return SignalException, ChildFailedError
+
+
+def first_failure_exitcode(failed: Any) -> int:
+    _, failure = failed.get_first_failure()
+    return failure.exitcode

@@ -1,0 +1,105 @@
+"""The import graph: no cycles, and each layer imports only the layers below it (imports inside functions count)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import REPO
+
+PACKAGE = REPO / "rlhf_cli"
+# Data flows one way: flags + recipe -> resolved run -> plan -> launch -> ranks -> trainer. A layer may import
+# the leaves and the layers listed for it, never one above it.
+LEAVES = {"rlhf_cli", "rlhf_cli.errors", "rlhf_cli.sizes", "rlhf_cli.run_dir", "rlhf_cli.checkpoints",
+          "rlhf_cli.hub"}
+MAY_IMPORT = {
+    "algorithms": {"algorithms"},
+    "config": {"algorithms", "config"},
+    "plan": {"algorithms", "config", "plan"},
+    "launch": {"algorithms", "config", "launch", "compat"},
+    "rank": {"algorithms", "config", "rank", "compat"},
+    "compat": set(),
+    "report": {"report"},
+    "schema": {"algorithms", "schema"},
+    "machine_checks": {"plan"},
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every rlhf_cli module `path` imports, at any depth of its code."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {f"{node.module}.{alias.name}" for alias in node.names} | {node.module}
+    return {name for name in found if name.startswith("rlhf_cli")}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    return {name: {imported for imported in _imports(path) if imported in modules and imported != name}
+            for name, path in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and module not in LEAVES else None
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles(import_graph()) == []
+
+
+def test_layers_import_only_downwards() -> None:
+    wrong = []
+    for module, imported in import_graph().items():
+        layer = _layer(module)
+        if layer not in MAY_IMPORT:
+            continue
+        for target in imported:
+            target_layer = _layer(target)
+            if target_layer is not None and target_layer != layer and target_layer not in MAY_IMPORT[layer]:
+                wrong.append(f"{module} imports {target}")
+    assert wrong == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
