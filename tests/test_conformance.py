@@ -9,7 +9,8 @@ tokenizer load with `from_pretrained` and produce finite logits; for PPO, the ra
 Every family x algorithm x {gather, no-gather} runs. Plain-text prompts everywhere; chat-message prompts in
 one of the two modes of every family that has a chat template (alternating by algorithm, so each algorithm
 also sees chat prompts in both modes). pythia and GPT-2 have no chat template, as their real checkpoints.
-Run alone: `pytest -m conformance`; a new algorithm is one entry in ALGORITHMS (and its smoke recipe).
+Every algorithm in the registry (rlhf_cli/algorithms) runs, from its smoke recipe: a new one is covered once
+registered. Run alone: `pytest -m conformance`.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import math
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from conftest import RECIPES
 from families.build import FAMILIES
+from rlhf_cli.algorithms import ALGORITHMS
+from rlhf_cli.algorithms.spec import Algorithm
 
 pytestmark = [pytest.mark.launch, pytest.mark.conformance]
 
@@ -35,23 +37,22 @@ SMALL_BUCKETS = ("stage3_prefetch_bucket_size=2000", "stage3_param_persistence_t
 UNTRAINED_HEAD = "loaded as a sequence classifier whose score head starts untrained"
 
 
-@dataclass(frozen=True)
-class Algorithm:
-    """How to run one algorithm for 2 short steps from its smoke recipe, and what it logs as its loss."""
-
-    command: str
-    args: tuple[str, ...]
-    losses: tuple[str, ...]
+# 2 updates of 2 x 2 rollouts per process, in 2 generation chunks and 2 mini-batches (one optimizer step each)
+PPO_RUN = ("--set", "total_episodes=16", "--set", "num_mini_batches=2", "--set", "local_rollout_forward_batch_size=2",
+           "--set", "num_ppo_epochs=1")
 
 
-ALGORITHMS = [
-    # 2 updates of 2 x 2 rollouts per process, in 2 generation chunks and 2 mini-batches (one step each)
-    Algorithm("ppo", ("--set", "total_episodes=16", "--set", "num_mini_batches=2", "--set",
-                      "local_rollout_forward_batch_size=2", "--set", "response_length=8", "--set", "num_ppo_epochs=1"),
-              ("loss/policy_avg", "loss/value_avg")),
-    Algorithm("rloo", ("--max-steps", "2", "--set", "max_completion_length=8"), ("loss",)),
-    Algorithm("online-dpo", ("--max-steps", "2", "--set", "max_new_tokens=8"), ("loss",)),
-]
+def short_run(entry: Algorithm) -> tuple[str, ...]:
+    """Flags that make the algorithm's smoke recipe a run of 2 steps with 8-token completions."""
+    steps = PPO_RUN if entry.name == "ppo" else ("--max-steps", "2")
+    return (*steps, "--set", f"{entry.completion_field}=8")
+
+
+def losses(entry: Algorithm) -> list[str]:
+    """The loss metrics among the algorithm's headline numbers (PPO: policy and value loss)."""
+    return [metric for metric, label in entry.headline_metrics if "loss" in label]
+
+
 MODES = ("gather", "no-gather")
 
 
@@ -61,9 +62,9 @@ def prompt_kind(family: str, algorithm_index: int, mode: str) -> str:
     return "chat" if (algorithm_index + MODES.index(mode)) % 2 == 0 else "plain"
 
 
-CASES = [pytest.param(algorithm, family, mode, prompt_kind(family, index, mode),
-                      id=f"{algorithm.command}-{family}-{mode}-{prompt_kind(family, index, mode)}")
-         for index, algorithm in enumerate(ALGORITHMS) for family in FAMILIES for mode in MODES]
+CASES = [pytest.param(entry, family, mode, prompt_kind(family, index, mode),
+                      id=f"{entry.command}-{family}-{mode}-{prompt_kind(family, index, mode)}")
+         for index, entry in enumerate(ALGORITHMS.values()) for family in FAMILIES for mode in MODES]
 
 
 @pytest.fixture(scope="module")
@@ -87,17 +88,17 @@ def agreement(samples: list[list[int]], others: list[list[int]]) -> float:
     return sum(a == b for a, b in pairs) / len(pairs)
 
 
-@pytest.mark.parametrize(("algorithm", "family", "mode", "kind"), CASES)
-def test_family_trains(algorithm: Algorithm, family: str, mode: str, kind: str, family_models: dict[str, Path],
+@pytest.mark.parametrize(("entry", "family", "mode", "kind"), CASES)
+def test_family_trains(entry: Algorithm, family: str, mode: str, kind: str, family_models: dict[str, Path],
                        prompts: dict[str, Path], tmp_path: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model, out, samples = family_models[family], tmp_path / "run", tmp_path / "samples"
     samples.mkdir()
-    recipe = RECIPES / algorithm.command.replace("-", "_") / "smoke.yaml"
-    argv = [sys.executable, "-m", "rlhf_cli", algorithm.command, "-r", str(recipe), "-o", str(out), f"--{mode}",
-            "--model", str(model), "--reward-model", str(model), "--dataset", str(prompts[kind]), *algorithm.args,
+    recipe = RECIPES / entry.name / "smoke.yaml"
+    argv = [sys.executable, "-m", "rlhf_cli", entry.command, "-r", str(recipe), "-o", str(out), f"--{mode}",
+            "--model", str(model), "--reward-model", str(model), "--dataset", str(prompts[kind]), *short_run(entry),
             "--set", f"reward_funcs=[{FIXTURES}/rewards.py:record_samples]"]
     for pair in SMALL_BUCKETS:
         argv += ["--set", pair]
@@ -108,9 +109,9 @@ def test_family_trains(algorithm: Algorithm, family: str, mode: str, kind: str, 
     assert "Traceback" not in done.stderr and UNTRAINED_HEAD in done.stderr
 
     state = json.loads((out / "trainer_state.json").read_text())
-    steps = [entry for entry in state["log_history"] if all(loss in entry for loss in algorithm.losses)]
+    steps = [log for log in state["log_history"] if all(loss in log for loss in losses(entry))]
     assert state["global_step"] == 2 and len(steps) == 2
-    assert all(finite_numbers(entry) for entry in steps), steps
+    assert all(finite_numbers(log) for log in steps), steps
     for rank in (0, 1):
         record = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())
         assert record["ds3_gather_for_generation"] is (mode == "gather")
@@ -123,5 +124,5 @@ def test_family_trains(algorithm: Algorithm, family: str, mode: str, kind: str, 
     per_rank = [[ids for line in (samples / f"rank-{rank}.jsonl").read_text().splitlines()
                  for ids in json.loads(line)] for rank in (0, 1)]
     assert per_rank[0] and per_rank[1]
-    if algorithm.command == "ppo":  # one seed on every rank made random models agree on 91% of tokens
+    if entry.name == "ppo":  # one seed on every rank made random models agree on 91% of tokens
         assert agreement(*per_rank) < 0.5
