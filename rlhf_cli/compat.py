@@ -59,6 +59,10 @@ INTERNALS = (
              "never: PPO is ours", ("checkpoint",)),
     Internal("transformers.trainer_callback:ExportableState",
              "PPO's TrainerState carries the callbacks whose state a checkpoint keeps", "never: PPO is ours"),
+    Internal("accelerate.state:GradientState.sync_with_dataloader",
+             "PPO turns it off (else accelerate steps at every micro-batch of the loader's last batch); accelerate "
+             "has no setter once the Accelerator exists, so rlhf writes the plugin kwargs this property reads",
+             "accelerate lets a running Accelerator change sync_with_dataloader"),
     Internal("accelerate.commands.launch:_filter_args",
              "accelerate hands torch's launcher the attributes of its launch arguments that torch's parser knows; "
              "rlhf sets `signals_to_handle` so that SIGUSR1 (SLURM's warning) reaches the ranks",
@@ -213,6 +217,11 @@ def save_checkpoint(trainer: Any, model: Any) -> None:
 
 def load_rng_state(trainer: Any, checkpoint: str) -> None:
     trainer._load_rng_state(checkpoint)
+
+
+def stop_sync_with_dataloader(accelerator: Any) -> None:
+    """Gradients accumulate over the loader's last batch like over any other."""
+    accelerator.gradient_state.plugin_kwargs["sync_with_dataloader"] = False
 
 
 def exportable_state_class() -> type:

@@ -34,6 +34,14 @@ class Program:
         raise SystemExit(main(list(args)))
 
 
+@pytest.fixture(scope="session")
+def family_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every model-family stand-in (tests/families/build.py), built once per session: name -> directory."""
+    from families.build import build_all
+
+    return build_all(tmp_path_factory.mktemp("families"))
+
+
 @pytest.fixture
 def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Run `rlhf ARGS` in-process from a fresh working directory; returns the click Result."""

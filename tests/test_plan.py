@@ -511,3 +511,17 @@ def test_the_plan_table_never_cuts_a_number_off(cli, seed_models) -> None:
                           "--json").stdout)
     for column in data["configurations"]:
         assert f"{column['cpu_per_machine'] / 2**30:.1f}" in result.stdout
+
+
+def test_ppo_rollouts_per_process_are_per_device_times_accumulation() -> None:
+    """As in TRL 1.12: num_mini_batches splits the rollouts of a process; it does not multiply them."""
+    from rlhf_cli.plan.workload import workload
+
+    values = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "num_mini_batches": 2,
+              "local_rollout_forward_batch_size": 64, "response_length": 53, "plan_prompt_length": 64,
+              "gradient_checkpointing": False, "bf16": True, "fp16": False, "dtype": "bfloat16"}
+    planned = workload("ppo", values.get, num_processes=4)
+    assert (planned.generation_batch, planned.train_batch, planned.score_batch) == (16, 4, 16)
+    assert not planned.gradient_checkpointing
+    for name in ("gradient_checkpointing", "activation_checkpointing"):  # PPO honours both names
+        assert workload("ppo", {**values, name: True}.get, num_processes=4).gradient_checkpointing
