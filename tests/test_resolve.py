@@ -172,9 +172,14 @@ def test_cpu_machines_get_deepspeeds_cpu_path_unless_the_recipe_says_otherwise(t
     cpu = resolve(RunRequest("rloo", path), cwd=tmp_path, cuda=False)
     assert cpu.accelerate["use_cpu"] is True and cpu.accelerate["mixed_precision"] == "no"
     assert cpu.value("ddp_backend") == "gloo" and cpu.value("fp16") is False
-    assert cpu.settings["bf16"].source == "recipe"  # what the user wrote stands
+    assert cpu.settings["bf16"].source == "recipe"  # what the user wrote stands, on the CPU
+    assert cpu.value("use_cpu") is True and "bf16 as asked, on the CPU (use_cpu: true)" in " ".join(cpu.notes)
     gpu = resolve(RunRequest("rloo", path), cwd=tmp_path, cuda=True)
     assert gpu.accelerate["use_cpu"] is False and "ddp_backend" not in gpu.settings
+    fp32 = resolve(RunRequest("rloo", path, sets=("bf16=false",)), cwd=tmp_path, cuda=False)
+    assert fp32.value("use_cpu") is False
+    with pytest.raises(ConfigError, match="fp16 needs a GPU and this machine has none"):
+        resolve(RunRequest("rloo", path, sets=("bf16=false", "fp16=true")), cwd=tmp_path, cuda=False)
 
 
 def test_resolved_recipe_round_trips(tmp_path: Path) -> None:

@@ -636,6 +636,10 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         resolver.problems,
     )
     resolver.check_deepspeed_field(accelerate)
+    if cpu_only and resolver.value("fp16") is True:
+        said = (resolver.said("fp16") or "`fp16: {value}`").format(value="true")
+        resolver.problems.append(f"{said}: fp16 needs a GPU and this machine has none; set bf16: true (the CPU "
+                                 "has bf16) or neither")
     processes = int(accelerate.get("num_processes") or 1)
     for check in (lambda values: cross_field_problems(values, resolver.fields),
                   lambda values: algorithm(request.algorithm).checks(values, processes)):
@@ -656,5 +660,9 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         for name, value in cpu_defaults:
             settings.setdefault(name, Setting(value, reason))
         resolver.notes.append("no CUDA here: the ranks run on DeepSpeed's CPU path (DS_ACCELERATOR=cpu, gloo)")
+        if settings["bf16"].value and "use_cpu" not in settings:
+            # transformers checks bf16 against the GPU unless told the run is on the CPU, where torch has bf16 too
+            settings["use_cpu"] = Setting(True, "rlhf: bf16 without CUDA trains on the CPU")
+            resolver.notes.append("no CUDA here: bf16 as asked, on the CPU (use_cpu: true)")
     return ResolvedRun(request.algorithm, recipe.path if recipe else None, settings, accelerate, cpu_only,
                        tuple(resolver.notes + accelerate_notes))
