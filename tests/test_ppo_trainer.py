@@ -335,3 +335,10 @@ def test_prompts_begin_as_the_family_begins_them(family: str, family_models: dic
         for row in trainer.train_dataset:
             ids = row["input_ids"]
             assert (ids[0] == tokenizer.bos_token_id) == adds_bos and ids[1:].count(tokenizer.bos_token_id) == 0
+
+
+def test_max_steps_counts_updates_as_for_every_algorithm(family_models: dict[str, Path], tmp_path: Path) -> None:
+    """`rlhf ppo --max-steps 3`: three updates, whatever the episodes would have given."""
+    trainer = build(family_models["pythia"], tmp_path / "run", total_episodes=None, max_steps=3)
+    assert trainer.num_updates == 3
+    assert build(family_models["pythia"], tmp_path / "episodes").num_updates == 2  # total_episodes 8, 4 an update

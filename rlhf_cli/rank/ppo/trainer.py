@@ -141,8 +141,11 @@ class PPOTrainer(Trainer):
                 gradient_accumulation_steps=self.micro_batches_per_step,
                 train_batch_size=args.per_device_train_batch_size * self.micro_batches_per_step
                 * self.accelerator.num_processes)
+        # The run's length: max_steps updates when set (`--max-steps`, as for every algorithm; it wins over the
+        # episodes as transformers' max_steps wins over epochs), else TRL's former total_episodes, else
+        # num_train_epochs passes over the prompts.
         total = args.total_episodes or int(args.num_train_epochs * len(train_dataset))
-        self.num_updates = max(1, math.ceil(total / self.batch_size))
+        self.num_updates = args.max_steps if args.max_steps > 0 else max(1, math.ceil(total / self.batch_size))
         self.stop_token_id = processing_class.eos_token_id if args.stop_token == "eos" else args.stop_token_id
         self.reward_funcs = reward_funcs
         self.ref_policy = prepare_deepspeed(ref_policy, self.accelerator) if self.is_deepspeed_enabled \
