@@ -30,6 +30,7 @@ STALLED = "stalled"  # the job stopped moving, or a rank fell silent: write your
 MANIFEST = "rlhf-manifest.json"  # in a checkpoint: its files and sizes, written once every rank has saved
 TRAINER_STATE = "trainer_state.json"  # the trainer's state and every logged metric (run dir and checkpoints)
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+_RANK_RECORD = re.compile(r"rank-\d+\.json")  # not rank-N.error.json, rank-N.heartbeat.json
 
 
 def checkpoint_step(checkpoint: Path | str) -> int | None:
@@ -111,16 +112,21 @@ class RunDir:
         return self.ranks / f"machine-{machine_rank}.exits.json"
 
     def rank_records(self) -> list[Path]:
-        return sorted(path for path in self.ranks.glob("rank-[0-9]*.json") if not path.name.endswith(".error.json"))
+        return sorted(path for path in self.ranks.glob("rank-[0-9]*.json") if _RANK_RECORD.fullmatch(path.name))
 
     def rank_errors(self) -> list[Path]:
         return sorted(self.ranks.glob("rank-*.error.json"))
 
+    def rank_exits_files(self) -> list[Path]:
+        """Every machine's `rank_exits`."""
+        return sorted(self.ranks.glob("machine-*.exits.json"))
+
     def attempt_files(self) -> list[Path]:
         """What one attempt leaves about how it went (errors, heartbeats, stacks, exits, the failure marker): a
         resumed run must not read the last attempt's."""
-        patterns = ("rank-*.error.json", "rank-*.heartbeat.json", "rank-*.stack.txt", "machine-*.exits.json")
-        return sorted(path for pattern in patterns for path in self.ranks.glob(pattern)) + [self.first_failure]
+        patterns = ("rank-*.error.json", "rank-*.heartbeat.json", "rank-*.stack.txt")
+        return sorted(path for pattern in patterns for path in self.ranks.glob(pattern)) + \
+            self.rank_exits_files() + [self.first_failure]
 
     def checkpoint(self, step: int) -> Path:
         return self.path / f"checkpoint-{step}"

@@ -124,6 +124,16 @@ def test_a_full_disk_is_one_line_with_the_free_space_and_the_checkpoint_to_resum
     assert explain(run_dir, PlanNeeds()) == Failure(expected)
 
 
+def test_run_json_lists_the_rank_records_and_a_new_attempt_forgets_the_last_ones_ending(tmp_path: Path) -> None:
+    run_dir = RunDir(tmp_path)
+    for name in ("rank-0.json", "rank-1.json", "rank-1.error.json", "rank-0.heartbeat.json", "rank-1.stack.txt",
+                 "machine-1.exits.json", "first-failure"):
+        write_json(run_dir.ranks / name, {})
+    assert run_dir.rank_records() == [run_dir.rank_record(0), run_dir.rank_record(1)]
+    runner._clear_previous_outcome(run_dir)
+    assert sorted(path.name for path in run_dir.ranks.iterdir()) == ["rank-0.json", "rank-1.json"]
+
+
 def test_too_little_space_for_one_checkpoint_is_a_warning_before_launch(tmp_path: Path) -> None:
     free = faults.free_space(tmp_path)
     assert space_warning(tmp_path / "not-yet" / "run", free // 2) is None

@@ -150,7 +150,7 @@ def _signal_deaths(run_dir: RunDir) -> list[tuple[dict[str, Any], dict[str, Any]
     """(exit, machine) of the ranks killed by a signal among the first to end on their machine, aborts last. Later
     ends are the agent's doing: it stops the survivors with SIGTERM, then SIGKILL 30 s later."""
     found = []
-    for path in run_dir.ranks.glob("machine-*.exits.json"):
+    for path in run_dir.rank_exits_files():
         machine = read_json(path) or {}
         exits = machine.get("exits") or []
         first = min((death["time"] for death in exits), default=0)

@@ -26,7 +26,8 @@ from typing import Any
 from transformers import TrainerCallback
 
 from rlhf_cli.checkpoints import write_manifest
-from rlhf_cli.rank.watch import PROGRESS, SAVING, TRAINING, exit_now, global_rank, stop_for_another_rank
+from rlhf_cli.rank.watch import (PROGRESS, SAVING, TRAINING, exit_now, global_rank, lost_a_rank,
+                                 stop_for_another_rank)
 from rlhf_cli.records import claim, marker_says, try_write_json, unwritable
 from rlhf_cli.run_dir import FAILED, RunDir
 
@@ -50,8 +51,8 @@ class StopRequest:
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         run_dir = RunDir(self.output_dir)
-        if marker_says(run_dir.first_failure) is not None:
-            stop_for_another_rank(run_dir)  # the launcher is stopping us after a failure: nothing left to save
+        if marker_says(run_dir.first_failure) is not None or lost_a_rank(run_dir):
+            stop_for_another_rank(run_dir)  # stopped after a failure, not preempted: nothing left to save
         if self.signal_name is None and global_rank() == 0:
             print(f"rlhf: {signal.Signals(signum).name} received: saving a checkpoint after this step, then stopping",
                   file=sys.stderr, flush=True)

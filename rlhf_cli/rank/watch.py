@@ -144,12 +144,16 @@ class Verdict:
         return now - (beat.time if self.kind == SILENT else beat.moved)
 
 
+def _gone(live: list[Beat], pids: str | None, alive: Callable[[int, int | None], bool]) -> tuple[Beat, ...]:
+    return tuple(beat for beat in live if pids and beat.pids == pids and not alive(beat.pid, beat.started))
+
+
 def judge(beats: list[Beat], pids: str | None, now: float, stall_timeout: float,
           alive: Callable[[int, int | None], bool] = process_alive) -> Verdict | None:
     """Whether the job must stop, from every rank's heartbeat, judged by a rank whose pids are `pids`; None while
     it may go on. The definitions are in this module's docstring."""
     live = [beat for beat in beats if beat.phase != DONE]
-    gone = tuple(beat for beat in live if pids and beat.pids == pids and not alive(beat.pid, beat.started))
+    gone = _gone(live, pids, alive)
     if gone:
         return Verdict(GONE, gone, False)
     silent = tuple(beat for beat in live if now - beat.time >= stall_timeout)
@@ -162,6 +166,17 @@ def judge(beats: list[Beat], pids: str | None, now: float, stall_timeout: float,
     return Verdict(STALL, behind, len(behind) < len(live))
 
 
+def read_beats(run_dir: RunDir) -> list[Beat]:
+    found = (Beat.read(run_dir.heartbeat(rank)) for rank in range(int(os.environ.get("WORLD_SIZE", "1"))))
+    return [beat for beat in found if beat is not None]
+
+
+def lost_a_rank(run_dir: RunDir) -> bool:
+    """Whether a rank of this machine ended without finishing (killed): torch's agent then stops the others with
+    SIGTERM, which is no preemption."""
+    return bool(_gone([beat for beat in read_beats(run_dir) if beat.phase != DONE], pid_space(), process_alive))
+
+
 def exit_now(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
@@ -169,16 +184,18 @@ def exit_now(code: int) -> NoReturn:
 
 
 def write_stack(run_dir: RunDir, rank: int) -> None:
-    """Every thread's Python stack into `ranks/rank-N.stack.txt`, whatever the main thread is blocked in."""
+    """Every thread's Python stack into `ranks/rank-N.stack.txt`, whatever the main thread is blocked in. The first
+    one stands: a rank that writes it again (stopped by a signal while its collective fails) is no longer where it
+    stalled."""
     main = threading.main_thread().ident or 0
     try:
-        with open(run_dir.stack(rank), "w") as file:
+        with open(run_dir.stack(rank), "x") as file:
             file.write(f"rank {rank} on {socket.gethostname()} (pid {os.getpid()}) when the job stalled; the main "
                        f"thread, the one training, is Thread 0x{main:016x}\n\n")
             file.flush()
             faulthandler.dump_traceback(file=file, all_threads=True)
     except OSError:
-        pass  # a full disk: the error line still names the rank
+        pass  # written already, or a full disk: the error line still names the rank
 
 
 def stop_for_another_rank(run_dir: RunDir, pause: float = 0.0) -> NoReturn:
@@ -199,7 +216,6 @@ class Watch:
         self.stall_timeout = stall_timeout
         self.interval = min(beat_seconds, stall_timeout / 4)
         self.rank = global_rank()
-        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.host = socket.gethostname()
         self.pids = pid_space()
         state = _process_state(os.getpid())
@@ -225,10 +241,6 @@ class Watch:
                     PROGRESS.collectives, PROGRESS.phase)
         try_write_json(self.run_dir.heartbeat(self.rank), asdict(beat))
 
-    def _beats(self) -> list[Beat]:
-        found = (Beat.read(self.run_dir.heartbeat(rank)) for rank in range(self.world_size))
-        return [beat for beat in found if beat is not None]
-
     def _run(self) -> None:
         while not self.stopped.wait(self.interval):
             now = time.time()
@@ -239,7 +251,7 @@ class Watch:
             if marker_says(self.run_dir.first_failure) is not None:
                 stop_for_another_rank(self.run_dir, pause=self.interval)
             if not moving:
-                beats = self._beats()
+                beats = read_beats(self.run_dir)
                 verdict = judge(beats, self.pids, now, self.stall_timeout)
                 if verdict is not None:
                     self._stop_job(verdict, beats, now)
