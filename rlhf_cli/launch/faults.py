@@ -36,7 +36,7 @@ HINTS = {
 class PlanNeeds:
     """What the memory plan expects, handed down by the CLI (launch does not import plan); None: unknown."""
 
-    cpu_per_machine: int | None = None  # bytes of CPU memory each machine needs (offloaded states)
+    cpu_per_machine: int | None = None  # bytes of CPU memory each machine needs for offloaded states (0: none)
     checkpoint_bytes: int | None = None  # bytes of one checkpoint: model weights and optimizer states
 
 
