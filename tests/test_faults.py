@@ -3,6 +3,7 @@ markup. No launch: the records are written here as the agent and the ranks write
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import signal
@@ -141,11 +142,17 @@ def test_too_little_space_for_one_checkpoint_is_a_warning_before_launch(tmp_path
     assert warning.startswith(f"warning: {tmp_path} has ") and "one checkpoint of this run takes about" in warning
 
 
-def test_an_output_dir_that_takes_no_writes_is_a_one_line_error_before_launch(tmp_path: Path) -> None:
-    (tmp_path / "file").write_text("")
+def test_an_output_dir_full_before_launch_is_a_one_line_error(tmp_path: Path, monkeypatch) -> None:
+    """Resolution checks that the dir may be written; a full disk says so only when a write fails."""
+    def full(path: Path, text: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runner, "write_atomic", full)
     run = resolve(RunRequest("rloo", str(RECIPES / "rloo" / "smoke.yaml"),
-                             flags={"output_dir": ("-o", str(tmp_path / "file" / "run"))}), cwd=tmp_path, cuda=False)
-    with pytest.raises(OutputDirError, match=f"cannot write to the output dir {tmp_path}/file/run: not a directory"):
+                             flags={"output_dir": ("-o", str(tmp_path / "run"))}), cwd=tmp_path, cuda=False)
+    with pytest.raises(OutputDirError, match=rf"^cannot write to the output dir {tmp_path}/run: no space left on "
+                                             r"device \([\d.]+ [KMGT]iB free\); choose another --output-dir, or make "
+                                             "room$"):
         runner.launch(run)
 
 
