@@ -8,12 +8,18 @@ only: the CLI never imports this module, and the heavy packages load inside the 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 TESTED_WITH = "torch 2.14, transformers 5.24, accelerate 1.15, deepspeed 0.19.8 and trl 1.16"
+# The collectives DeepSpeed, accelerate and TRL start, as torch.distributed names them.
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+               "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "gather", "gather_object",
+               "scatter", "reduce", "all_to_all", "all_to_all_single")
 
 
 @dataclass(frozen=True)
@@ -69,8 +75,14 @@ INTERNALS = (
              "accelerate launch takes --signals_to_handle itself"),
     Internal("torch.distributed.elastic.multiprocessing.api:SignalException",
              "the launch agent tells a signal that stopped the ranks from a rank failure", "torch exports it"),
-    Internal("torch.distributed.elastic.multiprocessing.errors:ChildFailedError.get_first_failure",
-             "the launch agent's exit code is the first failing rank's", "never: public enough"),
+    Internal("torch.distributed.elastic.multiprocessing.errors:ProcessFailure",
+             "the launch agent records how each failed rank ended (`ChildFailedError.failures`: local rank, pid, "
+             "exit code or signal, time), which a rank killed by a signal cannot record itself",
+             "never: public enough", ("local_rank", "pid", "exitcode")),
+    *(Internal(f"torch.distributed.distributed_c10d:{name}",
+               "wrapped to count the collectives each rank enters: in a stall, the ranks that entered fewer are the "
+               "ones the others wait for; the module's own globals too, as torch's collectives call one another",
+               "torch reports collectives entered per rank to Python") for name in COLLECTIVES),
     Internal("transformers:TrainingArguments._setup_devices",
              "the launcher's pre-launch check builds the trainer config outside any rank: without a process "
              "group, on no device, with the run's number of processes as its world size",
@@ -245,9 +257,30 @@ def launch_errors() -> tuple[type, type]:
     return SignalException, ChildFailedError
 
 
-def first_failure_exitcode(failed: Any) -> int:
-    _, failure = failed.get_first_failure()
-    return failure.exitcode
+def rank_exits(failed: Any) -> list[dict[str, Any]]:
+    """How each failed rank of a ChildFailedError ended: rank (global), local_rank, pid, exitcode (-N: signal N),
+    time (seconds, as torch's agent first saw it)."""
+    return [{"rank": rank, "local_rank": failure.local_rank, "pid": failure.pid, "exitcode": failure.exitcode,
+             "time": failure.timestamp} for rank, failure in failed.failures.items()]
+
+
+def count_collectives(on_enter: Callable[[], None]) -> None:
+    """Call `on_enter` as each collective of COLLECTIVES starts, in this process, whoever starts it. Install it
+    before DeepSpeed starts: its backend keeps references to some of these functions."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    for name in COLLECTIVES:
+        original = getattr(distributed_c10d, name)
+
+        @functools.wraps(original)
+        def counted(*args: Any, _original: Callable = original, **kwargs: Any) -> Any:
+            on_enter()
+            return _original(*args, **kwargs)
+
+        setattr(distributed_c10d, name, counted)
+        if getattr(dist, name, None) is original:
+            setattr(dist, name, counted)
 
 
 # -- transformers' TrainingArguments, built outside a rank -------------------------------------------------------

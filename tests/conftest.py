@@ -68,7 +68,7 @@ def nothing_launches(monkeypatch: pytest.MonkeyPatch) -> list:
 
     launched: list = []
 
-    def record(run, verbosity: str = "normal") -> runner.Outcome:
+    def record(run, verbosity: str = "normal", **_) -> runner.Outcome:
         launched.append(run)
         return runner.Outcome(0, "finished")
 

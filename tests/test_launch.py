@@ -77,11 +77,13 @@ time.sleep(60)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL])
-def test_a_rank_killed_by_a_signal_gives_128_plus_signal(tmp_path: Path, monkeypatch, signum: int) -> None:
-    rank = f"import os; os.kill(os.getpid(), {int(signum)})"
-    monkeypatch.setattr(runner, "launch_command", lambda run, verbosity: Launch([sys.executable, "-c", rank], {}))
+def test_a_launch_agent_killed_by_a_signal_gives_128_plus_signal(tmp_path: Path, monkeypatch, signum: int) -> None:
+    agent = f"import os; os.kill(os.getpid(), {int(signum)})"
+    monkeypatch.setattr(runner, "launch_command", lambda run, verbosity: Launch([sys.executable, "-c", agent], {}))
     outcome = runner.launch(smoke_run(tmp_path))
-    assert outcome.exit_code == 128 + signum and outcome.status == "failed" and outcome.failure is None
+    assert outcome.exit_code == 128 + signum and outcome.status == "failed"
+    assert outcome.failure.line == f"the ranks exited with code {128 + signum} without recording an error; see the " \
+                                   "output above"
 
 
 def test_launch_sh_is_runnable_bash(tmp_path: Path) -> None:

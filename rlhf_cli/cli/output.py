@@ -17,7 +17,6 @@ from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.resolve import ResolvedRun
 from rlhf_cli.gather_budget import parse_budget
 from rlhf_cli.launch.runner import Outcome
-from rlhf_cli.run_dir import RunDir
 from rlhf_cli.plan.memory import MARGIN
 
 if TYPE_CHECKING:
@@ -235,24 +234,22 @@ def _summary_table(outcome: Outcome) -> Table:
         table.add_row("steps/s", f"{summary['steps_per_second']:.3g} (loading and saving included)")
     for label, value in algorithm(summary["algorithm"]).headline(summary.get("final_metrics") or {}):
         table.add_row(label, f"{value:.4g}")
-    table.add_row("saved", str(summary.get("saved")))
+    table.add_row("saved", Text(str(summary.get("saved"))))
     return table
 
 
 def print_outcome(outcome: Outcome, run: ResolvedRun, quiet: bool) -> None:
-    """How the ranks ended: the summary, what to do after a preemption, or the failing rank's error once."""
+    """How the ranks ended: the summary, what to do after a preemption, or why they failed: the failed rank's
+    traceback, then one line. Text from ranks and libraries is printed as it is, never read as markup."""
     if outcome.status in ("finished", "preempted") and outcome.summary and not quiet:
         stderr.print(_summary_table(outcome))
     if outcome.status == "preempted":
         stderr.print(f"Preempted: checkpoint {outcome.preempted['checkpoint']} is complete; continue with "
                      f"--resume auto --output-dir {run.output_dir} (exit code {outcome.exit_code})",
                      style="yellow", highlight=False, markup=False)
-    elif outcome.status == "failed":
-        failure = outcome.failure
-        message = (f"rank {failure['rank']} on {failure['hostname']} failed: {failure['type']}: {failure['message']} "
-                   f"(traceback above and in {RunDir(run.output_dir).rank_error(failure['rank'])})" if failure else
-                   f"the ranks exited with code {outcome.exit_code} without recording an error (killed?); "
-                   "see the output above")
-        stderr.print(f"[bold red]Error:[/] {message}", highlight=False)
+    elif outcome.status == "failed" and outcome.failure is not None:
+        if outcome.failure.traceback:
+            stderr.print(outcome.failure.traceback.rstrip(), highlight=False, markup=False)
+        stderr.print(Text.assemble(("Error:", "bold red"), " ", outcome.failure.line), highlight=False)
     elif outcome.status == "interrupted":
-        stderr.print(f"Interrupted (exit code {outcome.exit_code})", style="yellow")
+        stderr.print(f"Interrupted (exit code {outcome.exit_code})", style="yellow", markup=False)

@@ -69,6 +69,10 @@ MainProcessIpOpt = Annotated[Optional[str], typer.Option(
 MainProcessPortOpt = Annotated[Optional[str], typer.Option(
     "--main-process-port", metavar="PORT", rich_help_panel=LAUNCH, show_default=False,
     help="Rendezvous port on machine rank 0. Default: MASTER_PORT, else free (1 machine) or 29500.")]
+StallTimeoutOpt = Annotated[Optional[float], typer.Option(
+    "--stall-timeout", metavar="SECONDS", rich_help_panel=LAUNCH, show_default=False,
+    help="Stop the job, naming the stalled rank and writing every rank's stack, when no rank made progress (or one "
+         "sent no heartbeat) for this long; loading and saving do not count. Default: 120.")]
 AccelerateConfigOpt = Annotated[Optional[str], typer.Option(
     "--accelerate-config", metavar="PATH", rich_help_panel=LAUNCH,
     help="Start from your accelerate config instead of the bundled ZeRO-3 one; flags still apply.")]
@@ -116,6 +120,7 @@ FLAGS = {
     "machine_rank": ("--machine-rank", "machine_rank"), "main_process_ip": ("--main-process-ip", "main_process_ip"),
     "main_process_port": ("--main-process-port", "main_process_port"),
     "accelerate_config": ("--accelerate-config", "accelerate_config"),
+    "stall_timeout": ("--stall-timeout", "stall_timeout"),
     "resume_from_checkpoint": ("--resume", "resume"),
 }
 
@@ -136,6 +141,7 @@ def train(
     machine_rank: MachineRankOpt = None,
     main_process_ip: MainProcessIpOpt = None,
     main_process_port: MainProcessPortOpt = None,
+    stall_timeout: StallTimeoutOpt = None,
     accelerate_config: AccelerateConfigOpt = None,
     model: ModelOpt = None,
     reward_model: RewardModelOpt = None,
@@ -153,9 +159,12 @@ def train(
 ) -> None:
     """`rlhf ppo|rloo|online-dpo|...`: the command name picks the algorithm."""
     options = dict(locals())
+    from rlhf_cli.launch.faults import PlanNeeds, space_warning
     from rlhf_cli.plan.estimate import planned
 
     run, plan = planned(_resolve(ctx, options, planning=False))
+    low_space = space_warning(run.output_dir, plan.checkpoint_bytes)
+    run = run.with_note(low_space) if low_space else run
     if dry_run:
         print_plan_compact(plan)
         print_run_json(run, plan) if json_ else print_run_human(run)
@@ -168,7 +177,8 @@ def train(
 
     check_before_launch(run)
 
-    outcome = launch(run, verbosity="quiet" if quiet else "verbose" if verbose else "normal")
+    needs = PlanNeeds(plan.chosen.cpu_per_machine if plan.chosen else None, plan.checkpoint_bytes)
+    outcome = launch(run, verbosity="quiet" if quiet else "verbose" if verbose else "normal", needs=needs)
     print_outcome(outcome, run, quiet)
     raise typer.Exit(outcome.exit_code)
 

@@ -109,6 +109,9 @@ OWN_FIELDS = (
           "Longest prompt in tokens, as the memory plan assumes it; default 512."),
     Field("accelerate_config", "launch", ("str", "null"), None,
           "Your own accelerate config to start from instead of the bundled ZeRO-3 one."),
+    Field("stall_timeout", "launch", ("int", "float"), 120,
+          "Seconds without progress on any rank (or without a rank's heartbeat) before the job stops and names the "
+          "stalled rank; loading and saving do not count. The collective timeout (ddp_timeout) follows it."),
     Field("dataset_prompt_column", "script", ("str",), "prompt",
           "Dataset column holding the prompt (plain text or a list of chat messages)."),
     Field("env", "launch", ("dict",), {},

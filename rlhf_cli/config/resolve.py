@@ -45,6 +45,9 @@ MODEL_FIELDS = ("model_name_or_path", "reward_model_name_or_path", "value_model_
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 MACHINE_FIELDS = ("num_machines", "machine_rank", "main_process_ip", "main_process_port")
 RESUME_AUTO = "auto"
+# The trainers' collective timeout, unless the recipe sets one: a backstop for what the stall watch does not judge
+# (a rank hung while loading or saving), long enough for the saves and loads that make the others wait.
+COLLECTIVE_TIMEOUT_FACTOR = 5
 # Keys naming something that must already exist: what it is, and whether it is a directory.
 EXISTING_PATHS = {"accelerate_config": ("file", False), "nvme_path": ("directory", True),
                   "resume_from_checkpoint": ("checkpoint directory", True)}
@@ -104,6 +107,10 @@ class ResolvedRun:
         """A copy with one value decided after resolution (`gather: auto`, by the plan), and a note on why."""
         notes = self.notes if note is None else (*self.notes, note)
         return replace(self, settings={**self.settings, name: Setting(value, source)}, notes=notes)
+
+    def with_note(self, note: str) -> ResolvedRun:
+        """A copy with one more note, found after resolution (the output dir's free space, by the launcher)."""
+        return replace(self, notes=(*self.notes, note))
 
 
 def _trl_accelerate_config(value: str, base_dirs: tuple[Path, ...]) -> Path | None:
@@ -439,6 +446,13 @@ class _Resolver:
             except SizeError as error:
                 self.problems.append(f"{self.layers['gpu_memory'][1]}: `gpu_memory`: {error}")
 
+    def check_stall_timeout(self) -> None:
+        """Its range is in rlhf_cli/schema/ranges.yaml; a collective timeout of the recipe's own may undercut it."""
+        timeout = self.value("stall_timeout")
+        if "ddp_timeout" in self.settings and self.value("ddp_timeout") <= timeout:
+            self.notes.append(f"warning: ddp_timeout {self.value('ddp_timeout')} is not above stall_timeout "
+                              f"{timeout:g}: a collective may time out before the stall watch names the stalled rank")
+
     def default_output_dir(self) -> None:
         if self.value("output_dir") is None:  # unset, or `output_dir: null`
             stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -617,6 +631,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     resolver.check_gpu_memory()
     resolver.check_data()
     resolver.check_mixture()
+    resolver.check_stall_timeout()
     cpu_only = not (_cuda_present() if cuda is None else cuda) or environ.get("DS_ACCELERATOR") == "cpu"
     accelerate, accelerate_notes = build_accelerate_config(
         AccelerateChoices(
@@ -636,7 +651,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         resolver.problems,
     )
     resolver.check_deepspeed_field(accelerate)
-    if cpu_only and resolver.value("fp16") is True:
+    if cpu_only and resolver.value("fp16") is True and resolver.value("bf16") is not True:  # both: said above
         said = (resolver.said("fp16") or "`fp16: {value}`").format(value="true")
         resolver.problems.append(f"{said}: fp16 needs a GPU and this machine has none; set bf16: true (the CPU "
                                  "has bf16) or neither")
@@ -654,6 +669,8 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         settings["num_processes"] = Setting(accelerate.get("num_processes"), "num_gpus x num_machines")
     settings.setdefault("ds3_gather_for_generation",
                         Setting(resolver.fields["ds3_gather_for_generation"].default, "default"))
+    settings.setdefault("ddp_timeout", Setting(round(COLLECTIVE_TIMEOUT_FACTOR * resolver.value("stall_timeout")),
+                                               f"rlhf: {COLLECTIVE_TIMEOUT_FACTOR} x stall_timeout"))
     if cpu_only:  # DeepSpeed's CPU path: fp32 (TRL turns bf16 on by default) over gloo
         reason = "rlhf: no CUDA on this machine"
         cpu_defaults = (("bf16", False), ("fp16", False), ("ddp_backend", "gloo"), ("dataloader_pin_memory", False))

@@ -38,6 +38,8 @@ LAUNCH: Section = ("How to run it (flags override these)", (
     StarterEntry("offload_optimizer", "none, cpu or nvme: where ZeRO-3 keeps optimizer states", "cpu"),
     StarterEntry("offload_params", "none, cpu or nvme: where ZeRO-3 keeps parameter shards", "none"),
     StarterEntry("nvme_path", "a local NVMe directory, needed with nvme offload", "/local_nvme", enabled=False),
+    StarterEntry("stall_timeout", "seconds no rank may go without progress before the job stops, naming who", 120,
+                 enabled=False),
 ))
 
 

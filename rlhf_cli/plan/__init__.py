@@ -19,6 +19,7 @@ Nothing here imports torch, transformers, deepspeed or accelerate.
   `training`, `step` -> the GPU bytes of their rows), `peak_gpu` (bytes: static rows + the largest of the
   generation, training and optimizer-step rows), `cpu_per_machine` (bytes of offloaded states), `fits`, `chosen`
   (the run's own).
+- `checkpoint_bytes`: one checkpoint on disk, every trained model's weights and optimizer states.
 - `reason`: one line on the chosen configuration; `suggestions`: what would fit when it does not;
   `notes`: caveats (an architecture counted approximately); `largest_generation_batch`: the most sequences one
   GPU can generate together with the chosen configuration (null: not even one).

@@ -98,6 +98,15 @@ class Plan:
     def chosen(self) -> Column | None:
         return next((column for column in self.columns if column.chosen), None)
 
+    @property
+    def checkpoint_bytes(self) -> int | None:
+        """Bytes of one checkpoint on disk (every trained model's weights and optimizer states); None: unknown."""
+        if not self.known:
+            return None
+        assert self.work is not None
+        return sum(memory.checkpoint_bytes(role.size.params, self.work.element_bytes)
+                   for role in self.roles if role.trained)
+
     def column(self, gather: bool, offload_optimizer: str, offload_params: str) -> Column | None:
         wanted = Candidate(gather, offload_optimizer, offload_params)
         return next((column for column in self.columns if column.candidate == wanted), None)
@@ -123,6 +132,7 @@ class Plan:
                  "phases": memory.phase_totals(c.components),
                  "peak_gpu": c.peak, "cpu_per_machine": c.cpu_per_machine, "fits": c.fits, "chosen": c.chosen}
                 for c in self.columns],
+            "checkpoint_bytes": self.checkpoint_bytes,
             "reason": self.reason, "suggestions": self.suggestions, "notes": self.notes,
             "largest_generation_batch": self.largest_generation_batch,
         }

@@ -81,6 +81,9 @@ b-byte cast is the module gradient counted above) and the hidden states' (4 + b 
 
 CUDA context and communication buffers: a fixed CONTEXT_ALLOWANCE.
 
+A checkpoint on disk, summed over ranks: each trained model's weights as saved (P x b) and its optimizer
+states (the fp32 master copy and Adam's two moments: 12 bytes per parameter).
+
 Not counted: the allocator's fragmentation and caching, vLLM, LoRA adapters, mixture-of-experts routing, the
 generation's transient logits, and Adam's temporaries (transformers' default is the fused AdamW: none).
 """
@@ -128,6 +131,14 @@ def optimizer_step(params: int, largest_layer: int, element_bytes: int, total_gp
         return 0
     sub_group = min(-(-params // total_gpus), SUB_GROUP_SIZE + -(-largest_layer // total_gpus))
     return sub_group * (4 + (element_bytes if element_bytes < 4 else 0))
+
+
+OPTIMIZER_STATE_BYTES = 12  # per parameter: fp32 master weights, Adam's exp_avg and exp_avg_sq
+
+
+def checkpoint_bytes(params: int, element_bytes: int) -> int:
+    """Bytes one checkpoint of a trained model takes on disk: its weights and its optimizer states."""
+    return params * (element_bytes + OPTIMIZER_STATE_BYTES)
 
 
 def frozen_shard(params: int, element_bytes: int, total_gpus: int) -> int:

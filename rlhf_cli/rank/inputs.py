@@ -48,6 +48,9 @@ class RankInputs:
     def script_value(self, name: str) -> Any:
         return self.script.get(name, catalogue(self.algorithm)[name].default)
 
+    def launch_value(self, name: str) -> Any:
+        return self.launch.get(name, catalogue(self.algorithm)[name].default)
+
     def model_value(self, name: str) -> Any:
         return self.model.get(name, catalogue(self.algorithm)[name].default)
 

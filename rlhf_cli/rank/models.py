@@ -16,7 +16,7 @@ PAD_TOKEN = "<|pad|>"
 
 def say(message: str) -> None:
     """One line on stderr, from global rank 0 only."""
-    from rlhf_cli.rank.lifecycle import global_rank
+    from rlhf_cli.rank.watch import global_rank
 
     if global_rank() == 0:
         print(f"rlhf: {message}", file=sys.stderr, flush=True)
