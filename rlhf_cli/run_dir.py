@@ -19,6 +19,8 @@ PROBE_CUDA_MEMORY_ENV = "RLHF_PROBE_CUDA_MEMORY"  # set: each rank records its p
 # The pre-launch check (rlhf_cli/rank/preflight.py) marks each step on stderr with this, for the launcher to say
 # which step hung.
 PREFLIGHT_STEP_MARK = "[rlhf preflight] "
+START_GATE_ENV = "RLHF_START_GATE_FD"  # the launch agent starts no rank until it reads START_GATE from this pipe
+START_GATE = b"go"
 RUN_DIR_ENV = "RLHF_RUN_DIR"  # the shared output dir, for the launch agent: where it records how its ranks ended
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the ranks checkpointed and stopped; run again with --resume auto

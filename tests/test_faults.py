@@ -142,7 +142,7 @@ def test_too_little_space_for_one_checkpoint_is_a_warning_before_launch(tmp_path
     assert warning.startswith(f"warning: {tmp_path} has ") and "one checkpoint of this run takes about" in warning
 
 
-def test_an_output_dir_full_before_launch_is_a_one_line_error(tmp_path: Path, monkeypatch) -> None:
+def test_an_output_dir_full_before_launch_is_a_one_line_error(tmp_path: Path, monkeypatch, check_passes) -> None:
     """Resolution checks that the dir may be written; a full disk says so only when a write fails."""
     def full(path: Path, text: str) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")

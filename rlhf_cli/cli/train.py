@@ -172,10 +172,7 @@ def train(
     if not quiet:
         print_notes(run)
         print_header(run, plan)
-    from rlhf_cli.launch.preflight import check_before_launch
     from rlhf_cli.launch.runner import launch
-
-    check_before_launch(run)
 
     needs = PlanNeeds(plan.chosen.cpu_per_machine if plan.chosen else None, plan.checkpoint_bytes)
     outcome = launch(run, verbosity="quiet" if quiet else "verbose" if verbose else "normal", needs=needs)

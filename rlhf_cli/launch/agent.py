@@ -19,7 +19,7 @@ from typing import Any
 
 from rlhf_cli.launch.faults import machine_memory
 from rlhf_cli.records import claim, try_write_json
-from rlhf_cli.run_dir import FAILED, OUTPUT_MODE_ENV, RUN_DIR_ENV, RunDir
+from rlhf_cli.run_dir import FAILED, OUTPUT_MODE_ENV, RUN_DIR_ENV, START_GATE, START_GATE_ENV, RunDir
 
 
 def _exit_code(code: int) -> int:
@@ -36,6 +36,16 @@ def record_exits(machine_rank: int, exits: list[dict[str, Any]]) -> None:
     claim(run_dir.first_failure, FAILED)
 
 
+def gate_opens() -> bool:
+    """Wait for the launcher's go: it opens the gate once the pre-launch check passed and the run's files are
+    written, or closes it (the check failed, the launcher stopped), and then no rank may start."""
+    gate = os.environ.get(START_GATE_ENV)
+    if gate is None:  # launch.sh, or accelerate's own use: nothing to wait for
+        return True
+    with os.fdopen(int(gate), "rb") as pipe:
+        return pipe.read(len(START_GATE)) == START_GATE
+
+
 def main(argv: list[str]) -> int:
     from accelerate.commands.launch import launch_command, launch_command_parser
 
@@ -50,6 +60,8 @@ def main(argv: list[str]) -> int:
     # torch's agent passes the signals it handles on to the ranks, which checkpoint on SIGTERM and SIGUSR1;
     # any other signal kills the agent itself.
     compat.forward_signals_to_ranks(args, "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+    if not gate_opens():
+        return 0
     try:
         launch_command(args)
     except rank_failed as failed:

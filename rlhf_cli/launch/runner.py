@@ -20,8 +20,9 @@ from rlhf_cli.config.resolve import ResolvedRun
 from rlhf_cli.errors import OutputDirError
 from rlhf_cli.launch.command import launch_command, launch_script, machine_rank, run_files_dir
 from rlhf_cli.launch.faults import Failure, PlanNeeds, explain, free_space
+from rlhf_cli.launch.preflight import PendingCheck
 from rlhf_cli.records import read_json, try_write_json, write_atomic
-from rlhf_cli.run_dir import EXIT_PREEMPTED, RunDir
+from rlhf_cli.run_dir import EXIT_PREEMPTED, START_GATE, START_GATE_ENV, RunDir
 from rlhf_cli.sizes import readable
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
@@ -112,19 +113,23 @@ def launch(run: ResolvedRun, verbosity: str = "normal", needs: PlanNeeds = UNKNO
     if int(accelerate.get("num_machines") or 1) == 1 and not accelerate.get("main_process_port"):
         accelerate["main_process_port"] = _free_port()  # two runs on one node must not collide
     run_dir = RunDir(run.output_dir)
-    write_run_files(run, accelerate, verbosity)
-    if machine_rank(run) == 0:
-        _clear_previous_outcome(run_dir)
-        try_write_json(run_dir.run_record, _run_record(run, accelerate))
     command = launch_command(run, verbosity=verbosity)
     started = time.monotonic()
+    # The pre-launch check and the launch agent's imports (torch, accelerate) run at once: the agent waits at a
+    # gate and starts no rank before the check has passed and the run's files are written.
+    checking = PendingCheck(run)
+    gate_read, gate_write = os.pipe()
     # The ranks get their own process group, so a terminal's Ctrl-C reaches them once, through us.
     # torch's launcher sets one OpenMP thread per rank anyway, with a banner; keep a user's own choice.
-    env = {"OMP_NUM_THREADS": "1", **os.environ, **command.env}
-    ranks = subprocess.Popen(command.argv, env=env, start_new_session=True)
+    env = {"OMP_NUM_THREADS": "1", **os.environ, **command.env, START_GATE_ENV: str(gate_read)}
+    ranks = subprocess.Popen(command.argv, env=env, start_new_session=True, pass_fds=(gate_read,))
+    os.close(gate_read)
     received: list[int] = []
+    gate_open = False
 
     def forward(signum: int, _frame: Any) -> None:
+        if not gate_open:  # no rank has started: stop here, as Ctrl-C does, with nothing written
+            raise KeyboardInterrupt
         received.append(signum)
         # A second Ctrl-C means "stop now"; SIGTERM and SIGUSR1 ask the ranks to checkpoint and stop.
         interrupts = received.count(signal.SIGINT)
@@ -132,6 +137,19 @@ def launch(run: ResolvedRun, verbosity: str = "normal", needs: PlanNeeds = UNKNO
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
+        with os.fdopen(gate_write, "wb") as gate:
+            try:
+                checking.wait()
+                write_run_files(run, accelerate, verbosity)
+                if machine_rank(run) == 0:
+                    _clear_previous_outcome(run_dir)
+                    try_write_json(run_dir.run_record, _run_record(run, accelerate))
+            except BaseException:
+                os.killpg(ranks.pid, signal.SIGKILL)  # only the agent so far: no rank has started
+                ranks.wait()
+                raise
+            gate_open = True
+            gate.write(START_GATE)
         code = ranks.wait()
     finally:
         for sig, handler in previous.items():
