@@ -8,8 +8,9 @@ Both run with --gather: stock TRL crashes without it. The two are timed end to e
 interleaved, `--repeats` times each, in one run of this script; the ratio of the medians is reported.
 
 Start-up: the median of 5 runs of `rlhf --help`, `rlhf rloo -r rloo/smoke --dry-run`, `trl --help` and
-`accelerate --help`; and what the pre-launch check (the trainer config built and the reward functions imported in
-a process of their own, rlhf_cli/launch/preflight.py) adds to a launch: the seconds the launcher waits for it.
+`accelerate --help`; and the pre-launch check's own seconds (the trainer config built and the reward functions
+imported in a process of their own, rlhf_cli/launch/preflight.py), which a launch spends while the launch agent
+imports torch and accelerate.
 
     python benchmarks/launcher.py [--steps 4] [--repeats 2] [--out benchmarks/results] [--startup-only]
 """
@@ -87,12 +88,12 @@ def startup_seconds(work: Path) -> dict[str, float]:
         "accelerate --help": [console_script("accelerate"), "--help"],
     }
     seconds = {name: median_seconds(argv, STARTUP_REPEATS) for name, argv in commands.items()}
-    seconds["pre-launch check (waited for by every launch)"] = preflight_seconds(work, STARTUP_REPEATS)
+    seconds["pre-launch check (beside the agent's start)"] = preflight_seconds(work, STARTUP_REPEATS)
     return seconds
 
 
 def preflight_seconds(work: Path, repeats: int) -> float:
-    """Median seconds `rlhf rloo -r rloo/smoke` waits for its pre-launch check before it starts the ranks."""
+    """Median seconds of `rlhf rloo -r rloo/smoke`'s pre-launch check, alone."""
     argv = [sys.executable, "-c", PREFLIGHT_TIMED, str(RECIPE), str(work / "preflight-run")]
     return statistics.median(float(subprocess.run(argv, check=True, capture_output=True, text=True, cwd=REPO)
                                    .stdout.split()[-1]) for _ in range(repeats))
