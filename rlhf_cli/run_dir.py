@@ -97,6 +97,11 @@ class RunDir:
     def rank_errors(self) -> list[Path]:
         return sorted(self.ranks.glob("rank-*.error.json"))
 
+    @property
+    def merged_model(self) -> Path:
+        """With LoRA and `merge_adapter`: the policy with its adapter merged in (the adapter itself is in `path`)."""
+        return self.path / "merged"
+
     def checkpoint(self, step: int) -> Path:
         return self.path / f"checkpoint-{step}"
 

@@ -105,6 +105,8 @@ OWN_FIELDS = (
           "Longest prompt in tokens, as the memory plan assumes it; default 512."),
     Field("accelerate_config", "launch", ("str", "null"), None,
           "Your own accelerate config to start from instead of the bundled ZeRO-3 one."),
+    Field("merge_adapter", "model", ("bool",), False,
+          "With use_peft: also save the policy with its adapter merged in (OUTPUT_DIR/merged), for from_pretrained."),
     Field("dataset_prompt_column", "script", ("str",), "prompt",
           "Dataset column holding the prompt (plain text or a list of chat messages)."),
     Field("env", "launch", ("dict",), {},

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlhf_cli.rank.inputs import RankInputs, load_prompts, reward_funcs, reward_functions
+from rlhf_cli.rank.lora import peft_config
 from rlhf_cli.rank.zero3 import apply_zero3_settings
 
 
@@ -27,7 +28,7 @@ def _build_generating(config_class: type, trainer_class: type, inputs: RankInput
     config = _config(config_class, inputs)
     train, evaluation = load_prompts(inputs)
     return trainer_class(model=inputs.model_value("model_name_or_path"), reward_funcs=reward_funcs(inputs),
-                         args=config, train_dataset=train, eval_dataset=evaluation)
+                         args=config, train_dataset=train, eval_dataset=evaluation, peft_config=peft_config(inputs))
 
 
 def build_rloo(inputs: RankInputs) -> Any:
@@ -51,12 +52,15 @@ def build_online_dpo(inputs: RankInputs) -> Any:
     model_path = inputs.model_value("model_name_or_path")
     init_kwargs = {k: v for k, v in config.model_init_kwargs.items() if v is not None}
     # Under ZeRO-3 the trainer cannot copy a sharded policy into a reference model: load one, after the
-    # config exists, so that it is partitioned at load time like the policy.
-    reference = AutoModelForCausalLM.from_pretrained(model_path, **init_kwargs)
+    # config exists, so that it is partitioned at load time like the policy. With LoRA the reference is the
+    # policy with its adapters disabled.
+    lora = peft_config(inputs)
+    reference = None if lora else AutoModelForCausalLM.from_pretrained(model_path, **init_kwargs)
     train, evaluation = load_prompts(inputs)
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=init_kwargs.get("revision"))
     return OnlineDPOTrainer(model=model_path, ref_model=reference, reward_funcs=reward_funcs(inputs), args=config,
-                            train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer)
+                            train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer,
+                            peft_config=lora)
 
 
 def _tokenize_prompts(dataset: Any, tokenizer: Any) -> Any:

@@ -1,0 +1,84 @@
+"""LoRA settings checked before launch: the rank, the dropout, and target modules that exist in the model.
+
+PEFT raises only when no module at all matches, after every rank has loaded the model; a misspelt name among
+others is dropped silently. Here each name, or the pattern, is checked against the model's config.json.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+
+from rlhf_cli.algorithms.spec import Algorithm, Values
+from rlhf_cli.architectures import ALL_LINEAR, architecture, default_targets, peft_targets, targeted
+from rlhf_cli.hub import ModelConfigUnavailable, read_config
+
+
+def adapted_models(values: Values, entry: Algorithm) -> list[tuple[str, str, bool]]:
+    """(role, name or path, loaded as a sequence classifier) of each model that gets adapters: the policy, and
+    PPO's value model (rlhf_cli/rank/lora.py)."""
+    policy = values("model_name_or_path")
+    models = [("policy", policy, False)]
+    if entry.trains_value_model:
+        value = values("value_model_name_or_path") or values("reward_model_name_or_path") or policy
+        models.append(("value model", value, True))
+    return models
+
+
+def lora_problems(values: Values, entry: Algorithm, zero3: bool) -> list[str]:
+    """Every problem of a LoRA run's settings, one line each; nothing without `use_peft`."""
+    if not values("use_peft"):
+        return []
+    problems = []
+    if values("use_dora") and zero3 and values("ds3_gather_for_generation") is not True:
+        # Checked on 2 CPU ranks (PEFT 0.21.2, DeepSpeed 0.19.8, TRL 1.16, stock or with rlhf's no-gather fix):
+        # DoRA's get_lora_weight reads lora_A.weight outside lora_A's forward, where ZeRO-3 has not gathered it.
+        problems.append("`use_dora`: generating from ZeRO-3 shards, PEFT's DoRA crashes at the first training step "
+                        "(it reads weights ZeRO-3 has not gathered); pass --gather, or set use_dora: false")
+    if values("lora_r") < 1:
+        problems.append(f"`lora_r` must be at least 1, got {values('lora_r')}: the rank of each adapter (--lora-r 16)")
+    if not 0 <= values("lora_dropout") < 1:
+        problems.append(f"`lora_dropout` must be at least 0 and below 1, got {values('lora_dropout')}")
+    targets = peft_targets(values("lora_target_modules"))
+    if isinstance(targets, str) and targets.lower() != ALL_LINEAR:
+        try:
+            re.compile(targets)
+        except re.error as error:
+            return [*problems, f"`lora_target_modules`: {targets!r} is not a regular expression ({error}); a single "
+                               "entry that is not a plain module name is one, matched against whole module paths"]
+    for role, path, classifier in adapted_models(values, entry):
+        if isinstance(path, str):
+            problems += _target_problems(role, path, classifier, targets, values, entry)
+    return list(dict.fromkeys(problems))  # PPO's value model often shares the policy's architecture
+
+
+def _target_problems(role: str, path: str, classifier: bool, targets: str | list[str] | None, values: Values,
+                     entry: Algorithm) -> list[str]:
+    try:
+        config = read_config(path, values("model_revision"))
+    except ModelConfigUnavailable:
+        return []  # a hub model not downloaded yet: PEFT checks it when it loads
+    arch = architecture(config, sequence_classifier=classifier)
+    if arch is None:
+        return []
+    if targets is None:
+        if default_targets(arch.model_type) is not None:
+            return []
+        return [f"`lora_target_modules`: PEFT has no default for {arch.model_type} ({role} {path}); name the modules "
+                "to adapt, or all-linear"]
+    known = ", ".join(arch.names())
+    problems = []
+    wanted = [targets] if isinstance(targets, str) else targets
+    for target in wanted:
+        if not targeted(arch, [target] if isinstance(targets, list) else target):
+            close = difflib.get_close_matches(target, arch.names(), n=1, cutoff=0.6)
+            hint = f"did you mean `{close[0]}`? " if close else ""
+            what = "matches no module" if isinstance(targets, str) else "is no module"
+            problems.append(f"`lora_target_modules`: `{target}` {what} of the {role}'s {arch.model_type} ({path}); "
+                            f"{hint}LoRA can adapt: {known}, or {ALL_LINEAR}")
+    if entry.logits is not None and entry.logits.fused_head and not classifier \
+            and any(module.path == arch.output_layer for module, _ in targeted(arch, targets)):
+        problems.append(f"`lora_target_modules`: {entry.command} scores tokens with `{arch.output_layer}.weight` "
+                        f"directly (TRL's fused LM head), so an adapter on `{arch.output_layer}` would never train; "
+                        "remove it")
+    return problems
