@@ -262,3 +262,74 @@ def test_trl_trainers_get_the_adapters_and_no_reference_model(name: str, extra: 
     trainer = load_object(algorithm(name).builder)(inputs)
     assert isinstance(trainer.model, PeftModel) and trainer.model.peft_config["default"].r == 4
     assert trainer.ref_model is None and len(loaded) <= 1  # at most the policy itself, loaded once
+
+
+@pytest.fixture
+def big_models() -> None:
+    from test_plan import cache_model
+
+    for repo_id, fixture in (("EleutherAI/pythia-12b", "pythia-12b"), ("EleutherAI/pythia-70m", "pythia-70m"),
+                             ("meta-llama/Meta-Llama-3-70B", "llama-3-70b"),
+                             ("meta-llama/Llama-3.1-8B", "llama-3.1-8b")):
+        cache_model(repo_id, fixture)
+
+
+def seed_plan(*flags: str, gpus: int = 4, memory_per_gpu: str = "23.7GiB", **values):
+    from rlhf_cli.config.resolve import RunRequest, resolve
+    from rlhf_cli.plan.estimate import planned
+
+    recipe = RECIPES / "ppo" / "pythia-12b-descriptiveness.yaml"
+    given = {"gpu_memory": ("--gpu-memory", memory_per_gpu), "num_gpus": ("--num-gpus", gpus), **values}
+    return planned(resolve(RunRequest("ppo", str(recipe), given, flags), cuda=True))
+
+
+def test_lora_columns_hold_frozen_shards_adapter_states_and_no_reference(big_models) -> None:
+    _, plan = seed_plan()
+    policy, reference, reward, value = plan.roles
+    assert reference.name == "reference" and policy.adapter and value.adapter and reward.adapter is None
+    full, lora = plan.column(True, "none", "none"), plan.column(True, "none", "none", lora=True)
+    rows, full_rows = ({part.name: part.gpu for part in column.components} for column in (lora, full))
+    assert rows["policy shard"] == memory.frozen_shard(policy.size.params, 2, 4) == full_rows["reference shard"]
+    assert rows["reference shard"] == 0 and full_rows["policy shard"] == 0
+    assert rows["policy states"] == 16 * policy.adapter.params // 4  # 16 bytes a trained parameter, over 4 GPUs
+    assert rows["value states"] == 16 * value.adapter.params // 4 and rows["value shard"] > 0
+    adapters = policy.adapter.params + value.adapter.params  # PPO gathers the policy and value engine whole
+    assert rows["gen weights"] == full_rows["gen weights"] + 2 * adapters
+    largest = max(policy.adapter.largest, value.adapter.largest)
+    assert rows["step fp32 grads"] == memory.optimizer_step(adapters, largest, 2, 4, False)  # the adapters' only
+    assert policy.adapter.params == 36 * 16 * (5120 + 3 * 5120)  # pythia-12b: query_key_value in 36 layers, rank 16
+
+
+def test_gather_auto_decides_among_the_lora_columns(big_models) -> None:
+    run, plan = seed_plan("use_peft=true", gather=("--gather auto", "auto"))
+    gathered = plan.column(True, "cpu", "none", lora=True)  # the recipe offloads the optimizer: the run's own
+    assert gathered is not None and not gathered.fits and run.value("ds3_gather_for_generation") is False
+    assert run.settings["ds3_gather_for_generation"].source.startswith(f"rlhf plan: gathering needs "
+                                                                       f"{gathered.peak / 2**30:.1f} GiB")
+    run, _ = seed_plan("use_peft=true", gather=("--gather auto", "auto"), memory_per_gpu="80GiB")
+    assert run.value("ds3_gather_for_generation") is True
+
+
+def test_when_nothing_else_fits_the_plan_says_lora_does(big_models) -> None:
+    _, plan = seed_plan(memory_per_gpu="6GiB")
+    lora = plan.column(False, "cpu", "cpu", lora=True)
+    assert not any(column.fits for column in plan.columns if not column.candidate.lora) and lora.fits
+    assert f"--lora fits ({lora.peak / 2**30:.1f} GiB): LoRA, no-gather, opt+params->cpu" in plan.suggestions
+    _, plan = seed_plan()  # no-gather with the optimizer offloaded fits: no word of LoRA
+    assert not any("--lora" in line for line in plan.suggestions)
+
+
+def test_seventy_b_on_eight_gpus(big_models) -> None:
+    """Llama-3-70B PPO with a Llama-3.1-8B reward and value model: fully fine-tuned it fits only with the optimizer
+    in host memory (over a TiB per machine); with LoRA it generates from shards with nothing offloaded on 80 GiB
+    GPUs, and on 24 GiB GPUs with the frozen weights in host memory, a tenth of full fine-tuning's."""
+    models = {"model_name_or_path": ("--model", "meta-llama/Meta-Llama-3-70B"),
+              "reward_model_name_or_path": ("--reward-model", "meta-llama/Llama-3.1-8B")}
+    _, plan = seed_plan(gpus=8, memory_per_gpu="80GiB", **models)
+    assert all(column.cpu_per_machine > 2**40 for column in plan.columns if column.fits and not column.candidate.lora)
+    assert plan.column(False, "none", "none", lora=True).fits
+    _, plan = seed_plan(gpus=8, memory_per_gpu="24GiB", **models)
+    full = [column for column in plan.columns if column.fits and not column.candidate.lora]
+    lora = [column for column in plan.columns if column.fits and column.candidate.lora]
+    assert [column.candidate.label for column in lora] == ["LoRA, no-gather, opt+params->cpu"]
+    assert lora[0].cpu_per_machine * 9 < min(column.cpu_per_machine for column in full)
