@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlhf_cli.rank.inputs import RankInputs, load_prompts, reward_funcs, reward_functions
-from rlhf_cli.rank.lora import peft_config
+from rlhf_cli.rank.lora import adapt_ppo_models, peft_config
 from rlhf_cli.rank.zero3 import apply_zero3_settings
 
 
@@ -88,11 +88,14 @@ def build_ppo(inputs: RankInputs) -> Any:
     # Loaded after the config exists, so that ZeRO-3 partitions each model as it loads.
     tokenizer = AutoTokenizer.from_pretrained(policy_path, padding_side="left", revision=init_kwargs.get("revision"))
     policy = AutoModelForCausalLM.from_pretrained(policy_path, **init_kwargs)
-    reference = AutoModelForCausalLM.from_pretrained(policy_path, **init_kwargs)
+    # With LoRA the reference is the policy with its adapters disabled: no second copy.
+    reference = None if inputs.model_value("use_peft") else AutoModelForCausalLM.from_pretrained(policy_path,
+                                                                                               **init_kwargs)
     reward = AutoModelForSequenceClassification.from_pretrained(reward_path, num_labels=1, **init_kwargs) \
         if reward_path else None
     value = AutoModelForSequenceClassification.from_pretrained(
         config.value_model_name_or_path or reward_path or policy_path, num_labels=1, **init_kwargs)
+    policy, value = adapt_ppo_models(policy, value, inputs)
     train, _ = load_prompts(inputs)
     return PPOTrainer(args=config, processing_class=tokenizer, policy=policy, ref_policy=reference,
                       value_model=value, reward_model=reward, reward_funcs=reward_functions(inputs),
