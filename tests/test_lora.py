@@ -140,6 +140,7 @@ def test_lora_keys_become_peft_config_and_one_module_name_is_not_read_as_a_patte
 @pytest.mark.parametrize(("args", "message"), [
     (("--lora", "--lora-r", "0"), "`lora_r` must be at least 1, got 0"),
     (("--lora", "--set", "lora_dropout=1.0"), "`lora_dropout` must be at least 0 and below 1"),
+    (("--lora", "--set", "lora_task_type=SEQ_CLS"), "`lora_task_type`: the policy is a causal LM, so CAUSAL_LM"),
     (("--lora", "--set", "lora_target_modules=[qproj, v_proj]"),
      "`qproj` is no module of the policy's llama (" + SMOKE + "); did you mean `q_proj`? LoRA can adapt: "
      "embed_tokens, q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, lm_head, or all-linear"),
@@ -333,3 +334,42 @@ def test_seventy_b_on_eight_gpus(big_models) -> None:
     lora = [column for column in plan.columns if column.fits and column.candidate.lora]
     assert [column.candidate.label for column in lora] == ["LoRA, no-gather, opt+params->cpu"]
     assert lora[0].cpu_per_machine * 9 < min(column.cpu_per_machine for column in full)
+
+
+PPO = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "num_mini_batches": 1, "num_ppo_epochs": 1,
+       "local_rollout_forward_batch_size": 2, "response_length": 6, "total_episodes": 4, "learning_rate": 1e-2,
+       "temperature": 1.0, "logging_steps": 1, "save_strategy": "no", "report_to": "none", "seed": 3, "bf16": False,
+       "use_cpu": True, "dataloader_pin_memory": False}
+
+
+def test_ppo_with_lora_loads_no_reference_and_starts_at_kl_zero(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """One process, no DeepSpeed: the policy is loaded once; the reference is that policy with its adapters off,
+    exactly the policy until the first update (B starts at zero), then apart from it."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rlhf_cli.rank.builders import build_ppo
+    from rlhf_cli.rank.inputs import RankInputs
+
+    loaded: list[str] = []
+    load = AutoModelForCausalLM.from_pretrained.__func__
+
+    def counted(cls, *args, **kwargs):
+        loaded.append(str(args[0]))
+        return load(cls, *args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(counted))
+    script = {**SCRIPT, "reward_model_name_or_path": None,
+              "reward_funcs": [f"{REPO}/tests/fixtures/rewards.py:letter_e"]}
+    inputs = RankInputs("ppo", script, {"model_name_or_path": SMOKE, "use_peft": True, "lora_r": 4},
+                        {**PPO, "output_dir": str(tmp_path)}, {})
+    trainer = build_ppo(inputs)
+    assert loaded == [SMOKE] and trainer.ref_policy is None
+    assert isinstance(trainer.policy_and_value.policy, PeftModel)
+    assert isinstance(trainer.policy_and_value.value_model, PeftModel)  # with its score head trained whole
+    trainer.train()
+    kl = [entry["objective/kl"] for entry in trainer.state.log_history]
+    assert kl[0] == 0.0 and kl[1] != 0.0
+    trainer.save_model(str(tmp_path))
+    assert (tmp_path / "adapter_config.json").is_file() and not (tmp_path / "model.safetensors").exists()

@@ -37,6 +37,9 @@ def lora_problems(values: Values, entry: Algorithm, zero3: bool) -> list[str]:
                         "(it reads weights ZeRO-3 has not gathered); pass --gather, or set use_dora: false")
     if values("lora_r") < 1:
         problems.append(f"`lora_r` must be at least 1, got {values('lora_r')}: the rank of each adapter (--lora-r 16)")
+    if values("lora_task_type") != "CAUSAL_LM":
+        problems.append(f"`lora_task_type`: the policy is a causal LM, so CAUSAL_LM, got {values('lora_task_type')} "
+                        "(PPO's value model gets SEQ_CLS by itself)")
     if not 0 <= values("lora_dropout") < 1:
         problems.append(f"`lora_dropout` must be at least 0 and below 1, got {values('lora_dropout')}")
     targets = peft_targets(values("lora_target_modules"))
