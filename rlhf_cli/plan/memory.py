@@ -79,8 +79,32 @@ b-byte cast is the module gradient counted above) and the hidden states' (4 + b 
 
 CUDA context and communication buffers: a fixed CONTEXT_ALLOWANCE.
 
-Not counted: the allocator's fragmentation and caching, vLLM, LoRA adapters, mixture-of-experts routing, the
-generation's transient logits, and Adam's temporaries (transformers' default is the fused AdamW: none).
+LoRA (`--lora`: PEFT adapters on the trained models, through TRL's `peft_config` or, for PPO,
+rlhf_cli/rank/lora.py; A the adapter's parameters, counted from config.json in rlhf_cli/plan/models.py):
+- the base weights stay frozen ZeRO-3 shards, P x b / G, like a reference model's (in CPU memory with
+  parameter offload); the adapters train: A (rank x in) and B (out x rank) per adapted module, DoRA's
+  magnitudes, modules_to_save copies (PPO's value head), with the trained model's states above applied to A
+  (under ZeRO-3, TRL and rlhf keep adapters in the model's dtype: `autocast_adapter_dtype=False`, trl#6091);
+- no reference copy: the trainers take reference log-probs with the adapters disabled (TRL's
+  `use_adapter`/`disable_adapter`, PPO's `_reference_logits`);
+- gathering for generation gathers base and adapters, (P + A) x b; generation runs the adapters unmerged,
+  a rank-r product per adapted module beside the frozen one, with no weight copy;
+- only adapters get gradients: the module being reduced is the largest adapter matrix (or copy), and the
+  optimizer step's fp32 sub-group is the adapters';
+- a frozen layer keeps only what the gradient of its input needs, not what its weights' gradients need
+  (checked against autograd's saved tensors, tests/test_lora.py). Llama-like: not the RMSNorms' casts back
+  and outputs (with Liger, the outputs), the SwiGLU product (down_proj's input), eager attention's output
+  (o_proj's input; SDPA and FlashAttention keep it for their own backward), qwen3's per-head norm casts;
+  GPT-NeoX: not the LayerNorms' outputs, the dense projection's input, the GeLU output; the final norm alike.
+  Each adapter keeps A's output for B's gradient, rank x b per token, and A's input for A's gradient: with
+  lora_dropout (TRL's default 0.05) its own dropped copy, b per element, and the dropout mask, 1 byte (CUDA's
+  `native_dropout` returns a bool mask; the CPU's dropout multiplies by a noise tensor of the model's dtype,
+  b bytes); without dropout the input itself, once per tensor adapted modules read;
+- a frozen LM head gets no weight gradient from TRL's fused head (its backward checks `needs_input_grad`).
+
+Not counted: the allocator's fragmentation and caching, vLLM, mixture-of-experts routing, the generation's
+transient logits, Adam's temporaries (transformers' default is the fused AdamW: none), and adapter matrices
+below stage3_param_persistence_threshold, which ZeRO-3 keeps whole on every GPU (at most A x b).
 """
 
 from __future__ import annotations
