@@ -184,7 +184,10 @@ def test_ppo_checks_the_value_models_modules_too(cli, tmp_path: Path) -> None:
     reward = write(tmp_path / "neox" / "config.json", json.dumps(classifier))
     result = cli("ppo", "-r", "ppo/smoke", "--lora", "--reward-model", str(reward.parent),
                  "--set", "lora_target_modules=[q_proj, v_proj]")
-    assert result.exit_code == 2 and "`q_proj` is no module of the value model's gpt_neox" in result.output
+    assert result.exit_code == 2 and "selects no module of the value model's gpt_neox" in result.output
+    assert "dense_h_to_4h" in result.output  # what it has instead
+    result = cli("ppo", "-r", "ppo/smoke", "--lora", "--set", "lora_target_modules=[q_proj, lm_head]")
+    assert result.exit_code == 0, result.output  # the value model has no lm_head: PEFT skips it there
 
 
 def test_a_hub_model_not_downloaded_is_checked_when_it_loads(cli, nothing_launches) -> None:

@@ -10,7 +10,7 @@ import difflib
 import re
 
 from rlhf_cli.algorithms.spec import Algorithm, Values
-from rlhf_cli.architectures import ALL_LINEAR, architecture, default_targets, peft_targets, targeted
+from rlhf_cli.architectures import ALL_LINEAR, Architecture, architecture, default_targets, peft_targets, targeted
 from rlhf_cli.hub import ModelConfigUnavailable, read_config
 
 
@@ -49,39 +49,50 @@ def lora_problems(values: Values, entry: Algorithm, zero3: bool) -> list[str]:
         except re.error as error:
             return [*problems, f"`lora_target_modules`: {targets!r} is not a regular expression ({error}); a single "
                                "entry that is not a plain module name is one, matched against whole module paths"]
-    for role, path, classifier in adapted_models(values, entry):
-        if isinstance(path, str):
-            problems += _target_problems(role, path, classifier, targets, values, entry)
-    return list(dict.fromkeys(problems))  # PPO's value model often shares the policy's architecture
+    models = [(role, path, arch) for role, path, classifier in adapted_models(values, entry)
+              if (arch := _architecture(path, classifier, values("model_revision"))) is not None]
+    return problems + _target_problems(models, targets, entry)
 
 
-def _target_problems(role: str, path: str, classifier: bool, targets: str | list[str] | None, values: Values,
-                     entry: Algorithm) -> list[str]:
+def _architecture(path: object, classifier: bool, revision: str | None) -> Architecture | None:
+    """The adaptable modules of a model whose config.json is here; None for a hub model not downloaded yet or an
+    architecture not listed (PEFT checks those when they load)."""
+    if not isinstance(path, str):
+        return None
     try:
-        config = read_config(path, values("model_revision"))
+        config = read_config(path, revision)
     except ModelConfigUnavailable:
-        return []  # a hub model not downloaded yet: PEFT checks it when it loads
-    arch = architecture(config, sequence_classifier=classifier)
-    if arch is None:
-        return []
+        return None
+    return architecture(config, sequence_classifier=classifier)
+
+
+def _target_problems(models: list[tuple[str, str, Architecture]], targets: str | list[str] | None,
+                     entry: Algorithm) -> list[str]:
+    """A name (or the pattern) that selects a module of no adapted model; an adapted model in which nothing is
+    selected (PEFT stops there). A name one model lacks is fine: PEFT skips it (`lm_head` in PPO's value model)."""
     if targets is None:
-        if default_targets(arch.model_type) is not None:
-            return []
         return [f"`lora_target_modules`: PEFT has no default for {arch.model_type} ({role} {path}); name the modules "
-                "to adapt, or all-linear"]
-    known = ", ".join(arch.names())
+                f"to adapt, or {ALL_LINEAR}" for role, path, arch in models if default_targets(arch.model_type) is None]
+    if not models:
+        return []
+    role, path, policy = models[0]
     problems = []
-    wanted = [targets] if isinstance(targets, str) else targets
-    for target in wanted:
-        if not targeted(arch, [target] if isinstance(targets, list) else target):
-            close = difflib.get_close_matches(target, arch.names(), n=1, cutoff=0.6)
+    for target in [targets] if isinstance(targets, str) else targets:
+        selection = target if isinstance(targets, str) else [target]
+        if not any(targeted(arch, selection) for _, _, arch in models):
+            close = difflib.get_close_matches(target, policy.names(), n=1, cutoff=0.6)
             hint = f"did you mean `{close[0]}`? " if close else ""
             what = "matches no module" if isinstance(targets, str) else "is no module"
-            problems.append(f"`lora_target_modules`: `{target}` {what} of the {role}'s {arch.model_type} ({path}); "
-                            f"{hint}LoRA can adapt: {known}, or {ALL_LINEAR}")
-    if entry.logits is not None and entry.logits.fused_head and not classifier \
-            and any(module.path == arch.output_layer for module, _ in targeted(arch, targets)):
-        problems.append(f"`lora_target_modules`: {entry.command} scores tokens with `{arch.output_layer}.weight` "
-                        f"directly (TRL's fused LM head), so an adapter on `{arch.output_layer}` would never train; "
+            problems.append(f"`lora_target_modules`: `{target}` {what} of the {role}'s {policy.model_type} ({path}); "
+                            f"{hint}LoRA can adapt: {', '.join(policy.names())}, or {ALL_LINEAR}")
+    if problems:
+        return problems
+    problems = [f"`lora_target_modules` selects no module of the {role}'s {arch.model_type} ({path}), and PEFT "
+                f"needs one; add one of: {', '.join(arch.names())}"
+                for role, path, arch in models if not targeted(arch, targets)]
+    if entry.logits is not None and entry.logits.fused_head and role == "policy" \
+            and any(module.path == policy.output_layer for module, _ in targeted(policy, targets)):
+        problems.append(f"`lora_target_modules`: {entry.command} scores tokens with `{policy.output_layer}.weight` "
+                        f"directly (TRL's fused LM head), so an adapter on `{policy.output_layer}` would never train; "
                         "remove it")
     return problems
