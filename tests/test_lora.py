@@ -138,8 +138,8 @@ def test_lora_keys_become_peft_config_and_one_module_name_is_not_read_as_a_patte
 # -- checks before launch ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("args", "message"), [
-    (("--lora", "--lora-r", "0"), "`lora_r` must be at least 1, got 0"),
-    (("--lora", "--set", "lora_dropout=1.0"), "`lora_dropout` must be at least 0 and below 1"),
+    (("--lora", "--lora-r", "0"), "`lora_r`: must be at least 1, got 0"),
+    (("--lora", "--set", "lora_dropout=1.0"), "`lora_dropout`: must be at least 0 and below 1"),
     (("--lora", "--set", "lora_task_type=SEQ_CLS"), "`lora_task_type`: the policy is a causal LM, so CAUSAL_LM"),
     (("--lora", "--set", "lora_target_modules=[qproj, v_proj]"),
      "`qproj` is no module of the policy's llama (" + SMOKE + "); did you mean `q_proj`? LoRA can adapt: "
@@ -161,7 +161,7 @@ def test_lora_mistakes_are_one_line_errors_before_launch(cli, nothing_launches, 
     ("--lora", "--set", "lora_target_modules=[q_proj]"),  # one plain name: a module name, not a pattern
     ("--lora", "--set", "lora_target_modules=all-linear", "--set", "use_dora=true", "--gather"),
     ("--lora", "--set", r"lora_target_modules=model\.layers\.1\.self_attn\.(q|v)_proj"),
-    ("--no-lora", "--lora-r", "0"),  # LoRA off: its keys are not read, as in TRL
+    ("--no-lora", "--set", "lora_target_modules=[nothing_like_it]"),  # LoRA off: its modules are not looked for
 ])
 def test_good_lora_settings_launch(cli, nothing_launches, args) -> None:
     result = cli("rloo", "-r", "rloo/smoke", *args)

@@ -1,4 +1,5 @@
-"""LoRA settings checked before launch: the rank, the dropout, and target modules that exist in the model.
+"""LoRA settings checked before launch (the ranges of lora_r, lora_alpha and lora_dropout are in
+rlhf_cli/schema/ranges.yaml): the task type, DoRA under ZeRO-3, and target modules that exist in the model.
 
 PEFT raises only when no module at all matches, after every rank has loaded the model; a misspelt name among
 others is dropped silently. Here each name, or the pattern, is checked against the model's config.json.
@@ -35,13 +36,9 @@ def lora_problems(values: Values, entry: Algorithm, zero3: bool) -> list[str]:
         # DoRA's get_lora_weight reads lora_A.weight outside lora_A's forward, where ZeRO-3 has not gathered it.
         problems.append("`use_dora`: generating from ZeRO-3 shards, PEFT's DoRA crashes at the first training step "
                         "(it reads weights ZeRO-3 has not gathered); pass --gather, or set use_dora: false")
-    if values("lora_r") < 1:
-        problems.append(f"`lora_r` must be at least 1, got {values('lora_r')}: the rank of each adapter (--lora-r 16)")
     if values("lora_task_type") != "CAUSAL_LM":
         problems.append(f"`lora_task_type`: the policy is a causal LM, so CAUSAL_LM, got {values('lora_task_type')} "
                         "(PPO's value model gets SEQ_CLS by itself)")
-    if not 0 <= values("lora_dropout") < 1:
-        problems.append(f"`lora_dropout` must be at least 0 and below 1, got {values('lora_dropout')}")
     targets = peft_targets(values("lora_target_modules"))
     if isinstance(targets, str) and targets.lower() != ALL_LINEAR:
         try:
