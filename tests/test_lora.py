@@ -234,6 +234,22 @@ FIXTURES = REPO / "tests" / "fixtures" / "models"
 
 # -- builders: TRL's peft_config path, and no reference model --------------------------------------------------------
 
+@pytest.fixture
+def loaded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name or path of every model loaded through AutoModelForCausalLM.from_pretrained, in order."""
+    from transformers import AutoModelForCausalLM
+
+    names: list[str] = []
+    load = AutoModelForCausalLM.from_pretrained.__func__
+
+    def counted(cls, *args, **kwargs):
+        names.append(str(args[0]))
+        return load(cls, *args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(counted))
+    return names
+
+
 TRAINER = {"per_device_train_batch_size": 2, "max_steps": 1, "report_to": "none", "bf16": False, "use_cpu": True,
            "dataloader_pin_memory": False, "save_strategy": "no", "beta": 0.05}
 SCRIPT = {"dataset_name": str(RECIPES / "smoke" / "prompts.jsonl"),
@@ -244,23 +260,14 @@ SCRIPT = {"dataset_name": str(RECIPES / "smoke" / "prompts.jsonl"),
                                             ("grpo", {"num_generations": 2, "max_completion_length": 4}),
                                             ("online_dpo", {"max_new_tokens": 4, "beta": [0.05]})])
 def test_trl_trainers_get_the_adapters_and_no_reference_model(name: str, extra: dict, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+                                                              loaded: list[str]) -> None:
     """Before: the LoRA keys were accepted and ignored, and online DPO loaded a second policy as reference."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
     from rlhf_cli.algorithms import algorithm
     from rlhf_cli.algorithms.spec import load_object
     from rlhf_cli.rank.inputs import RankInputs
 
-    loaded: list[str] = []
-    load = AutoModelForCausalLM.from_pretrained.__func__
-
-    def counted(cls, *args, **kwargs):
-        loaded.append(str(args[0]))
-        return load(cls, *args, **kwargs)
-
-    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(counted))
     inputs = RankInputs(name, SCRIPT, {"model_name_or_path": SMOKE, "use_peft": True, "lora_r": 4},
                         {**TRAINER, **extra, "output_dir": str(tmp_path)}, {})
     trainer = load_object(algorithm(name).builder)(inputs)
@@ -345,24 +352,14 @@ PPO = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "num_
        "use_cpu": True, "dataloader_pin_memory": False}
 
 
-def test_ppo_with_lora_loads_no_reference_and_starts_at_kl_zero(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ppo_with_lora_loads_no_reference_and_starts_at_kl_zero(tmp_path: Path, loaded: list[str]) -> None:
     """One process, no DeepSpeed: the policy is loaded once; the reference is that policy with its adapters off,
     exactly the policy until the first update (B starts at zero), then apart from it."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
     from rlhf_cli.rank.builders import build_ppo
     from rlhf_cli.rank.inputs import RankInputs
 
-    loaded: list[str] = []
-    load = AutoModelForCausalLM.from_pretrained.__func__
-
-    def counted(cls, *args, **kwargs):
-        loaded.append(str(args[0]))
-        return load(cls, *args, **kwargs)
-
-    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(counted))
     script = {**SCRIPT, "reward_model_name_or_path": None,
               "reward_funcs": [f"{REPO}/tests/fixtures/rewards.py:letter_e"]}
     inputs = RankInputs("ppo", script, {"model_name_or_path": SMOKE, "use_peft": True, "lora_r": 4},
