@@ -132,27 +132,22 @@ def anonymous_memory(pid: int) -> int:
     return 0
 
 
-def rank_of(pid: int) -> int | None:
-    """The RANK variable of a rank process (torch's launcher sets it), or None for any other process."""
+def rank_processes(launcher: int) -> dict[int, int]:
+    """pid -> RANK of each rank process below `launcher` (torch's launcher sets RANK)."""
+    import psutil
+
+    ranks = {}
     try:
-        variables = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        command = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    if b"rlhf_cli.rank" not in command:
-        return None
-    found = [entry.split(b"=", 1)[1] for entry in variables if entry.startswith(b"RANK=")]
-    return int(found[0]) if found else None
-
-
-def descendants(pid: int) -> list[int]:
-    children = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
+        children = psutil.Process(launcher).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return ranks
+    for child in children:
         try:
-            children += [int(child) for child in (task / "children").read_text().split()]
-        except OSError:
+            if any("rlhf_cli.rank" in part for part in child.cmdline()) and "RANK" in child.environ():
+                ranks[child.pid] = int(child.environ()["RANK"])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    return children + [grandchild for child in children for grandchild in descendants(child)]
+    return ranks
 
 
 def peak_per_rank(argv: list[str], out: Path) -> list[int]:
@@ -164,11 +159,12 @@ def peak_per_rank(argv: list[str], out: Path) -> list[int]:
     done = threading.Event()
 
     def sample() -> None:
+        ranks: dict[int, int] = {}
         while not done.wait(0.02):
-            for pid in descendants(launched.pid):
-                rank = rank_of(pid)
-                if rank is not None:
-                    peaks[rank] = max(peaks.get(rank, 0), anonymous_memory(pid))
+            if len(ranks) < 2:  # looked for until both ranks have started; reading their status is cheap
+                ranks.update(rank_processes(launched.pid))
+            for pid, rank in ranks.items():
+                peaks[rank] = max(peaks.get(rank, 0), anonymous_memory(pid))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
