@@ -6,14 +6,17 @@ on 4 x 24 GiB, with the seed recipe's trainer fields; config.json of each from t
 how many of the plan's configurations fit per GPU without LoRA (of 6) and with it (of 4), and the one that needs
 the least host memory: its GPU peak and the CPU memory per machine it offloads to.
 
-Measured (`--measure`, 2 CPU processes under ZeRO-3, fp32, a few minutes each): the generation benchmark's
+Measured (`--measure`, 2 CPU processes under ZeRO-3, fp32, about 30 minutes): the generation benchmark's
 100M-parameter Llama as policy, trained with PPO (a reward function; the value model starts from the policy: 100M
 too) and with RLOO (beta 0.05: a reference model without LoRA), with and without `--lora`. Each rank's peak
 anonymous resident memory (RssAnon, sampled every 20 ms: tensors and the allocator's heap, not mapped files or
 libraries) less that of the same run on the 0.1M-parameter smoke policy, which takes out what does not grow with
 the model (Python, torch, DeepSpeed's fixed buffers, the data); beside the same difference of `rlhf plan`'s peak
-for the run's own flags (its fixed CUDA allowance cancels too), and the error. Runs go under the launch lock
-(/tmp/rlhf-launch.lock), one at a time.
+for the run's own flags (its fixed CUDA allowance cancels too), and the error. Each run twice: with glibc's mmap
+threshold fixed at 64 KiB (MALLOC_MMAP_THRESHOLD_), so that every tensor above it is a mapping of its own,
+returned when freed, and RssAnon follows the live tensors the plan counts (as CUDA's max_memory_allocated
+would); and with glibc's defaults, whose heap keeps what was freed (as CUDA's caching allocator reserves more
+than it allocates). Runs go under the launch lock (/tmp/rlhf-launch.lock), one at a time.
 
     python benchmarks/lora.py [--measure] [--steps 3] [--out benchmarks/results]
 """
@@ -105,11 +108,16 @@ def plan_rows() -> list[list[str]]:
 
 # -- measured on the CPU ------------------------------------------------------------------------------------------
 
+# glibc: every allocation above 64 KiB gets a mapping of its own, unmapped when freed
+LIVE_TENSORS = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
 @dataclass(frozen=True)
 class Measured:
     algorithm: str
     lora: bool
-    rank_peaks: list[int]  # bytes above the smoke run's, per rank
+    rank_peaks: list[int]  # bytes above the smoke run's, per rank, with glibc's mmap threshold fixed
+    cached_peak: int  # the same with glibc's defaults, the larger rank
     planned: int  # bytes above the smoke run's plan
 
 
@@ -150,9 +158,9 @@ def rank_processes(launcher: int) -> dict[int, int]:
     return ranks
 
 
-def peak_per_rank(argv: list[str], out: Path) -> list[int]:
+def peak_per_rank(argv: list[str], out: Path, env: dict[str, str]) -> list[int]:
     """Run `rlhf ...` (under the launch lock) and sample each rank's RssAnon; the peak per rank, in bytes."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **env}
     launched = subprocess.Popen(["flock", LOCK, *argv, "-o", str(out), "--overwrite", "--quiet"], cwd=REPO, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peaks: dict[int, int] = {}
@@ -187,18 +195,21 @@ def planned_peak(flags: list[str]) -> int:
 
 def measure(algorithm: str, lora: bool, model: Path, steps: int, work: Path) -> Measured:
     print(f"measuring {algorithm} {'with' if lora else 'without'} LoRA ...", flush=True)
-    sizes = {}
+    peaks, plans = {}, {}
     for name, policy in (("model", model), ("smoke", SMOKE_POLICY)):
         flags = run_flags(algorithm, policy, lora, steps)
-        peaks = peak_per_rank([sys.executable, "-m", "rlhf_cli", algorithm, *flags],
-                              work / "runs" / f"{algorithm}-{'lora' if lora else 'full'}-{name}")
-        sizes[name] = (peaks, planned_peak([algorithm, *flags]))
-    (peaks, plan), (smoke_peaks, smoke_plan) = sizes["model"], sizes["smoke"]
-    return Measured(algorithm, lora, [peak - smoke for peak, smoke in zip(peaks, smoke_peaks, strict=True)],
-                    plan - smoke_plan)
+        plans[name] = planned_peak([algorithm, *flags])
+        for allocator, env in (("live", LIVE_TENSORS), ("cached", {})):
+            peaks[name, allocator] = peak_per_rank(
+                [sys.executable, "-m", "rlhf_cli", algorithm, *flags],
+                work / "runs" / f"{algorithm}-{'lora' if lora else 'full'}-{name}-{allocator}", env)
+    above = {allocator: [peak - smoke for peak, smoke in zip(peaks["model", allocator], peaks["smoke", allocator],
+                                                              strict=True)] for allocator in ("live", "cached")}
+    return Measured(algorithm, lora, above["live"], max(above["cached"]), plans["model"] - plans["smoke"])
 
 
-MEASURED_COLUMNS = ["algorithm", "LoRA", "measured MiB rank 0", "measured MiB rank 1", "plan MiB", "plan error"]
+MEASURED_COLUMNS = ["algorithm", "LoRA", "measured MiB rank 0", "measured MiB rank 1", "plan MiB", "plan error",
+                    "glibc defaults MiB (cached)"]
 
 
 def measured_rows(results: list[Measured]) -> list[list[str]]:
@@ -207,13 +218,13 @@ def measured_rows(results: list[Measured]) -> list[list[str]]:
         measured = max(result.rank_peaks)
         rows.append([result.algorithm, "yes" if result.lora else "no",
                      *(f"{peak / MIB:.0f}" for peak in result.rank_peaks), f"{result.planned / MIB:.0f}",
-                     f"{100 * (result.planned - measured) / measured:+.1f}%"])
+                     f"{100 * (result.planned - measured) / measured:+.1f}%", f"{result.cached_peak / MIB:.0f}"])
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--measure", action="store_true", help="also run the CPU measurements (about 15 minutes)")
+    parser.add_argument("--measure", action="store_true", help="also run the CPU measurements (about 30 minutes)")
     parser.add_argument("--steps", type=int, default=3, help="training steps per measured run")
     parser.add_argument("--algorithms", nargs="+", default=["ppo", "rloo"])
     parser.add_argument("--out", type=Path, default=RESULTS)
