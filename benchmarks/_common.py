@@ -121,11 +121,19 @@ def read_rank_generation(record: dict[str, Any]) -> RankGeneration:
         rss_peak_delta_bytes=max(call["rss_peak_delta_bytes"] for call in calls))
 
 
+def probe_calls(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    """Each rank's probe records of one run, one per generation call."""
+    records = [json.loads(path.read_text()) for path in sorted((run_dir / "ranks").glob("rank-*.json"))]
+    return {record["rank"]: record.get("generation_probe", {}).get("per_call") or [] for record in records}
+
+
 def rank_generations(run_dirs: Sequence[Path]) -> list[RankGeneration]:
     """One summary per rank over several runs of the same mode: their calls pooled, their steps added up."""
+    from rlhf_cli.run_dir import RunDir
+
     merged: dict[int, dict[str, Any]] = {}
     for run_dir in run_dirs:
-        for path in sorted((run_dir / "ranks").glob("rank-*.json")):
+        for path in RunDir(run_dir).rank_records():  # not their heartbeats or error records
             record = json.loads(path.read_text())
             into = merged.setdefault(record["rank"], {"rank": record["rank"], "global_step": 0,
                                                       "generation_probe": {"per_call": []}})

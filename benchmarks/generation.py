@@ -101,8 +101,13 @@ def plan_prediction(flags: list[str]) -> Planned:
 
 def run_mode(mode: Mode, model: Path, work: Path, steps: int, completion_length: int, repeat: int) -> Path:
     out = work / "runs" / f"{re.sub('[^a-z]+', '-', mode.name.lower()).strip('-')}-{repeat}"
-    run_timed(python_module("rlhf_cli", "rloo", *run_flags(mode, model, steps, completion_length),
-                            "-o", str(out), "--overwrite"), env={"RLHF_PROBE_GENERATION": "1"})
+    return run_rloo(run_flags(mode, model, steps, completion_length), out)
+
+
+def run_rloo(flags: list[str], out: Path) -> Path:
+    """`rlhf rloo FLAGS -o OUT` with the generation probe on; returns OUT."""
+    run_timed(python_module("rlhf_cli", "rloo", *flags, "-o", str(out), "--overwrite"),
+              env={"RLHF_PROBE_GENERATION": "1"})
     return out
 
 

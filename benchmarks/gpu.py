@@ -360,12 +360,12 @@ def measure(planned: Planned, timeout: float) -> Measured:
 
 
 def rank_error(out: Path) -> str:
-    """The failing rank's one-line error, where it left one."""
-    errors = sorted((out / "ranks").glob("rank-*.error.json"))
-    if not errors:
-        return ""
-    record = json.loads(errors[0].read_text())
-    return f"\nrank {record['rank']}: {record['type']}: {record['message']}"
+    """Why the ranks failed, as rlhf itself says it, where they left a record."""
+    from rlhf_cli.launch.faults import PlanNeeds, explain
+    from rlhf_cli.run_dir import RunDir
+
+    failure = explain(RunDir(out), PlanNeeds())
+    return f"\n{failure.line}" if failure else ""
 
 
 # -- report -------------------------------------------------------------------------------------------

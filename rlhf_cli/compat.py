@@ -8,12 +8,18 @@ only: the CLI never imports this module, and the heavy packages load inside the 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 TESTED_WITH = "torch 2.14, transformers 5.24, accelerate 1.15, deepspeed 0.19.8 and trl 1.16"
+# The collectives DeepSpeed, accelerate and TRL start, as torch.distributed names them.
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+               "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "gather", "gather_object",
+               "scatter", "reduce", "all_to_all", "all_to_all_single")
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,13 @@ INTERNALS = (
              "whether the coordinator's fetch trace is already invalid (invalidating twice raises)", "as above"),
     Internal("deepspeed.runtime.zero.partitioned_param_coordinator:PartitionedParameterCoordinator._invalidate_trace",
              "makes the next forward re-record its fetch trace", "as above"),
+    Internal("deepspeed.runtime.zero.parameter_offload:DeepSpeedZeRoOffload._register_deepspeed_module",
+             "the gather budget gives the units it gathered ZeRO-3's hooks back after generating",
+             "DeepSpeed offers a public way to run chosen modules without its hooks", ("module",)),
+    Internal("torch.nn.modules.module:Module._forward_pre_hooks",
+             "the gather budget finds ZeRO-3's hooks on the units it gathers, to take them off while generating",
+             "as above"),
+    Internal("torch.nn.modules.module:Module._forward_hooks", "as above", "as above"),
     Internal("deepspeed.runtime.zero.partition_parameters:ZeroParamStatus",
              "the generation probe counts parameters gathered (`ds_status`, `ds_numel`)",
              "DeepSpeed reports gathered parameters itself"),
@@ -52,14 +65,24 @@ INTERNALS = (
              "never: PPO is ours", ("checkpoint",)),
     Internal("transformers.trainer_callback:ExportableState",
              "PPO's TrainerState carries the callbacks whose state a checkpoint keeps", "never: PPO is ours"),
+    Internal("accelerate.state:GradientState.sync_with_dataloader",
+             "PPO turns it off (else accelerate steps at every micro-batch of the loader's last batch); accelerate "
+             "has no setter once the Accelerator exists, so rlhf writes the plugin kwargs this property reads",
+             "accelerate lets a running Accelerator change sync_with_dataloader"),
     Internal("accelerate.commands.launch:_filter_args",
              "accelerate hands torch's launcher the attributes of its launch arguments that torch's parser knows; "
              "rlhf sets `signals_to_handle` so that SIGUSR1 (SLURM's warning) reaches the ranks",
              "accelerate launch takes --signals_to_handle itself"),
     Internal("torch.distributed.elastic.multiprocessing.api:SignalException",
              "the launch agent tells a signal that stopped the ranks from a rank failure", "torch exports it"),
-    Internal("torch.distributed.elastic.multiprocessing.errors:ChildFailedError.get_first_failure",
-             "the launch agent's exit code is the first failing rank's", "never: public enough"),
+    Internal("torch.distributed.elastic.multiprocessing.errors:ProcessFailure",
+             "the launch agent records how each failed rank ended (`ChildFailedError.failures`: local rank, pid, "
+             "exit code or signal, time), which a rank killed by a signal cannot record itself",
+             "never: public enough", ("local_rank", "pid", "exitcode")),
+    *(Internal(f"torch.distributed.distributed_c10d:{name}",
+               "wrapped to count the collectives each rank enters: in a stall, the ranks that entered fewer are the "
+               "ones the others wait for; the module's own globals too, as torch's collectives call one another",
+               "torch reports collectives entered per rank to Python") for name in COLLECTIVES),
     Internal("transformers:TrainingArguments._setup_devices",
              "the launcher's pre-launch check builds the trainer config outside any rank: without a process "
              "group, on no device, with the run's number of processes as its world size",
@@ -77,11 +100,23 @@ def locate(path: str) -> Any:
     try:
         found: Any = importlib.import_module(module_name)
         for attribute in attributes.split("."):
-            found = getattr(found, attribute)
+            found = _attribute(found, attribute)
     except (ImportError, AttributeError) as error:
         raise InternalsChanged(f"{path} is gone ({error}); rlhf was tested with {TESTED_WITH}. "
                                "Install the tested versions, or an rlhf release that supports yours.") from None
     return found
+
+
+def _attribute(owner: Any, name: str) -> Any:
+    """`owner.name`; for a class, also an attribute every instance has, declared by the class's annotations
+    (torch's `Module._forward_hooks`): then its annotation."""
+    try:
+        return getattr(owner, name)
+    except AttributeError:
+        annotations = getattr(owner, "__annotations__", {}) if isinstance(owner, type) else {}
+        if name in annotations:
+            return annotations[name]
+        raise
 
 
 def check(internal: Internal) -> None:
@@ -112,14 +147,19 @@ def replace_trl_generation_context(wrapper: Any) -> None:
 
 # -- DeepSpeed ZeRO-3 --------------------------------------------------------------------------------------------
 
-def zero3_param_coordinator(engine: Any) -> Any | None:
-    """The ZeRO-3 parameter coordinator of a DeepSpeed engine, or None (not ZeRO-3, not prepared yet)."""
+def zero3_parameter_offload(engine: Any) -> Any | None:
+    """The object that holds a DeepSpeed engine's ZeRO-3 hooks and coordinator, or None (not ZeRO-3, not prepared)."""
     optimizer = getattr(engine, "optimizer", None)
     if optimizer is None:
         return None
     offload = getattr(optimizer, "parameter_offload", optimizer)  # engines without optimizer hold it directly
-    getter = getattr(offload, "get_param_coordinator", None)
-    return getter() if getter is not None else None
+    return offload if hasattr(offload, "get_param_coordinator") else None
+
+
+def zero3_param_coordinator(engine: Any) -> Any | None:
+    """The ZeRO-3 parameter coordinator of a DeepSpeed engine, or None (not ZeRO-3, not prepared yet)."""
+    offload = zero3_parameter_offload(engine)
+    return offload.get_param_coordinator() if offload is not None else None
 
 
 def invalidate_fetch_trace(engine: Any) -> None:
@@ -132,6 +172,34 @@ def invalidate_fetch_trace(engine: Any) -> None:
                                f"written for {TESTED_WITH}. Use --gather, or install the tested versions.")
     if not coordinator.is_invalid_trace():  # invalidating twice raises
         coordinator._invalidate_trace()
+
+
+def remove_zero3_hooks(engine: Any, modules: list[Any]) -> None:
+    """Take ZeRO-3's forward and backward hooks off `modules` (every other hook on them stays): they no longer
+    fetch, release or trace anything until `register_zero3_hooks` puts the hooks back."""
+    offload = _hooked_offload(engine)
+    ids = {hook_id for module in modules for hook_id in (*module._forward_pre_hooks, *module._forward_hooks)}
+    for handle in (*offload.forward_hooks, *offload.backward_hooks):
+        if handle.id in ids:
+            handle.remove()
+    offload.forward_hooks = [handle for handle in offload.forward_hooks if handle.id not in ids]
+    offload.backward_hooks = [handle for handle in offload.backward_hooks if handle.id not in ids]
+
+
+def register_zero3_hooks(engine: Any, roots: list[Any]) -> None:
+    """Give each module under `roots` (each root with all its submodules) ZeRO-3's hooks again, as DeepSpeed
+    registered them at the start (TRL's `add_hooks` does the same for the whole model after gathering)."""
+    offload = _hooked_offload(engine)
+    for root in roots:
+        offload._register_deepspeed_module(root)
+
+
+def _hooked_offload(engine: Any) -> Any:
+    offload = zero3_parameter_offload(engine)
+    if offload is None or not (hasattr(offload, "forward_hooks") and hasattr(offload, "backward_hooks")):
+        raise InternalsChanged(f"DeepSpeed's ZeRO-3 hooks changed; rlhf's gather budget was written for "
+                               f"{TESTED_WITH}. Use --gather or --no-gather, or install the tested versions.")
+    return offload
 
 
 def zero3_param_states() -> tuple[Any, Any]:
@@ -163,6 +231,11 @@ def load_rng_state(trainer: Any, checkpoint: str) -> None:
     trainer._load_rng_state(checkpoint)
 
 
+def stop_sync_with_dataloader(accelerator: Any) -> None:
+    """Gradients accumulate over the loader's last batch like over any other."""
+    accelerator.gradient_state.plugin_kwargs["sync_with_dataloader"] = False
+
+
 def exportable_state_class() -> type:
     from transformers.trainer_callback import ExportableState
 
@@ -184,9 +257,30 @@ def launch_errors() -> tuple[type, type]:
     return SignalException, ChildFailedError
 
 
-def first_failure_exitcode(failed: Any) -> int:
-    _, failure = failed.get_first_failure()
-    return failure.exitcode
+def rank_exits(failed: Any) -> list[dict[str, Any]]:
+    """How each failed rank of a ChildFailedError ended: rank (global), local_rank, pid, exitcode (-N: signal N),
+    time (seconds, as torch's agent first saw it)."""
+    return [{"rank": rank, "local_rank": failure.local_rank, "pid": failure.pid, "exitcode": failure.exitcode,
+             "time": failure.timestamp} for rank, failure in failed.failures.items()]
+
+
+def count_collectives(on_enter: Callable[[], None]) -> None:
+    """Call `on_enter` as each collective of COLLECTIVES starts, in this process, whoever starts it. Install it
+    before DeepSpeed starts: its backend keeps references to some of these functions."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    for name in COLLECTIVES:
+        original = getattr(distributed_c10d, name)
+
+        @functools.wraps(original)
+        def counted(*args: Any, _original: Callable = original, **kwargs: Any) -> Any:
+            on_enter()
+            return _original(*args, **kwargs)
+
+        setattr(distributed_c10d, name, counted)
+        if getattr(dist, name, None) is original:
+            setattr(dist, name, counted)
 
 
 # -- transformers' TrainingArguments, built outside a rank -------------------------------------------------------

@@ -21,3 +21,7 @@ class ConfigError(RlhfError):
 
 class PlanError(RlhfError):
     """A choice left to the memory plan (`gather: auto`) that the plan cannot make; the message says what would fit."""
+
+
+class OutputDirError(RlhfError):
+    """The output dir cannot be written to (full, read-only, no permission), found before any rank starts."""

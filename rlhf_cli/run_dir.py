@@ -19,12 +19,20 @@ PROBE_CUDA_MEMORY_ENV = "RLHF_PROBE_CUDA_MEMORY"  # set: each rank records its p
 # The pre-launch check (rlhf_cli/rank/preflight.py) marks each step on stderr with this, for the launcher to say
 # which step hung.
 PREFLIGHT_STEP_MARK = "[rlhf preflight] "
+START_GATE_ENV = "RLHF_START_GATE_FD"  # the launch agent starts no rank until it reads START_GATE from this pipe
+START_GATE = b"go"
+RUN_DIR_ENV = "RLHF_RUN_DIR"  # the shared output dir, for the launch agent: where it records how its ranks ended
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the ranks checkpointed and stopped; run again with --resume auto
+
+# What the first-failure marker holds: how the other ranks stop.
+FAILED = "failed"  # a rank raised, or died: stop
+STALLED = "stalled"  # the job stopped moving, or a rank fell silent: write your stack, then stop
 
 MANIFEST = "rlhf-manifest.json"  # in a checkpoint: its files and sizes, written once every rank has saved
 TRAINER_STATE = "trainer_state.json"  # the trainer's state and every logged metric (run dir and checkpoints)
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+_RANK_RECORD = re.compile(r"rank-\d+\.json")  # not rank-N.error.json, rank-N.heartbeat.json
 
 
 def checkpoint_step(checkpoint: Path | str) -> int | None:
@@ -88,11 +96,25 @@ class RunDir:
 
     @property
     def first_failure(self) -> Path:
-        """Created by the first rank to fail, exclusively; every other rank stops on seeing it."""
+        """Created by the first rank to fail, exclusively; every other rank stops on seeing it. It holds what
+        happened (`FAILED`, `STALLED`): on a stall every rank writes its stack before it stops."""
         return self.ranks / "first-failure"
 
+    def heartbeat(self, rank: int) -> Path:
+        """Rewritten every few seconds by the rank's watch: alive, where, and when its main thread last moved."""
+        return self.ranks / f"rank-{rank}.heartbeat.json"
+
+    def stack(self, rank: int) -> Path:
+        """The rank's Python stacks (every thread), written when the job stalled."""
+        return self.ranks / f"rank-{rank}.stack.txt"
+
+    def rank_exits(self, machine_rank: int) -> Path:
+        """Written by a machine's launch agent when its ranks failed: each one's exit code or signal, and the
+        machine's memory; what a rank killed by a signal cannot record itself."""
+        return self.ranks / f"machine-{machine_rank}.exits.json"
+
     def rank_records(self) -> list[Path]:
-        return sorted(path for path in self.ranks.glob("rank-[0-9]*.json") if not path.name.endswith(".error.json"))
+        return sorted(path for path in self.ranks.glob("rank-[0-9]*.json") if _RANK_RECORD.fullmatch(path.name))
 
     def rank_errors(self) -> list[Path]:
         return sorted(self.ranks.glob("rank-*.error.json"))
@@ -101,6 +123,16 @@ class RunDir:
     def merged_model(self) -> Path:
         """With LoRA and `merge_adapter`: the policy with its adapter merged in (the adapter itself is in `path`)."""
         return self.path / "merged"
+    def rank_exits_files(self) -> list[Path]:
+        """Every machine's `rank_exits`."""
+        return sorted(self.ranks.glob("machine-*.exits.json"))
+
+    def attempt_files(self) -> list[Path]:
+        """What one attempt leaves about how it went (errors, heartbeats, stacks, exits, the failure marker): a
+        resumed run must not read the last attempt's."""
+        patterns = ("rank-*.error.json", "rank-*.heartbeat.json", "rank-*.stack.txt")
+        return sorted(path for pattern in patterns for path in self.ranks.glob(pattern)) + \
+            self.rank_exits_files() + [self.first_failure]
 
     def checkpoint(self, step: int) -> Path:
         return self.path / f"checkpoint-{step}"

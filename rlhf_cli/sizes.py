@@ -1,8 +1,10 @@
-"""Memory sizes as people write them (`24GiB`, `24GB`, `24576MiB`, bytes) and as rlhf prints them."""
+"""Memory sizes as people write them (`24GiB`, `24GB`, `24576MiB`, bytes), as Linux reports them, and as rlhf prints
+them."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -33,3 +35,22 @@ def parse_size(value: str | int) -> int:
 
 def gib(value: int) -> str:
     return f"{value / 2**30:.1f} GiB"
+
+
+def readable(value: int) -> str:
+    """Bytes in the largest binary unit that keeps a number of at least 1: 12.0 KiB, 5.9 MiB, 265.8 GiB."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value} B"
+
+
+def meminfo(field: str, path: Path = Path("/proc/meminfo")) -> int | None:
+    """A `/proc/meminfo` field (MemTotal, MemAvailable) in bytes; None where there is none."""
+    try:
+        for line in path.read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -34,6 +34,14 @@ class Program:
         raise SystemExit(main(list(args)))
 
 
+@pytest.fixture(scope="session")
+def family_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every model-family stand-in (tests/families/build.py), built once per session: name -> directory."""
+    from families.build import build_all
+
+    return build_all(tmp_path_factory.mktemp("families"))
+
+
 @pytest.fixture
 def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Run `rlhf ARGS` in-process from a fresh working directory; returns the click Result."""
@@ -54,16 +62,38 @@ def write(path: Path, text: str) -> Path:
 
 @pytest.fixture
 def nothing_launches(monkeypatch: pytest.MonkeyPatch) -> list:
-    """Any launch is recorded instead of started, and so is the pre-launch check (its own process, seconds of
+    """Any launch is recorded instead of started, the pre-launch check with it (its own process, seconds of
     TRL's import; tests/test_preflight.py runs it); the list holds the runs that would have started."""
-    from rlhf_cli.launch import preflight, runner
+    from rlhf_cli.launch import runner
 
     launched: list = []
 
-    def record(run, verbosity: str = "normal") -> runner.Outcome:
+    def record(run, verbosity: str = "normal", **_) -> runner.Outcome:
         launched.append(run)
         return runner.Outcome(0, "finished")
 
     monkeypatch.setattr(runner, "launch", record)
-    monkeypatch.setattr(preflight, "check_before_launch", lambda run: None)
     return launched
+
+
+class PassingCheck:
+    """The pre-launch check when the test is about what follows it: passes at once, or after `delay` seconds."""
+
+    delay = 0.0
+
+    def __init__(self, run, timeout: float = 0) -> None:
+        pass
+
+    def wait(self) -> None:
+        import time
+
+        time.sleep(self.delay)
+
+
+@pytest.fixture
+def check_passes(monkeypatch: pytest.MonkeyPatch) -> type[PassingCheck]:
+    """runner.launch without the seconds of the real pre-launch check (tests/test_preflight.py runs that)."""
+    from rlhf_cli.launch import runner
+
+    monkeypatch.setattr(runner, "PendingCheck", PassingCheck)
+    return PassingCheck

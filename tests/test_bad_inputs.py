@@ -299,8 +299,9 @@ CASES = [
           files={"empty/weights.bin": "x"}),
     model("{not json", "m/config.json is not valid JSON"),
     model("[1, 2]", "m/config.json is not a JSON object"),
-    flags("bad path", "--reward-model", f"{RECIPES}/smoke/policy", message="is a LlamaForCausalLM, not a sequence "
-          "classifier"),
+    flags("bad path", "--reward-model", "{tmp}/t5", message="is a T5ForConditionalGeneration, neither a sequence "
+          "classifier nor a causal LM", files={"t5/config.json": json.dumps(
+              {**LLAMA, "architectures": ["T5ForConditionalGeneration"]})}),
     data("bad.jsonl", '{"prompt": "a"}\n{"prompt": "b"\n', "bad.jsonl:2: not valid JSON"),
     data("words.jsonl", '{"prompt": "a"}\nnot json at all\n', "words.jsonl:2: not valid JSON"),
     data("noprompt.jsonl", '{"question": "a"}\n', "noprompt.jsonl: no `prompt` column (it has: question); set "

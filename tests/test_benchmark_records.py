@@ -39,6 +39,7 @@ def test_runs_of_one_mode_are_pooled_per_rank(tmp_path: Path) -> None:
     write_run(first, 1, 2, [call(1.0, 10, 400, 50), call(2.0, 30, 800, 20)])
     write_run(first, 0, 2, [call(1.5, 12, 400, 60), call(1.5, 12, 400, 60)])
     write_run(second, 1, 1, [call(3.0, 20, 1200, 10)])
+    write(second / "ranks" / "rank-1.heartbeat.json", json.dumps({"rank": 1, "phase": "done"}))  # not a record
 
     ranks = common.rank_generations([first, second])
 

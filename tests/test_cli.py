@@ -93,6 +93,8 @@ BAD_INPUT = [
     (["-r", "rloo/smoke", "--offload-optimizer", "disk"],
      "Error: --offload-optimizer: `offload_optimizer`: expected one of none, cpu, nvme, got 'disk'"),
     (["-r", "rloo/smoke", "--json"], "--json goes with --dry-run"),
+    (["-r", "rloo/smoke", "--stall-timeout", "2"],
+     "Error: --stall-timeout: `stall_timeout`: must be at least 5, got 2.0: heartbeats come every 2 s"),
 ]
 
 
@@ -103,6 +105,20 @@ def test_bad_input_is_one_line_exit_2_and_launches_nothing(cli, nothing_launches
     assert message in " ".join(result.output.split()), result.output
     assert "Traceback" not in result.output
     assert nothing_launches == []
+
+
+def test_the_collective_timeout_follows_the_stall_timeout_and_a_dry_run_says_so(cli) -> None:
+    result = cli("rloo", "-r", "rloo/smoke", "--stall-timeout", "30", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert any("ddp_timeout" in line and "150" in line for line in result.stdout.splitlines())
+    plan = json.loads(cli("rloo", "-r", "rloo/smoke", "--stall-timeout", "30", "--dry-run", "--json").stdout)
+    assert plan["sources"]["ddp_timeout"] == "rlhf: 5 x stall_timeout"
+    default = json.loads(cli("rloo", "-r", "rloo/smoke", "--dry-run", "--json").stdout)
+    assert default["trainer"]["ddp_timeout"] == 600 and default["plan"]["checkpoint_bytes"] > 0
+    own = cli("rloo", "-r", "rloo/smoke", "--set", "ddp_timeout=60", "--dry-run", "--json")
+    assert json.loads(own.stdout)["trainer"]["ddp_timeout"] == 60  # the recipe's own wins, with a warning
+    assert any(note.startswith("warning: ddp_timeout 60 is not above stall_timeout 120")
+               for note in json.loads(own.stdout)["notes"])
 
 
 def test_bad_yaml_names_file_and_line(cli, tmp_path: Path) -> None:

@@ -34,14 +34,15 @@ def test_every_function_here_uses_a_listed_internal() -> None:
 
 
 def test_the_no_gather_fix_wraps_trls_generation_context() -> None:
-    from rlhf_cli.rank.zero3 import install_no_gather_fix
+    from rlhf_cli.gather_budget import Budget
+    from rlhf_cli.rank.zero3 import install_generation_context
 
     original = compat.trl_generation_context()
     try:
-        install_no_gather_fix(required=True)
+        install_generation_context(required=True)
         wrapped = compat.trl_generation_context()
-        assert wrapped is not original and wrapped.rlhf_no_gather_fix
-        install_no_gather_fix(required=True)  # twice: still wrapped once
-        assert compat.trl_generation_context() is wrapped
+        assert wrapped is not original and wrapped.rlhf_no_gather_fix and wrapped.__wrapped__ is original
+        install_generation_context(required=True, budget=Budget(fraction=0.5))  # twice: still wrapped once
+        assert compat.trl_generation_context().__wrapped__ is original
     finally:
         compat.replace_trl_generation_context(original)

@@ -56,7 +56,7 @@ def test_run_files_are_written_and_launch_sh_reruns_the_same_argv(tmp_path: Path
     assert again.recipe_values() == run.recipe_values()
 
 
-def test_sigterm_reaches_the_ranks_and_their_status_is_returned(tmp_path: Path, monkeypatch) -> None:
+def test_sigterm_reaches_the_ranks_and_their_status_is_returned(tmp_path: Path, monkeypatch, check_passes) -> None:
     marker = tmp_path / "got-term"
     rank = f"""
 import signal, sys, time
@@ -77,11 +77,29 @@ time.sleep(60)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL])
-def test_a_rank_killed_by_a_signal_gives_128_plus_signal(tmp_path: Path, monkeypatch, signum: int) -> None:
-    rank = f"import os; os.kill(os.getpid(), {int(signum)})"
-    monkeypatch.setattr(runner, "launch_command", lambda run, verbosity: Launch([sys.executable, "-c", rank], {}))
+def test_a_launch_agent_killed_by_a_signal_gives_128_plus_signal(tmp_path: Path, monkeypatch, signum: int,
+                                                                 check_passes) -> None:
+    agent = f"import os; os.kill(os.getpid(), {int(signum)})"
+    monkeypatch.setattr(runner, "launch_command", lambda run, verbosity: Launch([sys.executable, "-c", agent], {}))
     outcome = runner.launch(smoke_run(tmp_path))
-    assert outcome.exit_code == 128 + signum and outcome.status == "failed" and outcome.failure is None
+    assert outcome.exit_code == 128 + signum and outcome.status == "failed"
+    assert outcome.failure.line == f"the ranks exited with code {128 + signum} without recording an error; see the " \
+                                   "output above"
+
+
+def test_sigterm_during_the_pre_launch_check_stops_the_waiting_agent_with_nothing_written(
+        tmp_path: Path, monkeypatch, check_passes) -> None:
+    started = tmp_path / "agent-started"
+    agent = f"import time; open({str(started)!r}, 'w').close(); time.sleep(60)"
+    monkeypatch.setattr(runner, "launch_command", lambda run, verbosity: Launch([sys.executable, "-c", agent], {}))
+    check_passes.delay = 3.0
+    threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    begun = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        runner.launch(smoke_run(tmp_path))
+    assert time.monotonic() - begun < 10 and started.exists()  # the agent had started, and was stopped
+    assert not (tmp_path / "out").exists()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 def test_launch_sh_is_runnable_bash(tmp_path: Path) -> None:

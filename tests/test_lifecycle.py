@@ -1,32 +1,60 @@
-"""How a rank ends when another fails: without waiting for a collective's timeout."""
+"""How a rank that raises ends: its error recorded for the launcher, once, and never a second traceback."""
 
 from __future__ import annotations
 
+import errno
+import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from rlhf_cli.run_dir import RunDir
+from rlhf_cli.rank.lifecycle import disk_error
+from rlhf_cli.run_dir import FAILED, RunDir
 
-BLOCKED_RANK = """
-import sys, time
+RAISING_RANK = """
+import sys
 from pathlib import Path
 from rlhf_cli.rank.lifecycle import failures_recorded
-with failures_recorded(Path(sys.argv[1]), watch_interval_s=0.2):
-    print("training", flush=True)
-    time.sleep(120)  # as a rank blocked in an all-reduce whose peer is gone
+with failures_recorded(Path(sys.argv[1])):
+    raise ValueError("reward server returned 503")
 """
 
 
-def test_a_blocked_rank_exits_soon_after_another_rank_fails(tmp_path: Path) -> None:
-    rank = subprocess.Popen([sys.executable, "-c", BLOCKED_RANK, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-    assert rank.stdout.readline() == "training\n"
-    time.sleep(0.5)
-    assert rank.poll() is None  # no failure anywhere: it keeps going
-    marker = RunDir(tmp_path).first_failure
-    marker.parent.mkdir(parents=True)
-    marker.touch()  # what the first failing rank, on any machine, leaves in the shared output dir
-    started = time.monotonic()
-    assert rank.wait(timeout=30) == 1
-    assert time.monotonic() - started < 5
+def run_raising_ranks(*output_dirs: Path) -> list[subprocess.CompletedProcess]:
+    """One raising rank per output dir, side by side (each spends seconds importing transformers)."""
+    ranks = [subprocess.Popen([sys.executable, "-c", RAISING_RANK, str(output_dir)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for output_dir in output_dirs]
+    outputs = [rank.communicate(timeout=60) for rank in ranks]
+    return [subprocess.CompletedProcess(rank.args, rank.returncode, *output)
+            for rank, output in zip(ranks, outputs, strict=True)]
+
+
+def test_a_raising_rank_records_its_error_and_prints_it_only_when_it_cannot(tmp_path: Path) -> None:
+    recorded, unrecorded = tmp_path / "recorded", tmp_path / "unrecorded"
+    unrecorded.mkdir()
+    (unrecorded / "ranks").write_text("not a directory")  # no record can be written there, whoever runs the test
+    done, cannot = run_raising_ranks(recorded, unrecorded)
+    assert done.returncode == 1 and done.stderr == ""  # the launcher prints the traceback of the rank to blame
+    record = json.loads(RunDir(recorded).rank_error(0).read_text())
+    assert (record["kind"], record["type"], record["message"], record["first"], record["disk"]) == \
+        ("error", "ValueError", "reward server returned 503", True, None)
+    assert record["traceback"].startswith("Traceback") and "line 6, in <module>" in record["traceback"]
+    assert RunDir(recorded).first_failure.read_text() == FAILED
+    assert cannot.returncode == 1
+    assert cannot.stderr.count("Traceback (most recent call last)") == 1
+    assert "ValueError: reward server returned 503" in cannot.stderr and "During handling" not in cannot.stderr
+
+
+def test_a_full_or_read_only_disk_is_recognised_in_the_errors_it_caused(tmp_path: Path) -> None:
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as full:
+            raise RuntimeError("saving checkpoint-6 failed") from full
+    except RuntimeError as error:
+        assert disk_error(error, tmp_path) == "no space left on device"
+    assert disk_error(RuntimeError('IoError(Os { code: 28, kind: StorageFull, .. }) (os error 28)'), tmp_path) == \
+        "no space left on device"
+    assert disk_error(OSError(errno.EROFS, "Read-only file system"), tmp_path) == "read-only file system"
+    assert disk_error(ValueError("reward server returned 503"), tmp_path) is None  # the dir takes writes
+    assert disk_error(RuntimeError("basic_ios::clear: iostream error"), tmp_path / "missing") is not None

@@ -111,7 +111,7 @@ def test_adapter_sizes_are_the_parameters_peft_trains(name: str, targets: str, d
 def rank_inputs(**model):
     from rlhf_cli.rank.inputs import RankInputs
 
-    return RankInputs("rloo", {}, {"model_name_or_path": SMOKE, **model}, {}, {})
+    return RankInputs("rloo", {}, {"model_name_or_path": SMOKE, **model}, {}, {}, {})
 
 
 def test_lora_keys_become_peft_config_and_one_module_name_is_not_read_as_a_pattern() -> None:
@@ -269,7 +269,7 @@ def test_trl_trainers_get_the_adapters_and_no_reference_model(name: str, extra: 
     from rlhf_cli.rank.inputs import RankInputs
 
     inputs = RankInputs(name, SCRIPT, {"model_name_or_path": SMOKE, "use_peft": True, "lora_r": 4},
-                        {**TRAINER, **extra, "output_dir": str(tmp_path)}, {})
+                        {**TRAINER, **extra, "output_dir": str(tmp_path)}, {}, {})
     trainer = load_object(algorithm(name).builder)(inputs)
     assert isinstance(trainer.model, PeftModel) and trainer.model.peft_config["default"].r == 4
     assert trainer.ref_model is None and len(loaded) <= 1  # at most the policy itself, loaded once
@@ -363,7 +363,7 @@ def test_ppo_with_lora_loads_no_reference_and_starts_at_kl_zero(tmp_path: Path, 
     script = {**SCRIPT, "reward_model_name_or_path": None,
               "reward_funcs": [f"{REPO}/tests/fixtures/rewards.py:letter_e"]}
     inputs = RankInputs("ppo", script, {"model_name_or_path": SMOKE, "use_peft": True, "lora_r": 4},
-                        {**PPO, "output_dir": str(tmp_path)}, {})
+                        {**PPO, "output_dir": str(tmp_path)}, {}, {})
     trainer = build_ppo(inputs)
     assert loaded == [SMOKE] and trainer.ref_policy is None
     assert isinstance(trainer.policy_and_value.policy, PeftModel)

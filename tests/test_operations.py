@@ -1,9 +1,11 @@
-"""Operating real runs (2 ranks, ZeRO-3 on the CPU): preemption and resume, a failing rank, two machines."""
+"""Operating real runs (2 ranks, ZeRO-3 on the CPU): preemption and resume, faults (a failing, killed or blocked rank,
+a full disk), two machines."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,8 +15,12 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES
+from fixtures.rewards import BLOCKED_FILE_ENV, MARKUP
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
 from rlhf_cli.checkpoints import incomplete_reason
+from rlhf_cli.config.resolve import RunRequest, resolve
+from rlhf_cli.plan.estimate import plan_run
+from rlhf_cli.run_dir import MANIFEST, RunDir
 
 pytestmark = pytest.mark.launch
 
@@ -76,6 +82,10 @@ def test_a_preemption_signal_checkpoints_and_resume_auto_finishes_the_same_steps
     assert not (out / "preempted.json").exists()
 
 
+def errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("Error:")]
+
+
 def test_a_rank_that_raises_ends_the_job_with_its_error_once(tmp_path: Path) -> None:
     out = tmp_path / "run"
     argv = rlhf_argv("rloo", out, "--set", "reward_model_name_or_path=null",
@@ -86,11 +96,92 @@ def test_a_rank_that_raises_ends_the_job_with_its_error_once(tmp_path: Path) -> 
     assert time.monotonic() - started < 90  # start-up included; no wait on a collective's timeout
     assert code == 1
     assert stderr.count("Traceback (most recent call last)") == 1  # rank 1's, not accelerate's or torch's
-    assert "ValueError: reward server returned 503" in stderr
-    assert f"Error: rank 1 on {os.uname().nodename} failed: ValueError: reward server returned 503" in stderr
+    assert f"ValueError: reward server returned 503 {MARKUP}\n" in stderr  # rich markup in it, printed as text
+    assert errors(stderr) == [f"Error: rank 1 on {os.uname().nodename} failed: ValueError: reward server returned 503 "
+                              f"{MARKUP} (traceback above and in {RunDir(out).rank_error(1)})"]
     record = json.loads((out / "ranks" / "rank-1.error.json").read_text())
     assert record["first"] is True and "fails_on_rank_1" in record["traceback"]
     assert json.loads((out / "run.json").read_text())["status"] == "failed"
+
+
+def test_a_rank_killed_by_sigkill_is_named_in_one_line_within_seconds(tmp_path: Path) -> None:
+    """What the kernel's out-of-memory killer does; the survivor's "Connection reset by peer" is not the cause."""
+    out = tmp_path / "run"  # the optimizer in CPU memory: the plan has a CPU need to name
+    process = subprocess.Popen(rlhf_argv("rloo", out, "--max-steps", "400", "--offload-optimizer", "cpu"),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("step 2/400"):
+            break
+    os.kill(json.loads(RunDir(out).heartbeat(1).read_text())["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    code, stdout, stderr = finish(process, lines)
+    print(f"killed -> rlhf exited: {time.monotonic() - killed:.1f} s")
+    assert time.monotonic() - killed < 10
+    assert code == 1 and "Traceback" not in stderr
+    [line] = errors(stderr)
+    size = r"[\d.]+ [KMGT]iB"
+    assert re.fullmatch(rf"Error: rank 1 on {os.uname().nodename} was killed by SIGKILL \(often the out-of-memory "
+                        rf"killer: this machine has {size}, the plan needs {size} of CPU memory per machine\)", line)
+
+
+STALL_TIMEOUT = 10
+
+
+def test_a_rank_that_blocks_stops_the_job_within_the_stall_timeout_with_every_stack(tmp_path: Path) -> None:
+    out, blocked = tmp_path / "run", tmp_path / "blocked"
+    argv = rlhf_argv("rloo", out, "--set", "reward_model_name_or_path=null", "--max-steps", "50",
+                     "--set", f"reward_funcs=[{FIXTURES}/rewards.py:blocks_on_rank_1]",
+                     "--stall-timeout", str(STALL_TIMEOUT))
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, BLOCKED_FILE_ENV: str(blocked)})
+    code, stdout, stderr = finish(process, [])
+    print(f"rank 1 blocked -> rlhf exited: {time.time() - blocked.stat().st_mtime:.1f} s")
+    assert time.time() - blocked.stat().st_mtime < STALL_TIMEOUT + 30
+    assert code == 1 and "Traceback" not in stderr
+    run_dir = RunDir(out)
+    [line] = errors(stderr)
+    assert line.startswith(f"Error: rank 1 on {os.uname().nodename} stalled: no progress for ")
+    assert line.endswith(f"s while the other ranks waited for it in a collective (stall_timeout {STALL_TIMEOUT} s); "
+                         f"Python stack: {run_dir.stack(1)} (every rank's beside it)")
+    assert "in blocks_on_rank_1" in run_dir.stack(1).read_text()  # where it hangs
+    assert "torch/distributed/" in run_dir.stack(0).read_text()  # waiting for it in a collective
+
+
+def test_a_full_disk_while_saving_ends_in_one_line_and_resume_auto_goes_on(tmp_path: Path) -> None:
+    """6 MiB of disk: checkpoints 2 and 4 fit (2.5 MiB each), checkpoint-6 does not."""
+    if os.geteuid() != 0:
+        pytest.skip("a full disk is a small tmpfs, and mounting one needs root")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        out = disk / "run"
+        argv = rlhf_argv("rloo", out, "--max-steps", "6", "--set", "save_strategy=steps", "--set", "save_steps=2")
+        code, stdout, stderr = finish(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                       text=True), [])
+        assert code == 1 and "Traceback" not in stderr
+        [line] = errors(stderr)
+        assert line.startswith(f"Error: writing to {out} failed (no space left on device); ")
+        assert line.endswith(f" free; the newest complete checkpoint is {out / 'checkpoint-4'}: make room, then run "
+                             f"again with --resume auto --output-dir {out}")
+        assert incomplete_reason(out / "checkpoint-6") is not None
+        written = json.loads((out / "checkpoint-4" / MANIFEST).read_text())["files"]
+        run = resolve(RunRequest("rloo", str(RECIPES / "rloo" / "smoke.yaml"), planning=True), cuda=False)
+        assert abs(plan_run(run).checkpoint_bytes / sum(written.values()) - 1) < 0.1  # the space warning's estimate
+
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)  # room made
+        code, stdout, stderr = finish(subprocess.Popen(argv + ["--resume", "auto"], stdout=subprocess.PIPE,
+                                                       stderr=subprocess.PIPE, text=True), [])
+        assert code == 0
+        assert f"--resume auto: continuing from {out / 'checkpoint-4'}" in stderr
+        assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)])
 
 
 def test_two_machines_on_one_host_train_together(tmp_path: Path) -> None:

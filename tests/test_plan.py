@@ -313,12 +313,19 @@ def test_seed_case_gather_does_not_fit_no_gather_does(seed_models) -> None:
     assert any(s.startswith("no-gather, optimizer->cpu fits") for s in plan.suggestions)
 
 
-def test_seed_case_gather_auto_picks_no_gather(seed_models) -> None:
-    run, _ = planned(seed_run(ds3_gather_for_generation=("--gather auto", "auto")))
+def test_seed_case_gather_auto_spends_only_the_headroom_that_training_leaves(seed_models) -> None:
+    """With just enough memory for no-gather, the seed's peak is its training phase: auto buys the units that
+    fit under it, and the peak does not grow."""
+    sharded = plan_run(seed_run(ds3_gather_for_generation=("--no-gather", False))).chosen
+    just_enough = -(-sharded.peak * 10 // 9)  # no-gather fits in 90% of it, not a byte more
+    run, plan = planned(seed_run(ds3_gather_for_generation=("--gather auto", "auto"),
+                                 gpu_memory=("--gpu-memory", str(just_enough))))
     setting = run.settings["ds3_gather_for_generation"]
-    assert setting.value is False
-    assert setting.source.startswith("rlhf plan: gathering needs") and "of 23.7 GiB" in setting.source
-    assert any(note.startswith("gather: auto -> no-gather") for note in run.notes)
+    assert setting.value is False and 0 < run.value("gather_budget") < 0.1
+    assert setting.source.startswith("rlhf plan: gathering needs") and "of the policy needs" in setting.source
+    assert any(note.startswith("gather: auto -> budget") for note in run.notes)
+    assert plan.chosen.fits and plan.chosen.peak == sharded.peak
+    assert plan.chosen.candidate.budget is not None
 
 
 def test_gather_auto_with_nothing_that_fits_says_what_would(seed_models) -> None:
@@ -502,3 +509,28 @@ def test_gathered_generation_counts_the_policy_once(seed_models) -> None:
     assert gather.peak == static + rows["gen weights"].gpu + rows["gen KV cache"].gpu
     assert rows["gen weights"].gpu == 2 * (policy.params + plan.roles[3].size.params)
     assert rows["step fp32 grads"].gpu == 0  # the optimizer steps in CPU memory
+
+
+def test_the_plan_table_never_cuts_a_number_off(cli, seed_models) -> None:
+    """Seven columns are wider than 80: the table is printed whole instead of shortening numbers to `19…`."""
+    result = cli("plan", "ppo", "-r", SEED, "--gpu-memory", "23.7GiB", "--num-gpus", "4", "--gather", "auto")
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.stdout
+    data = json.loads(cli("plan", "ppo", "-r", SEED, "--gpu-memory", "23.7GiB", "--num-gpus", "4", "--gather", "auto",
+                          "--json").stdout)
+    for column in data["configurations"]:
+        assert f"{column['cpu_per_machine'] / 2**30:.1f}" in result.stdout
+
+
+def test_ppo_rollouts_per_process_are_per_device_times_accumulation() -> None:
+    """As in TRL 1.12: num_mini_batches splits the rollouts of a process; it does not multiply them."""
+    from rlhf_cli.plan.workload import workload
+
+    values = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 4, "num_mini_batches": 2,
+              "local_rollout_forward_batch_size": 64, "response_length": 53, "plan_prompt_length": 64,
+              "gradient_checkpointing": False, "bf16": True, "fp16": False, "dtype": "bfloat16"}
+    planned = workload("ppo", values.get, num_processes=4)
+    assert (planned.generation_batch, planned.train_batch, planned.score_batch) == (16, 4, 16)
+    assert not planned.gradient_checkpointing
+    for name in ("gradient_checkpointing", "activation_checkpointing"):  # PPO honours both names
+        assert workload("ppo", {**values, name: True}.get, num_processes=4).gradient_checkpointing

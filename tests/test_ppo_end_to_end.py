@@ -19,7 +19,8 @@ SMALL_BUCKETS = ("stage3_prefetch_bucket_size=2000", "stage3_param_persistence_t
                  "stage3_max_live_parameters=20000")
 PPO_METRICS = ("objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
                "objective/scores", "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg",
-               "val/clipfrac_avg", "policy/entropy_avg", "val/ratio", "val/num_eos_tokens", "lr", "episode")
+               "val/clipfrac_avg", "policy/entropy_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens", "lr",
+               "episode")
 LEARNABLE = ("reward_model_name_or_path=null", f"reward_funcs=[{Path(__file__).parent}/fixtures/rewards.py:letter_e]",
              "total_episodes=160", "learning_rate=1e-2", "temperature=1.0", "missing_eos_penalty=null",
              "num_ppo_epochs=4", "kl_coef=0.0")
@@ -69,10 +70,11 @@ def test_gather_and_no_gather_train_the_same(tmp_path: Path) -> None:
 
 
 def test_score_rises_on_a_learnable_reward(tmp_path: Path) -> None:
-    """The mean score of the last 3 of 20 updates went 0.084 -> 0.241 (rank correlation with the step 0.74);
-    with learning_rate 0, 0.079 -> 0.070 (correlation -0.06). The test asks for a trend no chance walk gives:
-    a rise of 0.05 (3 sigma of the mean of 3 when nothing is learned) and a Kendall rank correlation with
-    the step above 0.4 (2.5 sigma for 20 unrelated scores)."""
+    """The mean score of the last 3 of 20 updates went 0.079 -> 0.287 (rank correlation with the step 0.76);
+    with learning_rate 0, 0.079 -> 0.061 (correlation -0.14). (With one seed on both ranks it was 0.084 -> 0.241,
+    0.74; control 0.079 -> 0.070, -0.06.) The test asks for a trend no chance walk gives: a rise of 0.05 (3 sigma
+    of the mean of 3 when nothing is learned) and a Kendall rank correlation with the step above 0.4 (2.5 sigma
+    for 20 unrelated scores)."""
     ppo(tmp_path / "run", "--no-gather", sets=LEARNABLE)
     scores = [entry["objective/scores"] for entry in logged(tmp_path / "run")]
     assert len(scores) == 20

@@ -172,9 +172,14 @@ def test_cpu_machines_get_deepspeeds_cpu_path_unless_the_recipe_says_otherwise(t
     cpu = resolve(RunRequest("rloo", path), cwd=tmp_path, cuda=False)
     assert cpu.accelerate["use_cpu"] is True and cpu.accelerate["mixed_precision"] == "no"
     assert cpu.value("ddp_backend") == "gloo" and cpu.value("fp16") is False
-    assert cpu.settings["bf16"].source == "recipe"  # what the user wrote stands
+    assert cpu.settings["bf16"].source == "recipe"  # what the user wrote stands, on the CPU
+    assert cpu.value("use_cpu") is True and "bf16 as asked, on the CPU (use_cpu: true)" in " ".join(cpu.notes)
     gpu = resolve(RunRequest("rloo", path), cwd=tmp_path, cuda=True)
     assert gpu.accelerate["use_cpu"] is False and "ddp_backend" not in gpu.settings
+    fp32 = resolve(RunRequest("rloo", path, sets=("bf16=false",)), cwd=tmp_path, cuda=False)
+    assert fp32.value("use_cpu") is False
+    with pytest.raises(ConfigError, match="fp16 needs a GPU and this machine has none"):
+        resolve(RunRequest("rloo", path, sets=("bf16=false", "fp16=true")), cwd=tmp_path, cuda=False)
 
 
 def test_resolved_recipe_round_trips(tmp_path: Path) -> None:
@@ -219,23 +224,42 @@ def test_ppo_seed_command_line_translates_one_to_one(tmp_path: Path) -> None:
     assert run.value("total_episodes") == 200 and run.value("model_name_or_path") == str(RECIPES / "smoke" / "policy")
 
 
+def test_ppo_stop_token_and_stop_token_id_are_not_both_set(tmp_path: Path) -> None:
+    assert ppo_problems(tmp_path, "stop_token_id=2") == [
+        "`stop_token` (eos) and `stop_token_id` (2) are both set; keep one"]
+
+
 def test_ppo_batch_sizes_must_tile(tmp_path: Path) -> None:
+    """Rollouts per process: per_device_train_batch_size x gradient_accumulation_steps (2 x 2 in the smoke
+    recipe), split into num_mini_batches, as in TRL 1.12."""
     assert ppo_problems(tmp_path, "local_rollout_forward_batch_size=3") == [
         "`local_rollout_forward_batch_size` (3) must divide the rollouts per process (per_device_train_batch_size x "
-        "gradient_accumulation_steps x num_mini_batches = 4)"]
-    assert ppo_problems(tmp_path, "total_episodes=4") == [
+        "gradient_accumulation_steps = 4)"]
+    assert ppo_problems(tmp_path, "total_episodes=4", "num_mini_batches=2") == [
         "`total_episodes` (4) is less than one batch of rollouts (4 per process x 2 processes = 8)"]
+    assert ppo_problems(tmp_path, "num_mini_batches=4") == [
+        "`num_mini_batches` (4) must divide `gradient_accumulation_steps` (2): each mini-batch is one optimizer step "
+        "over whole micro-batches"]
     assert ppo_problems(tmp_path, "num_mini_batches=0") == [
         "--set num_mini_batches: `num_mini_batches`: must be at least 1, got 0"]
 
 
-def test_ppo_reward_model_must_be_a_sequence_classifier(tmp_path: Path) -> None:
-    assert ppo_problems(tmp_path, f"reward_model_name_or_path={RECIPES}/smoke/policy") == [
-        f"`reward_model_name_or_path`: {RECIPES}/smoke/policy is a LlamaForCausalLM, not a sequence classifier "
-        "(save it with AutoModelForSequenceClassification, num_labels=1)"]
+def test_reward_model_is_a_sequence_classifier_or_a_causal_lm(tmp_path: Path) -> None:
+    """The seed's reward model, pythia-70m, is a GPTNeoXForCausalLM: the ranks give it a new score head."""
+    gpt2 = write(tmp_path / "gpt2" / "config.json", '{"architectures": ["GPT2LMHeadModel"]}').parent
+    for algorithm in ("ppo", "rloo", "online_dpo"):
+        smoke = str(RECIPES / algorithm / "smoke.yaml")
+        for causal_lm in (RECIPES / "smoke" / "policy", gpt2):
+            resolve(RunRequest(algorithm, smoke, sets=(f"reward_model_name_or_path={causal_lm}",)), cwd=tmp_path,
+                    cuda=False)
+    masked_lm = write(tmp_path / "masked-lm" / "config.json", '{"architectures": ["BertForMaskedLM"]}').parent
+    assert ppo_problems(tmp_path, f"reward_model_name_or_path={masked_lm}") == [
+        f"`reward_model_name_or_path`: {masked_lm} is a BertForMaskedLM, neither a sequence classifier nor a "
+        "causal LM (save it with AutoModelForSequenceClassification, num_labels=1)"]
 
 
-def test_ppo_tokenizer_needs_pad_and_eos_and_stop_token_in_vocab(tmp_path: Path) -> None:
+def test_ppo_tokenizer_needs_eos_and_stop_token_in_vocab_but_not_pad(tmp_path: Path) -> None:
+    """pythia, GPT-2, Llama 3 and Mistral ship no pad token: the ranks add one."""
     import shutil
 
     model = tmp_path / "policy"
@@ -243,6 +267,10 @@ def test_ppo_tokenizer_needs_pad_and_eos_and_stop_token_in_vocab(tmp_path: Path)
     config = json.loads((model / "tokenizer_config.json").read_text())
     config.pop("pad_token", None)
     (model / "tokenizer_config.json").write_text(json.dumps(config))
-    found = ppo_problems(tmp_path, f"model_name_or_path={model}", "stop_token_id=100000")
-    assert found == [f"`model_name_or_path`: the tokenizer in {model} has no pad_token; PPO needs both",
+    resolve(RunRequest("ppo", str(RECIPES / "ppo" / "smoke.yaml"), sets=(f"model_name_or_path={model}",)),
+            cwd=tmp_path, cuda=False)
+    config.pop("eos_token", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    found = ppo_problems(tmp_path, f"model_name_or_path={model}", "stop_token=null", "stop_token_id=100000")
+    assert found == [f"`model_name_or_path`: the tokenizer in {model} has no eos_token; PPO needs one",
                      f"`stop_token_id` 100000 is not in the vocabulary of {model} (0..499)"]

@@ -11,8 +11,8 @@ from rlhf_cli.algorithms.spec import Algorithm, Batches, LogitsModel, StarterEnt
 
 
 def _batches(values: Values, num_processes: int) -> Batches:
-    rollouts = values("per_device_train_batch_size") * values("gradient_accumulation_steps") \
-        * values("num_mini_batches")
+    # As in TRL 1.12: a process's rollouts per update, split into num_mini_batches
+    rollouts = values("per_device_train_batch_size") * values("gradient_accumulation_steps")
     generation = min(values("local_rollout_forward_batch_size"), rollouts)
     return Batches(generation=generation, train=values("per_device_train_batch_size"), score=generation)
 
@@ -26,16 +26,21 @@ def _json(path: Path) -> dict[str, Any]:
 
 
 def _checks(values: Values, num_processes: int) -> list[str]:
-    """Batch sizes that tile, a tokenizer with pad and EOS, a stop token inside the vocabulary (each size is at least
-    1 by then: rlhf_cli/schema/ranges.yaml)."""
+    """Batch sizes that tile, one stop token setting, a tokenizer with EOS, a stop token inside the vocabulary (each
+    size is at least 1 by then: rlhf_cli/schema/ranges.yaml)."""
     problems = []
     per_device, accumulation = values("per_device_train_batch_size"), values("gradient_accumulation_steps")
     mini_batches, chunk = values("num_mini_batches"), values("local_rollout_forward_batch_size")
-    local_batch = per_device * accumulation * mini_batches
+    local_batch = per_device * accumulation  # split into num_mini_batches, as in TRL 1.12
+    if accumulation % mini_batches:
+        problems.append(f"`num_mini_batches` ({mini_batches}) must divide `gradient_accumulation_steps` "
+                        f"({accumulation}): each mini-batch is one optimizer step over whole micro-batches")
     if local_batch % min(chunk, local_batch):
         problems.append(f"`local_rollout_forward_batch_size` ({chunk}) must divide the rollouts per process "
-                        "(per_device_train_batch_size x gradient_accumulation_steps x num_mini_batches = "
-                        f"{local_batch})")
+                        f"(per_device_train_batch_size x gradient_accumulation_steps = {local_batch})")
+    if values("stop_token") is not None and values("stop_token_id") is not None:
+        problems.append(f"`stop_token` ({values('stop_token')}) and `stop_token_id` ({values('stop_token_id')}) are "
+                        "both set; keep one")
     episodes = values("total_episodes")
     batch = local_batch * num_processes
     if episodes is not None and episodes < batch:
@@ -46,10 +51,8 @@ def _checks(values: Values, num_processes: int) -> list[str]:
     if not isinstance(policy, str) or not Path(policy, "config.json").is_file():
         return problems
     tokenizer = _json(Path(policy, "tokenizer_config.json"))
-    if tokenizer:
-        for token in ("pad_token", "eos_token"):
-            if not tokenizer.get(token):
-                problems.append(f"`model_name_or_path`: the tokenizer in {policy} has no {token}; PPO needs both")
+    if tokenizer and not tokenizer.get("eos_token"):  # a missing pad token is added when the ranks load it
+        problems.append(f"`model_name_or_path`: the tokenizer in {policy} has no eos_token; PPO needs one")
     vocab_size = _json(Path(policy, "config.json")).get("vocab_size")
     stop = values("stop_token_id")
     if stop is not None and vocab_size is not None and not 0 <= stop < vocab_size:
@@ -88,8 +91,9 @@ ALGORITHM = Algorithm(
         StarterEntry("stop_token", "eos: cut responses after the first EOS token", "eos"),
         StarterEntry("missing_eos_penalty", "subtracted from the score of unfinished responses", 1.0),
         StarterEntry("per_device_train_batch_size", "rollouts per GPU per micro-batch", 4),
-        StarterEntry("gradient_accumulation_steps", "micro-batches per update", 4),
-        StarterEntry("num_mini_batches", "mini-batches each batch of rollouts is split into", 1),
+        StarterEntry("gradient_accumulation_steps", "micro-batches per update: rollouts per GPU = this x the above",
+                     4),
+        StarterEntry("num_mini_batches", "optimizer steps per pass over the rollouts; divides the above", 1),
         StarterEntry("local_rollout_forward_batch_size", "sequences per generation pass; divides rollouts per GPU",
                      16),
         StarterEntry("num_ppo_epochs", "passes over each batch of rollouts"),

@@ -7,14 +7,16 @@ from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.panel import Panel
+from rich.segment import Segments
 from rich.table import Table
 from rich.text import Text
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.resolve import ResolvedRun
+from rlhf_cli.gather_budget import parse_budget
 from rlhf_cli.launch.runner import Outcome
-from rlhf_cli.run_dir import RunDir
 from rlhf_cli.plan.memory import MARGIN
 
 if TYPE_CHECKING:
@@ -87,8 +89,7 @@ def _plan_table(title: str, columns: list[Column], gpu_memory: int) -> Table:
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
     table.add_column("", style="cyan", no_wrap=True)
     for column in columns:
-        mode = "gather" if column.candidate.gather else "no-gather"
-        header = f"{mode}\n{column.candidate.offload_short}{' *' if column.chosen else ''}"
+        header = f"{column.candidate.mode}\n{column.candidate.offload_short}{' *' if column.chosen else ''}"
         table.add_column(header, justify="right", no_wrap=True, style="bold reverse" if column.chosen else None)
     names = [part.name for part in columns[0].components]
     for index, name in enumerate(names):
@@ -106,6 +107,11 @@ def _lora_summary(run: ResolvedRun) -> str:
     """The adapters the LoRA columns count."""
     targets = run.value("lora_target_modules")
     return f"rank {run.value('lora_r')}, {', '.join(targets) if targets else 'PEFT default targets'}"
+def print_whole(table: Table) -> None:
+    """A table on stdout that never cuts a number off: wider than the terminal (or a log's 80 columns), it is
+    printed whole and the terminal wraps it."""
+    width = max(stdout.width, Measurement.get(stdout, stdout.options.update_width(10**4), table).maximum)
+    stdout.print(Segments(stdout.render(table, stdout.options.update_width(width))))
 
 
 def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
@@ -121,7 +127,7 @@ def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
     command = algorithm(run.algorithm).command
     for lora, title in ((False, f"rlhf plan {command}: GiB per GPU on {hardware.total_gpus} GPU(s)"),
                         (True, f"with --lora ({_lora_summary(run)}): base frozen, no reference copy")):
-        stdout.print(_plan_table(title, [c for c in plan.columns if c.candidate.lora == lora], hardware.gpu_memory))
+        print_whole(_plan_table(title, [c for c in plan.columns if c.candidate.lora == lora], hardware.gpu_memory))
     models = "; ".join(f"{role.name} {role.path} {_count(role.size.params)}{' (trained)' if role.trained else ''}"
                        + (f", LoRA {_count(role.adapter.params)}" if role.adapter else "") for role in plan.roles)
     work = plan.work
@@ -136,6 +142,10 @@ def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
                  f"{'on' if work.gradient_checkpointing else 'off'}, {work.attention} attention"
                  f"{', Liger kernels' if work.liger else ''}", highlight=False, markup=False)
     stdout.print(f"* the run's own: {plan.reason}", highlight=False, markup=False)
+    batch = plan.largest_generation_batch
+    stdout.print(f"generation batch: up to {batch} sequences per GPU fit with the run's own configuration (now "
+                 f"{work.generation_batch})" if batch else "generation batch: not even 1 sequence per GPU fits",
+                 highlight=False, markup=False)
     for line in plan.suggestions:
         stdout.print(f"instead: {line}", highlight=False, markup=False)
     for note in plan.notes:
@@ -182,6 +192,16 @@ def _precision(run: ResolvedRun) -> str:
     return "bf16" if run.value("bf16") else "fp16" if run.value("fp16") else "fp32"
 
 
+def _generation_mode(run: ResolvedRun) -> str:
+    if run.value("ds3_gather_for_generation"):
+        return "gather to generate"
+    given = run.value("gather_budget")
+    budget = parse_budget(given) if given is not None else None
+    if budget is None or budget.nothing:
+        return "generate from shards"
+    return f"gather {budget} of the policy to generate, the rest from shards"
+
+
 def print_header(run: ResolvedRun, plan: Plan) -> None:
     """The run at a glance, before the ranks start talking."""
     deepspeed = run.accelerate.get("deepspeed_config") or {}
@@ -192,8 +212,7 @@ def print_header(run: ResolvedRun, plan: Plan) -> None:
         else None,
         "dataset": run.value("dataset_name"),
         "processes": f"{run.accelerate.get('num_processes')} on {run.accelerate.get('num_machines') or 1} machine(s)",
-        "ZeRO": f"stage {deepspeed.get('zero_stage', '-')}, "
-                + ("gather to generate" if run.value("ds3_gather_for_generation") else "generate from shards")
+        "ZeRO": f"stage {deepspeed.get('zero_stage', '-')}, " + _generation_mode(run)
                 + f", offload optimizer: {deepspeed.get('offload_optimizer_device', 'none')}"
                 + f", params: {deepspeed.get('offload_param_device', 'none')}",
         "precision": _precision(run) + (" (CPU)" if run.cpu_only else ""),
@@ -222,24 +241,22 @@ def _summary_table(outcome: Outcome) -> Table:
         table.add_row("steps/s", f"{summary['steps_per_second']:.3g} (loading and saving included)")
     for label, value in algorithm(summary["algorithm"]).headline(summary.get("final_metrics") or {}):
         table.add_row(label, f"{value:.4g}")
-    table.add_row("saved", str(summary.get("saved")))
+    table.add_row("saved", Text(str(summary.get("saved"))))
     return table
 
 
 def print_outcome(outcome: Outcome, run: ResolvedRun, quiet: bool) -> None:
-    """How the ranks ended: the summary, what to do after a preemption, or the failing rank's error once."""
+    """How the ranks ended: the summary, what to do after a preemption, or why they failed: the failed rank's
+    traceback, then one line. Text from ranks and libraries is printed as it is, never read as markup."""
     if outcome.status in ("finished", "preempted") and outcome.summary and not quiet:
         stderr.print(_summary_table(outcome))
     if outcome.status == "preempted":
         stderr.print(f"Preempted: checkpoint {outcome.preempted['checkpoint']} is complete; continue with "
                      f"--resume auto --output-dir {run.output_dir} (exit code {outcome.exit_code})",
                      style="yellow", highlight=False, markup=False)
-    elif outcome.status == "failed":
-        failure = outcome.failure
-        message = (f"rank {failure['rank']} on {failure['hostname']} failed: {failure['type']}: {failure['message']} "
-                   f"(traceback above and in {RunDir(run.output_dir).rank_error(failure['rank'])})" if failure else
-                   f"the ranks exited with code {outcome.exit_code} without recording an error (killed?); "
-                   "see the output above")
-        stderr.print(f"[bold red]Error:[/] {message}", highlight=False)
+    elif outcome.status == "failed" and outcome.failure is not None:
+        if outcome.failure.traceback:
+            stderr.print(outcome.failure.traceback.rstrip(), highlight=False, markup=False)
+        stderr.print(Text.assemble(("Error:", "bold red"), " ", outcome.failure.line), highlight=False)
     elif outcome.status == "interrupted":
-        stderr.print(f"Interrupted (exit code {outcome.exit_code})", style="yellow")
+        stderr.print(f"Interrupted (exit code {outcome.exit_code})", style="yellow", markup=False)

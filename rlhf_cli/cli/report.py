@@ -6,12 +6,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.measure import Measurement
-from rich.segment import Segments
 from rich.table import Table
 from rich.text import Text
 
-from rlhf_cli.cli.output import stderr, stdout
+from rlhf_cli.cli.output import print_whole, stderr
 from rlhf_cli.errors import RlhfError
 from rlhf_cli.report.metrics import RunMetrics, load_metrics, sample_rows
 from rlhf_cli.report.plot import draw, image_formats
@@ -55,7 +53,5 @@ def report(
     except OSError as error:
         raise RlhfError(f"{png}: cannot write the plot ({error.strerror})") from None
     table = _table(metrics, title)
-    # Never cut numbers off: a table wider than the terminal (or a log file's 80 columns) is printed whole.
-    width = max(stdout.width, Measurement.get(stdout, stdout.options.update_width(10**4), table).maximum)
-    stdout.print(Segments(stdout.render(table, stdout.options.update_width(width))))
+    print_whole(table)
     stderr.print(f"Wrote {png}", highlight=False, markup=False)

@@ -25,10 +25,15 @@ RecipeOpt = Annotated[Optional[str], typer.Option(
 GatherOpt = Annotated[bool, typer.Option(
     "--gather", rich_help_panel=LAUNCH, show_default=False,
     help="Gather the whole policy on every GPU to generate (fast, needs memory). [bold]--gather auto[/]: gather "
-         "when the memory plan says it fits. Default: the recipe's, else TRL's (gather).")]
+         "if the memory plan says it fits, else the largest gather budget that fits. Default: the recipe's, else "
+         "TRL's (gather).")]
 NoGatherOpt = Annotated[bool, typer.Option(
     "--no-gather", rich_help_panel=LAUNCH, show_default=False,
     help="Generate from ZeRO-3 shards (fits, slower): TRL's ds3_gather_for_generation=false.")]
+GatherBudgetOpt = Annotated[Optional[str], typer.Option(
+    "--gather-budget", metavar="SIZE|FRACTION", rich_help_panel=LAUNCH, show_default=False,
+    help="Between the two: gather this share of the policy (0.5) or this much of it per GPU (2GiB) once per "
+         "generation call, as whole layers, and fetch the rest per token. --gather is 1, --no-gather 0.")]
 # `--gather auto`: Typer flags take no value, so `auto` arrives as an extra argument (`ctx.args`); the
 # commands are registered with EXTRA_ARGS to allow it.
 EXTRA_ARGS = {"allow_extra_args": True}
@@ -65,6 +70,10 @@ MainProcessIpOpt = Annotated[Optional[str], typer.Option(
 MainProcessPortOpt = Annotated[Optional[str], typer.Option(
     "--main-process-port", metavar="PORT", rich_help_panel=LAUNCH, show_default=False,
     help="Rendezvous port on machine rank 0. Default: MASTER_PORT, else free (1 machine) or 29500.")]
+StallTimeoutOpt = Annotated[Optional[float], typer.Option(
+    "--stall-timeout", metavar="SECONDS", rich_help_panel=LAUNCH, show_default=False,
+    help="Stop the job, naming the stalled rank and writing every rank's stack, when no rank made progress (or one "
+         "sent no heartbeat) for this long; loading and saving do not count. Default: 120.")]
 AccelerateConfigOpt = Annotated[Optional[str], typer.Option(
     "--accelerate-config", metavar="PATH", rich_help_panel=LAUNCH,
     help="Start from your accelerate config instead of the bundled ZeRO-3 one; flags still apply.")]
@@ -115,6 +124,7 @@ FLAGS = {
     "model_name_or_path": ("--model", "model"), "reward_model_name_or_path": ("--reward-model", "reward_model"),
     "dataset_name": ("--dataset", "dataset"), "output_dir": ("--output-dir", "output_dir"),
     "max_steps": ("--max-steps", "max_steps"), "seed": ("--seed", "seed"),
+    "gather_budget": ("--gather-budget", "gather_budget"),
     "offload_optimizer": ("--offload-optimizer", "offload_optimizer"),
     "offload_params": ("--offload-params", "offload_params"), "nvme_path": ("--nvme-path", "nvme_path"),
     "num_processes": ("--num-processes", "num_processes"), "num_gpus": ("--num-gpus", "num_gpus"),
@@ -122,6 +132,7 @@ FLAGS = {
     "machine_rank": ("--machine-rank", "machine_rank"), "main_process_ip": ("--main-process-ip", "main_process_ip"),
     "main_process_port": ("--main-process-port", "main_process_port"),
     "accelerate_config": ("--accelerate-config", "accelerate_config"),
+    "stall_timeout": ("--stall-timeout", "stall_timeout"),
     "resume_from_checkpoint": ("--resume", "resume"), "lora_r": ("--lora-r", "lora_r"),
 }
 
@@ -131,6 +142,7 @@ def train(
     recipe: RecipeOpt = None,
     gather: GatherOpt = False,
     no_gather: NoGatherOpt = False,
+    gather_budget: GatherBudgetOpt = None,
     offload_optimizer: OffloadOptimizerOpt = None,
     offload_params: OffloadParamsOpt = None,
     nvme_path: NvmePathOpt = None,
@@ -141,6 +153,7 @@ def train(
     machine_rank: MachineRankOpt = None,
     main_process_ip: MainProcessIpOpt = None,
     main_process_port: MainProcessPortOpt = None,
+    stall_timeout: StallTimeoutOpt = None,
     accelerate_config: AccelerateConfigOpt = None,
     lora: LoraOpt = False,
     no_lora: NoLoraOpt = False,
@@ -162,9 +175,12 @@ def train(
 ) -> None:
     """`rlhf ppo|rloo|online-dpo|...`: the command name picks the algorithm."""
     options = dict(locals())
+    from rlhf_cli.launch.faults import PlanNeeds, space_warning
     from rlhf_cli.plan.estimate import planned
 
     run, plan = planned(_resolve(ctx, options, planning=False))
+    low_space = space_warning(run.output_dir, plan.checkpoint_bytes)
+    run = run.with_note(low_space) if low_space else run
     if dry_run:
         print_plan_compact(plan)
         print_run_json(run, plan) if json_ else print_run_human(run)
@@ -172,12 +188,10 @@ def train(
     if not quiet:
         print_notes(run)
         print_header(run, plan)
-    from rlhf_cli.launch.preflight import check_before_launch
     from rlhf_cli.launch.runner import launch
 
-    check_before_launch(run)
-
-    outcome = launch(run, verbosity="quiet" if quiet else "verbose" if verbose else "normal")
+    needs = PlanNeeds(plan.chosen.cpu_per_machine if plan.chosen else None, plan.checkpoint_bytes)
+    outcome = launch(run, verbosity="quiet" if quiet else "verbose" if verbose else "normal", needs=needs)
     print_outcome(outcome, run, quiet)
     raise typer.Exit(outcome.exit_code)
 

@@ -48,13 +48,18 @@ def check_model_config(name: str, value: Any, where: str, problems: list[str]) -
                             "integers: save the model again")
 
 
+# Sequence classifiers, and causal LMs (GPT-2's is named GPT2LMHeadModel) loaded as one with a new score head.
+SCORABLE_ARCHITECTURES = ("ForSequenceClassification", "ForCausalLM", "LMHeadModel")
+
+
 def check_reward_model(value: Any, problems: list[str]) -> None:
-    """A local reward model must be a sequence classifier (hub ids are checked when loaded)."""
+    """A local reward model must be a sequence classifier, or a causal LM that the ranks load as one with a new
+    score head (as the seed's pythia-70m); hub ids are loaded the same way."""
     path = _local(value)
     architectures = (_json(path / "config.json").get("architectures") or []) if path else []
-    if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
-        problems.append(f"`reward_model_name_or_path`: {path} is a {architectures[0]}, not a sequence classifier "
-                        "(save it with AutoModelForSequenceClassification, num_labels=1)")
+    if architectures and not any(a.endswith(SCORABLE_ARCHITECTURES) for a in architectures):
+        problems.append(f"`reward_model_name_or_path`: {path} is a {architectures[0]}, neither a sequence classifier "
+                        "nor a causal LM (save it with AutoModelForSequenceClassification, num_labels=1)")
 
 
 def _matches(wanted: Any, value: Any) -> bool:

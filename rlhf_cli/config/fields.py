@@ -81,6 +81,10 @@ OWN_FIELDS = (
     Field("gather", "launch", ("bool", "str", "null"), None,
           "Gather the whole policy on every rank to generate (TRL's ds3_gather_for_generation); "
           "auto: gather when the memory plan says it fits.", GATHER_CHOICES),
+    Field("gather_budget", "launch", ("float", "str", "null"), None,
+          "Under ZeRO-3: the share of the policy's parameters (0.5) or the bytes (2GiB) each rank gathers once per "
+          "generation call, as whole layers, embedding and LM head; the rest is fetched per token. gather: true is "
+          "1, gather: false is 0."),
     Field("offload_optimizer", "launch", ("str",), "none",
           "Where ZeRO-3 keeps optimizer states.", OFFLOAD_DEVICES),
     Field("offload_params", "launch", ("str",), "none",
@@ -107,6 +111,9 @@ OWN_FIELDS = (
           "Your own accelerate config to start from instead of the bundled ZeRO-3 one."),
     Field("merge_adapter", "model", ("bool",), False,
           "With use_peft: also save the policy with its adapter merged in (OUTPUT_DIR/merged), for from_pretrained."),
+    Field("stall_timeout", "launch", ("int", "float"), 120,
+          "Seconds without progress on any rank (or without a rank's heartbeat) before the job stops and names the "
+          "stalled rank; loading and saving do not count. The collective timeout (ddp_timeout) follows it."),
     Field("dataset_prompt_column", "script", ("str",), "prompt",
           "Dataset column holding the prompt (plain text or a list of chat messages)."),
     Field("env", "launch", ("dict",), {},

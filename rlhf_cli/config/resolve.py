@@ -32,6 +32,7 @@ from rlhf_cli.config.paths import PathState, describe, path_state, writable_dir_
 from rlhf_cli.config.recipe import Recipe, load_recipe
 from rlhf_cli.config.rewards import RewardSpecError, locate_reward
 from rlhf_cli.errors import ConfigError
+from rlhf_cli.gather_budget import BudgetError, parse_budget
 from rlhf_cli.run_dir import MANIFEST, RunDir
 from rlhf_cli.sizes import SizeError, parse_size
 
@@ -45,6 +46,9 @@ MODEL_FIELDS = ("model_name_or_path", "reward_model_name_or_path", "value_model_
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 MACHINE_FIELDS = ("num_machines", "machine_rank", "main_process_ip", "main_process_port")
 RESUME_AUTO = "auto"
+# The trainers' collective timeout, unless the recipe sets one: a backstop for what the stall watch does not judge
+# (a rank hung while loading or saving), long enough for the saves and loads that make the others wait.
+COLLECTIVE_TIMEOUT_FACTOR = 5
 # Keys naming something that must already exist: what it is, and whether it is a directory.
 EXISTING_PATHS = {"accelerate_config": ("file", False), "nvme_path": ("directory", True),
                   "resume_from_checkpoint": ("checkpoint directory", True)}
@@ -100,9 +104,14 @@ class ResolvedRun:
         """The resolved run as a recipe: loading it again gives the same run."""
         return {name: setting.value for name, setting in self.settings.items()}
 
-    def with_setting(self, name: str, value: Any, source: str, note: str) -> ResolvedRun:
+    def with_setting(self, name: str, value: Any, source: str, note: str | None = None) -> ResolvedRun:
         """A copy with one value decided after resolution (`gather: auto`, by the plan), and a note on why."""
-        return replace(self, settings={**self.settings, name: Setting(value, source)}, notes=(*self.notes, note))
+        notes = self.notes if note is None else (*self.notes, note)
+        return replace(self, settings={**self.settings, name: Setting(value, source)}, notes=notes)
+
+    def with_note(self, note: str) -> ResolvedRun:
+        """A copy with one more note, found after resolution (the output dir's free space, by the launcher)."""
+        return replace(self, notes=(*self.notes, note))
 
 
 def _trl_accelerate_config(value: str, base_dirs: tuple[Path, ...]) -> Path | None:
@@ -402,12 +411,48 @@ class _Resolver:
         """Whether `name` was set on the command line and `other` only by the recipe."""
         return self.layers.get(name, ("",))[0] == "command line" and self.layers.get(other, ("",))[0] == "recipe"
 
+    def settle_gather_budget(self) -> None:
+        """`gather_budget` and `gather` say one thing: a budget of the whole policy is gather, any other no-gather
+        (TRL's path; the ranks gather the budget's part themselves). When both are set, the command line beats
+        the recipe; set in one place, they must agree (`--gather` is the budget 1, `--no-gather` the budget 0)."""
+        setting = self.settings.get("gather_budget")
+        if setting is None or setting.value is None:
+            return
+        where = self.layers["gather_budget"][1]
+        try:
+            budget = parse_budget(setting.value)
+        except BudgetError as error:
+            self.problems.append(f"{where}: `gather_budget`: {error}")
+            return
+        self.settings["gather_budget"] = Setting(budget.fraction if budget.fraction is not None else setting.value,
+                                                 setting.source)
+        gather = self.settings.get("ds3_gather_for_generation")
+        agrees = gather is not None and gather.value is (True if budget.whole else False if budget.nothing else None)
+        if gather is None or agrees or self.outranks("gather_budget", "ds3_gather_for_generation"):
+            self.settings["ds3_gather_for_generation"] = Setting(budget.whole, f"gather_budget {budget}")
+        elif self.outranks("ds3_gather_for_generation", "gather_budget"):
+            del self.settings["gather_budget"]
+            self.notes.append(f"{self.layers['ds3_gather_for_generation'][1]} overrides the recipe's "
+                              f"gather_budget {budget}")
+        else:
+            meaning = {True: "gather: true is the budget 1", False: "gather: false is the budget 0",
+                       "auto": "gather: auto lets the plan choose the budget"}[gather.value]
+            self.problems.append(f"{where}: gather_budget {budget} contradicts "
+                                 f"{self.layers['ds3_gather_for_generation'][1]} ({meaning}); keep one")
+
     def check_gpu_memory(self) -> None:
         if self.value("gpu_memory") is not None:
             try:
                 parse_size(self.value("gpu_memory"))
             except SizeError as error:
                 self.problems.append(f"{self.layers['gpu_memory'][1]}: `gpu_memory`: {error}")
+
+    def check_stall_timeout(self) -> None:
+        """Its range is in rlhf_cli/schema/ranges.yaml; a collective timeout of the recipe's own may undercut it."""
+        timeout = self.value("stall_timeout")
+        if "ddp_timeout" in self.settings and self.value("ddp_timeout") <= timeout:
+            self.notes.append(f"warning: ddp_timeout {self.value('ddp_timeout')} is not above stall_timeout "
+                              f"{timeout:g}: a collective may time out before the stall watch names the stalled rank")
 
     def default_output_dir(self) -> None:
         if self.value("output_dir") is None:  # unset, or `output_dir: null`
@@ -576,6 +621,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     resolver.apply_command_line()
     if recipe is None and request.recipe:  # the recipe's own keys are unknown: its problems stand for them
         raise ConfigError(*resolver.problems)
+    resolver.settle_gather_budget()
     resolver.check_required()
     resolver.check_models()
     resolver.default_output_dir()
@@ -586,6 +632,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     resolver.check_gpu_memory()
     resolver.check_data()
     resolver.check_mixture()
+    resolver.check_stall_timeout()
     cpu_only = not (_cuda_present() if cuda is None else cuda) or environ.get("DS_ACCELERATOR") == "cpu"
     accelerate, accelerate_notes = build_accelerate_config(
         AccelerateChoices(
@@ -605,6 +652,10 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         resolver.problems,
     )
     resolver.check_deepspeed_field(accelerate)
+    if cpu_only and resolver.value("fp16") is True and resolver.value("bf16") is not True:  # both: said above
+        said = (resolver.said("fp16") or "`fp16: {value}`").format(value="true")
+        resolver.problems.append(f"{said}: fp16 needs a GPU and this machine has none; set bf16: true (the CPU "
+                                 "has bf16) or neither")
     processes = int(accelerate.get("num_processes") or 1)
     for check in (lambda values: cross_field_problems(values, resolver.fields),
                   lambda values: algorithm(request.algorithm).checks(values, processes),
@@ -620,11 +671,17 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         settings["num_processes"] = Setting(accelerate.get("num_processes"), "num_gpus x num_machines")
     settings.setdefault("ds3_gather_for_generation",
                         Setting(resolver.fields["ds3_gather_for_generation"].default, "default"))
+    settings.setdefault("ddp_timeout", Setting(round(COLLECTIVE_TIMEOUT_FACTOR * resolver.value("stall_timeout")),
+                                               f"rlhf: {COLLECTIVE_TIMEOUT_FACTOR} x stall_timeout"))
     if cpu_only:  # DeepSpeed's CPU path: fp32 (TRL turns bf16 on by default) over gloo
         reason = "rlhf: no CUDA on this machine"
         cpu_defaults = (("bf16", False), ("fp16", False), ("ddp_backend", "gloo"), ("dataloader_pin_memory", False))
         for name, value in cpu_defaults:
             settings.setdefault(name, Setting(value, reason))
         resolver.notes.append("no CUDA here: the ranks run on DeepSpeed's CPU path (DS_ACCELERATOR=cpu, gloo)")
+        if settings["bf16"].value and "use_cpu" not in settings:
+            # transformers checks bf16 against the GPU unless told the run is on the CPU, where torch has bf16 too
+            settings["use_cpu"] = Setting(True, "rlhf: bf16 without CUDA trains on the CPU")
+            resolver.notes.append("no CUDA here: bf16 as asked, on the CPU (use_cpu: true)")
     return ResolvedRun(request.algorithm, recipe.path if recipe else None, settings, accelerate, cpu_only,
                        tuple(resolver.notes + accelerate_notes))

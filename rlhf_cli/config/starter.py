@@ -35,9 +35,13 @@ LAUNCH: Section = ("How to run it (flags override these)", (
     StarterEntry("num_processes", "processes (GPUs) in total, over all machines", 8),
     StarterEntry("gather", "true: gather to generate (fast); false: generate from shards (fits); auto: plan picks",
                  True),
+    StarterEntry("gather_budget", "instead of gather: gather this share (or 2GiB) of the policy, the rest from "
+                 "shards", 0.5, enabled=False),
     StarterEntry("offload_optimizer", "none, cpu or nvme: where ZeRO-3 keeps optimizer states", "cpu"),
     StarterEntry("offload_params", "none, cpu or nvme: where ZeRO-3 keeps parameter shards", "none"),
     StarterEntry("nvme_path", "a local NVMe directory, needed with nvme offload", "/local_nvme", enabled=False),
+    StarterEntry("stall_timeout", "seconds no rank may go without progress before the job stops, naming who", 120,
+                 enabled=False),
 ))
 
 

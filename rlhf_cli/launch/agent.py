@@ -1,18 +1,49 @@
 """`accelerate launch`, passing SIGUSR1 on to the ranks and ending with an exit code, not a traceback.
 
-When a rank fails, that rank has already printed its error once (see rlhf_cli.rank.lifecycle);
-accelerate and torch's elastic agent would add two more tracebacks saying only that it failed.
+When ranks fail, accelerate and torch's elastic agent would print two tracebacks saying only that they failed.
+Instead the agent writes down what only it knows, how each failed rank ended (an exit code, or the signal that
+killed it), with this machine's memory, into `ranks/machine-N.exits.json`, and raises the first-failure marker
+so that the ranks of other machines stop too; the launcher reads it to name the real cause.
 Usage is exactly accelerate's: `python -m rlhf_cli.launch.agent [accelerate launch args]`.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import socket
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
+
+from rlhf_cli.launch.faults import machine_memory
+from rlhf_cli.records import claim, try_write_json
+from rlhf_cli.run_dir import FAILED, OUTPUT_MODE_ENV, RUN_DIR_ENV, START_GATE, START_GATE_ENV, RunDir
 
 
 def _exit_code(code: int) -> int:
     return 128 - code if code < 0 else code  # a rank killed by signal N: 128+N, as a shell reports it
+
+
+def record_exits(machine_rank: int, exits: list[dict[str, Any]]) -> None:
+    """What the launcher cannot learn from a rank that was killed; nothing when the output dir is unknown or full."""
+    if not os.environ.get(RUN_DIR_ENV):
+        return
+    run_dir = RunDir(Path(os.environ[RUN_DIR_ENV]))
+    try_write_json(run_dir.rank_exits(machine_rank), {"machine_rank": machine_rank, "host": socket.gethostname(),
+                                                      "memory": machine_memory(), "exits": exits})
+    claim(run_dir.first_failure, FAILED)
+
+
+def gate_opens() -> bool:
+    """Wait for the launcher's go: it opens the gate once the pre-launch check passed and the run's files are
+    written, or closes it (the check failed, the launcher stopped), and then no rank may start."""
+    gate = os.environ.get(START_GATE_ENV)
+    if gate is None:  # launch.sh, or accelerate's own use: nothing to wait for
+        return True
+    with os.fdopen(int(gate), "rb") as pipe:
+        return pipe.read(len(START_GATE)) == START_GATE
 
 
 def main(argv: list[str]) -> int:
@@ -21,14 +52,21 @@ def main(argv: list[str]) -> int:
     from rlhf_cli import compat
 
     signal_stopped, rank_failed = compat.launch_errors()
+    if os.environ.get(OUTPUT_MODE_ENV) != "verbose":
+        # "Sending process N closing signal SIGTERM", "failed (exitcode: -9) local_rank: 1": the launcher says what
+        # happened, once, from what this agent records.
+        logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     args = launch_command_parser().parse_args(argv)
     # torch's agent passes the signals it handles on to the ranks, which checkpoint on SIGTERM and SIGUSR1;
     # any other signal kills the agent itself.
     compat.forward_signals_to_ranks(args, "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+    if not gate_opens():
+        return 0
     try:
         launch_command(args)
     except rank_failed as failed:
-        return _exit_code(compat.first_failure_exitcode(failed)) or 1
+        record_exits(int(args.machine_rank or 0), compat.rank_exits(failed))
+        return 1  # a rank failed, whether it raised or was killed; the launcher says which and how
     except signal_stopped as stopped:
         return 128 + int(stopped.sigval)
     except subprocess.CalledProcessError as failed:

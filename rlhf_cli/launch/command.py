@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhf_cli.config.resolve import ResolvedRun
-from rlhf_cli.run_dir import OUTPUT_MODE_ENV, RunDir
+from rlhf_cli.run_dir import OUTPUT_MODE_ENV, RUN_DIR_ENV, RunDir
+
 # Seconds the ranks get to checkpoint after a preemption signal before torch's agent kills them.
 PREEMPTION_GRACE_SECONDS = 300
 
@@ -56,6 +57,7 @@ def launch_command(run: ResolvedRun, python: str = sys.executable, verbosity: st
     # it is in the resolved recipe and launch.sh, and each machine's launcher resolves the same recipe.
     env.update(run.value("env"))
     env[OUTPUT_MODE_ENV] = verbosity
+    env[RUN_DIR_ENV] = str(run.output_dir)  # shared by every machine: the agent records its ranks' ends there
     return Launch(argv, env)
 
 

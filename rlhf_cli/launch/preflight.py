@@ -5,7 +5,9 @@ Why a separate process: both run code the launcher must not. TRL's config pulls 
 __post_init__ would set up a device and a process group in whatever process builds it; a reward module is the
 user's code, which may import anything, print, or never return. The launcher itself never imports torch, so it
 holds no CUDA context the ranks could trip over, and the check's process is gone before the ranks start.
-What it costs: one Python start and TRL's import, a few seconds (benchmarks/launcher.py measures it).
+What it costs: one Python start and TRL's import, a few seconds (benchmarks/launcher.py measures it), which the
+launcher spends while the launch agent imports torch and accelerate: the agent waits at a gate and starts no
+rank until the check has passed (rlhf_cli/launch/runner.py).
 """
 
 from __future__ import annotations
@@ -35,31 +37,45 @@ def _last_lines(stderr: str, count: int = 3) -> str:
     return " | ".join(line.strip() for line in lines[-count:])
 
 
+class PendingCheck:
+    """The check running in its own process; `wait()` returns when all is well and raises ConfigError with what
+    the trainer's config or a reward function refuses."""
+
+    def __init__(self, run: ResolvedRun, timeout: float = TIMEOUT_SECONDS) -> None:
+        payload = {"algorithm": run.algorithm, "values": run.recipe_values(),
+                   "processes": int(run.accelerate.get("num_processes") or 1)}
+        env = {**os.environ, **launch_command(run).env}
+        self.timeout = timeout
+        # Its own session: a reward module's children are stopped with it when it runs out of time.
+        self.checker = subprocess.Popen([sys.executable, "-m", PREFLIGHT_MODULE], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                        start_new_session=True)
+        self.payload = json.dumps(payload, default=str)
+
+    def wait(self) -> None:
+        checker = self.checker
+        try:
+            stdout, stderr = checker.communicate(self.payload, timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(checker.pid, signal.SIGKILL)
+            _, stderr = checker.communicate()
+            raise ConfigError(f"the pre-launch check did not finish in {self.timeout:.0f} s while "
+                              f"{_last_step(stderr)}; a reward module that waits on something at import hangs every "
+                              "rank too") from None
+        except BaseException:
+            os.killpg(checker.pid, signal.SIGKILL)
+            checker.wait()
+            raise
+        try:
+            problems = json.loads(stdout)["problems"]
+        except (ValueError, KeyError, TypeError):
+            code = checker.returncode
+            raise ConfigError(f"the pre-launch check ended with exit code {code} while {_last_step(stderr)}: "
+                              f"{_last_lines(stderr) or 'no output'}") from None
+        if problems:
+            raise ConfigError(*problems)
+
+
 def check_before_launch(run: ResolvedRun, timeout: float = TIMEOUT_SECONDS) -> None:
     """Raise ConfigError with what the trainer's config or a reward function refuses; return when all is well."""
-    payload = {"algorithm": run.algorithm, "values": run.recipe_values(),
-               "processes": int(run.accelerate.get("num_processes") or 1)}
-    env = {**os.environ, **launch_command(run).env}
-    # Its own session: a reward module's children are stopped with it when it runs out of time.
-    checker = subprocess.Popen([sys.executable, "-m", PREFLIGHT_MODULE], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                               start_new_session=True)
-    try:
-        stdout, stderr = checker.communicate(json.dumps(payload, default=str), timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(checker.pid, signal.SIGKILL)
-        _, stderr = checker.communicate()
-        raise ConfigError(f"the pre-launch check did not finish in {timeout:.0f} s while {_last_step(stderr)}; "
-                          "a reward module that waits on something at import hangs every rank too") from None
-    except BaseException:
-        os.killpg(checker.pid, signal.SIGKILL)
-        checker.wait()
-        raise
-    try:
-        problems = json.loads(stdout)["problems"]
-    except (ValueError, KeyError, TypeError):
-        code = checker.returncode
-        raise ConfigError(f"the pre-launch check ended with exit code {code} while {_last_step(stderr)}: "
-                          f"{_last_lines(stderr) or 'no output'}") from None
-    if problems:
-        raise ConfigError(*problems)
+    PendingCheck(run, timeout).wait()

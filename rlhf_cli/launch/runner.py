@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import signal
@@ -18,10 +17,16 @@ from typing import Any
 import yaml
 
 from rlhf_cli.config.resolve import ResolvedRun
+from rlhf_cli.errors import OutputDirError
 from rlhf_cli.launch.command import launch_command, launch_script, machine_rank, run_files_dir
-from rlhf_cli.run_dir import EXIT_PREEMPTED, RunDir
+from rlhf_cli.launch.faults import Failure, PlanNeeds, explain, free_space
+from rlhf_cli.launch.preflight import PendingCheck
+from rlhf_cli.records import read_json, try_write_json, write_atomic
+from rlhf_cli.run_dir import EXIT_PREEMPTED, START_GATE, START_GATE_ENV, RunDir
+from rlhf_cli.sizes import readable
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+UNKNOWN = PlanNeeds()  # no plan: a failure is explained without its numbers
 VERSIONED = ("torch", "transformers", "trl", "deepspeed", "accelerate", "datasets", "rlhf")
 
 
@@ -32,7 +37,7 @@ class Outcome:
     exit_code: int
     status: str  # finished | preempted | failed | interrupted
     summary: dict[str, Any] | None = None  # summary.json
-    failure: dict[str, Any] | None = None  # the first failing rank's error record
+    failure: Failure | None = None  # why the ranks failed (rlhf_cli.launch.faults)
     preempted: dict[str, Any] | None = None  # preempted.json
     wall_seconds: float = 0.0
 
@@ -41,13 +46,6 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Machines of one job may write the same file at once: each writes its own temporary, then renames."""
-    temporary = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
 
 
 def _versions() -> dict[str, str | None]:
@@ -63,13 +61,18 @@ def _versions() -> dict[str, str | None]:
 def write_run_files(run: ResolvedRun, accelerate: dict[str, Any], verbosity: str = "normal") -> None:
     """The resolved recipe, the accelerate config and launch.sh, in the output dir, before any rank starts."""
     files = run_files_dir(run)
-    files.path.mkdir(parents=True, exist_ok=True)
     header = f"# Resolved by rlhf from {run.recipe or 'flags'}; a valid recipe for `rlhf {run.algorithm}`.\n"
-    _write_atomic(files.recipe, header + yaml.safe_dump(run.recipe_values(), sort_keys=True))
     shared = {key: value for key, value in accelerate.items() if key != "machine_rank"}
-    _write_atomic(files.accelerate_config, yaml.safe_dump(shared, sort_keys=True))
-    _write_atomic(files.launch_script, launch_script(launch_command(run, verbosity=verbosity), Path.cwd()))
-    files.launch_script.chmod(0o755)
+    try:
+        write_atomic(files.recipe, header + yaml.safe_dump(run.recipe_values(), sort_keys=True))
+        write_atomic(files.accelerate_config, yaml.safe_dump(shared, sort_keys=True))
+        write_atomic(files.launch_script, launch_script(launch_command(run, verbosity=verbosity), Path.cwd()))
+        files.launch_script.chmod(0o755)
+    except OSError as error:
+        free = free_space(files.path)
+        raise OutputDirError(f"cannot write to the output dir {files.path}: {(error.strerror or str(error)).lower()} "
+                             f"({readable(free) if free is not None else 'unknown'} free); choose another "
+                             "--output-dir, or make room") from None
 
 
 def _run_record(run: ResolvedRun, accelerate: dict[str, Any]) -> dict[str, Any]:
@@ -86,52 +89,47 @@ def _run_record(run: ResolvedRun, accelerate: dict[str, Any]) -> dict[str, Any]:
 
 def _clear_previous_outcome(run_dir: RunDir) -> None:
     """A resumed run reuses the output dir: the last attempt's ending must not be read as this one's."""
-    for stale in (run_dir.preempted, run_dir.summary, run_dir.first_failure, *run_dir.rank_errors()):
+    for stale in (run_dir.preempted, run_dir.summary, *run_dir.attempt_files()):
         stale.unlink(missing_ok=True)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _first_failure(run_dir: RunDir) -> dict[str, Any] | None:
-    records = [record for path in run_dir.rank_errors() if (record := _read_json(path))]
-    return min(records, key=lambda record: (not record.get("first"), record.get("time", 0)), default=None)
-
-
-def outcome(run_dir: RunDir, code: int, signals: list[int], wall_seconds: float) -> Outcome:
-    summary, preempted = _read_json(run_dir.summary), _read_json(run_dir.preempted)
+def outcome(run_dir: RunDir, code: int, signals: list[int], wall_seconds: float, needs: PlanNeeds = UNKNOWN) -> Outcome:
+    summary, preempted = read_json(run_dir.summary), read_json(run_dir.preempted)
     if preempted is not None:
         return Outcome(EXIT_PREEMPTED, "preempted", summary, None, preempted, wall_seconds)
     if code == 0:
         return Outcome(0, "finished", summary, None, None, wall_seconds)
-    failure = _first_failure(run_dir)
-    status = "interrupted" if signals and failure is None else "failed"
-    return Outcome(code, status, summary, failure, None, wall_seconds)
+    failure = explain(run_dir, needs)
+    if signals and failure is None:
+        return Outcome(code, "interrupted", summary, None, None, wall_seconds)
+    failure = failure or Failure(f"the ranks exited with code {code} without recording an error; see the output above")
+    return Outcome(code, "failed", summary, failure, None, wall_seconds)
 
 
-def launch(run: ResolvedRun, verbosity: str = "normal") -> Outcome:
-    """Run this machine's ranks to the end; signals are passed on to them. Says how they ended."""
+def launch(run: ResolvedRun, verbosity: str = "normal", needs: PlanNeeds = UNKNOWN) -> Outcome:
+    """Run this machine's ranks to the end; signals are passed on to them. Says how they ended; `needs` (from the
+    plan) makes a failure's explanation more precise."""
     accelerate = dict(run.accelerate)
     if int(accelerate.get("num_machines") or 1) == 1 and not accelerate.get("main_process_port"):
         accelerate["main_process_port"] = _free_port()  # two runs on one node must not collide
     run_dir = RunDir(run.output_dir)
-    write_run_files(run, accelerate, verbosity)
-    if machine_rank(run) == 0:
-        _clear_previous_outcome(run_dir)
-        _write_atomic(run_dir.run_record, json.dumps(_run_record(run, accelerate), indent=2) + "\n")
     command = launch_command(run, verbosity=verbosity)
     started = time.monotonic()
+    # The pre-launch check and the launch agent's imports (torch, accelerate) run at once: the agent waits at a
+    # gate and starts no rank before the check has passed and the run's files are written.
+    checking = PendingCheck(run)
+    gate_read, gate_write = os.pipe()
     # The ranks get their own process group, so a terminal's Ctrl-C reaches them once, through us.
     # torch's launcher sets one OpenMP thread per rank anyway, with a banner; keep a user's own choice.
-    env = {"OMP_NUM_THREADS": "1", **os.environ, **command.env}
-    ranks = subprocess.Popen(command.argv, env=env, start_new_session=True)
+    env = {"OMP_NUM_THREADS": "1", **os.environ, **command.env, START_GATE_ENV: str(gate_read)}
+    ranks = subprocess.Popen(command.argv, env=env, start_new_session=True, pass_fds=(gate_read,))
+    os.close(gate_read)
     received: list[int] = []
+    gate_open = False
 
     def forward(signum: int, _frame: Any) -> None:
+        if not gate_open:  # no rank has started: stop here, as Ctrl-C does, with nothing written
+            raise KeyboardInterrupt
         received.append(signum)
         # A second Ctrl-C means "stop now"; SIGTERM and SIGUSR1 ask the ranks to checkpoint and stop.
         interrupts = received.count(signal.SIGINT)
@@ -139,16 +137,29 @@ def launch(run: ResolvedRun, verbosity: str = "normal") -> Outcome:
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
+        with os.fdopen(gate_write, "wb") as gate:
+            try:
+                checking.wait()
+                write_run_files(run, accelerate, verbosity)
+                if machine_rank(run) == 0:
+                    _clear_previous_outcome(run_dir)
+                    try_write_json(run_dir.run_record, _run_record(run, accelerate))
+            except BaseException:
+                os.killpg(ranks.pid, signal.SIGKILL)  # only the agent so far: no rank has started
+                ranks.wait()
+                raise
+            gate_open = True
+            gate.write(START_GATE)
         code = ranks.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     code = 128 - code if code < 0 else code
-    result = outcome(run_dir, code, received, time.monotonic() - started)
+    result = outcome(run_dir, code, received, time.monotonic() - started, needs)
     if machine_rank(run) == 0:
-        record = _read_json(run_dir.run_record) or {}
+        record = read_json(run_dir.run_record) or {}
         record.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), status=result.status,
                       exit_code=result.exit_code, wall_seconds=round(result.wall_seconds, 1),
-                      ranks=[_read_json(path) for path in run_dir.rank_records()])
-        _write_atomic(run_dir.run_record, json.dumps(record, indent=2) + "\n")
+                      ranks=[read_json(path) for path in run_dir.rank_records()])
+        try_write_json(run_dir.run_record, record)  # on a full disk the error line says it all
     return result

@@ -15,12 +15,13 @@ Nothing here imports torch, transformers, deepspeed or accelerate.
   `train_sequence`, `gradient_checkpointing`, `element_bytes`, `attention` (attn_implementation), `liger`
   (use_liger_kernel), `logits` (how the trainer scores tokens: `sequence_copies`, `completion_copies`,
   `fused_head`).
-- `configurations`: one object per candidate: `label`, `gather`, `lora` (adapters on the trained models, frozen
-  base, no reference copy), `offload_optimizer`, `offload_params`,
+- `configurations`: one object per candidate: `label`, `gather`, `gather_budget` (a budget's text, or null),
+  `lora` (adapters on the trained models, frozen base, no reference copy), `offload_optimizer`, `offload_params`,
   `components` (row name -> GPU bytes), `phases` (`static`, `generation`, `training`, `step` -> the GPU bytes
   of their rows), `peak_gpu` (bytes: static rows + the largest of the generation, training and optimizer-step
-  rows), `cpu_per_machine` (bytes of offloaded states), `fits`, `chosen` (the
-  run's own).
+  rows), `cpu_per_machine` (bytes of offloaded states), `fits`, `chosen` (the run's own).
+- `checkpoint_bytes`: one checkpoint on disk, every trained model's weights and optimizer states.
 - `reason`: one line on the chosen configuration; `suggestions`: what would fit when it does not;
-  `notes`: caveats (an architecture counted approximately).
+  `notes`: caveats (an architecture counted approximately); `largest_generation_batch`: the most sequences one
+  GPU can generate together with the chosen configuration (null: not even one).
 """

@@ -2,14 +2,16 @@
 
 Candidates: gather / no-gather x offload none / optimizer to CPU / optimizer and parameters to CPU, the same
 with LoRA (offload none / optimizer and parameters: the optimizer states are the adapters', so offloading them
-alone saves little), plus the run's own configuration when it is none of these (NVMe offload). Planning never
-raises for a model it cannot size: the plan is then `unknown` with the reason, and only `gather: auto` fails.
+alone saves little), plus the run's own configuration when it is none of these (a gather budget, NVMe offload).
+`gather: auto` takes gather when it fits, else the largest gather budget that fits. Planning never raises for a
+model it cannot size: the plan is then `unknown` with the reason, and only `gather: auto` fails.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 from typing import Any
 
 from rlhf_cli.algorithms import algorithm
@@ -17,6 +19,7 @@ from rlhf_cli.config.accelerate import is_zero3
 from rlhf_cli.config.resolve import ResolvedRun
 from rlhf_cli.errors import PlanError
 from rlhf_cli.hub import ModelConfigUnavailable, read_config
+from rlhf_cli.gather_budget import Budget, parse_budget, ranked
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.gpus import Hardware, detect_hardware
 from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, TRAINING, Component
@@ -28,6 +31,7 @@ from rlhf_cli.sizes import SizeError, gib, parse_size
 OFFLOADS = (("none", "none"), ("cpu", "none"), ("cpu", "cpu"))  # (optimizer, parameters)
 LORA_OFFLOADS = (("none", "none"), ("cpu", "cpu"))
 MAX_MACHINES_SEARCHED = 256
+MAX_GENERATION_BATCH = 1 << 16  # sequences per GPU: the search for the largest generation batch stops there
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,12 @@ class Candidate:
     gather: bool
     offload_optimizer: str
     offload_params: str
+    budget: Budget | None = None  # without gathering: a gather budget of part of the policy
     lora: bool = False  # LoRA on the trained models: frozen base shards, adapters trained, no reference copy
+
+    @property
+    def mode(self) -> str:
+        return "gather" if self.gather else f"budget {self.budget}" if self.budget else "no-gather"
 
     @property
     def label(self) -> str:
@@ -45,7 +54,7 @@ class Candidate:
         else:
             offload = ", ".join(f"{what}->{where}" for what, where in (("optimizer", optimizer), ("params", params))
                                 if where != "none")
-        return f"{'LoRA, ' if self.lora else ''}{'gather' if self.gather else 'no-gather'}, {offload}"
+        return f"{'LoRA, ' if self.lora else ''}{self.mode}, {offload}"
 
     @property
     def offload_short(self) -> str:
@@ -89,13 +98,25 @@ class Plan:
     reason: str = ""
     suggestions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    largest_generation_batch: int | None = None  # per GPU, with the run's own configuration; None: not even 1
 
     @property
     def chosen(self) -> Column | None:
         return next((column for column in self.columns if column.chosen), None)
 
+    @property
+    def checkpoint_bytes(self) -> int | None:
+        """Bytes of one checkpoint on disk (every trained model's weights and optimizer states, or with LoRA its
+        adapters'); None: unknown."""
+        if not self.known:
+            return None
+        assert self.work is not None
+        lora = self.chosen is not None and self.chosen.candidate.lora
+        return sum(memory.checkpoint_bytes(role.adapter.params if lora and role.adapter else role.size.params,
+                                           self.work.element_bytes) for role in self.roles if role.trained)
+
     def column(self, gather: bool, offload_optimizer: str, offload_params: str, lora: bool = False) -> Column | None:
-        wanted = Candidate(gather, offload_optimizer, offload_params, lora)
+        wanted = Candidate(gather, offload_optimizer, offload_params, lora=lora)
         return next((column for column in self.columns if column.candidate == wanted), None)
 
     def as_dict(self) -> dict[str, Any]:
@@ -113,13 +134,16 @@ class Plan:
                        for role in self.roles},
             "workload": self.work.as_dict(),
             "configurations": [
-                {"label": c.candidate.label, "gather": c.candidate.gather, "lora": c.candidate.lora,
+                {"label": c.candidate.label, "gather": c.candidate.gather,
+                 "gather_budget": str(c.candidate.budget) if c.candidate.budget else None, "lora": c.candidate.lora,
                  "offload_optimizer": c.candidate.offload_optimizer, "offload_params": c.candidate.offload_params,
                  "components": {part.name: part.gpu for part in c.components},
                  "phases": memory.phase_totals(c.components),
                  "peak_gpu": c.peak, "cpu_per_machine": c.cpu_per_machine, "fits": c.fits, "chosen": c.chosen}
                 for c in self.columns],
+            "checkpoint_bytes": self.checkpoint_bytes,
             "reason": self.reason, "suggestions": self.suggestions, "notes": self.notes,
+            "largest_generation_batch": self.largest_generation_batch,
         }
 
 
@@ -233,8 +257,7 @@ def components(inputs: _Inputs, candidate: Candidate) -> list[Component]:
     largest = max(role.size.largest_layer for role in trained)
     trained_params = sum(adapter.params for adapter in adapters) if candidate.lora else engine
     largest_trained = max(adapter.largest for adapter in adapters) if candidate.lora else largest
-    rows.append(Component("gen weights", GENERATION, memory.generation_weights(
-        engine, size_bytes, candidate.gather, inputs.max_live, largest)))
+    rows.append(Component("gen weights", GENERATION, _generation_weights(inputs, candidate, engine, largest)))
     rows.append(Component("gen KV cache", GENERATION, memory.kv_cache(
         policy, work.generation_batch, work.prompt_length + work.completion_length, size_bytes)))
     rows.append(Component("train live params", TRAINING, memory.training_parameters(
@@ -250,6 +273,16 @@ def components(inputs: _Inputs, candidate: Candidate) -> list[Component]:
     rows.append(Component("step fp32 grads", STEP, memory.optimizer_step(
         trained_params, largest_trained, size_bytes, hw.total_gpus, optimizer_offloaded)))
     return rows
+
+
+def _generation_weights(inputs: _Inputs, candidate: Candidate, engine: int, largest: int) -> int:
+    """The `gen weights` row: the whole policy gathered, a gather budget's units plus what ZeRO-3 keeps live of the
+    rest, or only what ZeRO-3 keeps live."""
+    size_bytes, policy = inputs.work.element_bytes, inputs.roles[0].size
+    if candidate.budget is None:
+        return memory.generation_weights(engine, size_bytes, candidate.gather, inputs.max_live, largest)
+    return memory.gather_budget(policy.units, candidate.budget.numel(policy.params, size_bytes), engine, size_bytes,
+                                inputs.max_live, largest)
 
 
 def _column(inputs: _Inputs, candidate: Candidate, chosen: bool) -> Column:
@@ -273,7 +306,12 @@ def _largest_fitting(inputs: _Inputs, candidate: Candidate, name: str) -> int | 
         work = workload(inputs.algorithm, value, inputs.hardware.total_gpus, inputs.roles[0].size.max_positions)
         return _fits(replace(inputs, work=work), candidate)
 
-    low, high = 0, current - 1  # the answer lies in low..high; low is 0 or a value that fits
+    return _largest(fits_with, current - 1)
+
+
+def _largest(fits_with: Callable[[int], bool], high: int) -> int | None:
+    """The largest number from 1 to `high` that fits, when fitting only gets harder as the number grows."""
+    low = 0  # the answer lies in low..high; low is 0 or a number that fits
     while low < high:
         middle = (low + high + 1) // 2
         if fits_with(middle):
@@ -315,14 +353,43 @@ def suggestions(inputs: _Inputs, columns: list[Column], candidate: Candidate) ->
 
 def _run_candidate(run: ResolvedRun, gather: bool) -> Candidate:
     deepspeed = run.accelerate.get("deepspeed_config") or {}
+    given = run.value("gather_budget")
+    budget = parse_budget(given) if given is not None and not gather else None  # resolution checked it
     return Candidate(gather, deepspeed.get("offload_optimizer_device") or "none",
-                     deepspeed.get("offload_param_device") or "none", bool(run.value("use_peft")))
+                     deepspeed.get("offload_param_device") or "none", budget if budget and not budget.nothing else None,
+                     lora=bool(run.value("use_peft")))
+
+
+def _largest_budget(inputs: _Inputs, gathered: Candidate) -> Candidate:
+    """`gather: auto`'s choice: gather when it fits, else the largest gather budget that fits (the policy's units
+    bought in order until one more does not fit), else no-gather."""
+    if _fits(inputs, gathered):
+        return gathered
+    policy = inputs.roles[0].size
+    sharded = replace(gathered, gather=False)
+    bought = list(accumulate(policy.units[index].numel for index in ranked(policy.units)))[:-1]
+    for numel in reversed(bought):  # all units but the last: a budget of the whole policy is gathering
+        candidate = replace(sharded, budget=Budget(fraction=(numel + 0.5) / policy.params))
+        if _fits(inputs, candidate):
+            return candidate
+    return sharded
+
+
+def _largest_generation_batch(inputs: _Inputs, candidate: Candidate) -> int | None:
+    """The most sequences one GPU can generate together with `candidate` (the KV cache grows with them)."""
+    def fits_with(batch: int) -> bool:
+        return _fits(replace(inputs, work=replace(inputs.work, generation_batch=batch)), candidate)
+
+    return _largest(fits_with, MAX_GENERATION_BATCH)
 
 
 def _describe(column: Column, gpu_memory: int) -> str:
-    doing = "gathering" if column.candidate.gather else "generating from shards"
+    candidate = column.candidate
+    doing = "gathering" if candidate.gather else \
+        f"gathering {candidate.budget} of the policy, the rest from shards" if candidate.budget else \
+        "generating from shards"
     verdict = "fits" if column.fits else "does not fit"
-    return (f"{doing} ({column.candidate.label}) needs {gib(column.peak)} of {gib(gpu_memory)} per GPU: {verdict} "
+    return (f"{doing} ({candidate.label}) needs {gib(column.peak)} of {gib(gpu_memory)} per GPU: {verdict} "
             f"with a {memory.MARGIN:.0%} margin")
 
 
@@ -334,11 +401,11 @@ def plan_run(run: ResolvedRun) -> Plan:
     gather = run.value("ds3_gather_for_generation")
     own = [_run_candidate(run, True), _run_candidate(run, False)] if gather == "auto" else \
         [_run_candidate(run, bool(gather))]
+    chosen = own[0] if len(own) == 1 else _largest_budget(inputs, own[0])
     candidates = [Candidate(g, optimizer, params) for g in (True, False) for optimizer, params in OFFLOADS]
     candidates += [Candidate(g, optimizer, params, lora=True) for g in (True, False)
                    for optimizer, params in LORA_OFFLOADS]
-    candidates += [c for c in own if c not in candidates]
-    chosen = own[0] if len(own) == 1 else (own[0] if _fits(inputs, own[0]) else own[1])
+    candidates += [c for c in dict.fromkeys((*own, chosen)) if c not in candidates]
     columns = [_column(inputs, candidate, candidate == chosen) for candidate in candidates]
     mine = next(column for column in columns if column.chosen)
     notes = [f"{role.name} ({role.path}): unknown architecture, counted as a llama-like decoder"
@@ -347,7 +414,8 @@ def plan_run(run: ResolvedRun) -> Plan:
               for role in inputs.roles if role.adapter and role.adapter.approximate and not role.size.approximate]
     return Plan(True, hardware=inputs.hardware, roles=inputs.roles, work=inputs.work, columns=columns,
                 reason=_describe(mine, inputs.hardware.gpu_memory),
-                suggestions=[] if mine.fits else suggestions(inputs, columns, chosen), notes=notes)
+                suggestions=[] if mine.fits else suggestions(inputs, columns, chosen), notes=notes,
+                largest_generation_batch=_largest_generation_batch(inputs, chosen))
 
 
 def planned(run: ResolvedRun) -> tuple[ResolvedRun, Plan]:
@@ -357,8 +425,8 @@ def planned(run: ResolvedRun) -> tuple[ResolvedRun, Plan]:
 
 
 def settle_gather(run: ResolvedRun, plan: Plan) -> ResolvedRun:
-    """`gather: auto` becomes true or false: the plan's choice (gather when it fits with the margin, else
-    no-gather), with the reason as the value's source. Errors name the fix."""
+    """`gather: auto` becomes true or false: the plan's choice (gather when it fits with the margin, else the
+    largest gather budget that fits, else no-gather), with the reason as the value's source. Errors name the fix."""
     if run.value("ds3_gather_for_generation") != "auto":
         return run
     if not plan.known:
@@ -374,7 +442,10 @@ def settle_gather(run: ResolvedRun, plan: Plan) -> ResolvedRun:
         what = "; ".join(plan.suggestions)
         raise PlanError(f"gather: auto: neither fits: gathering needs {gib(gathered.peak)} and generating from shards "
                         f"{gib(sharded.peak)} of {memory_text} per GPU ({memory.MARGIN:.0%} margin). {what}")
-    gather = plan.chosen.candidate.gather
+    chosen = plan.chosen.candidate
     why = f"gathering needs {gib(gathered.peak)} of {memory_text}"
-    return run.with_setting("ds3_gather_for_generation", gather, f"rlhf plan: {why}",
-                            f"gather: auto -> {'gather' if gather else 'no-gather'}; {why}")
+    if chosen.budget is not None:
+        why += f"; gathering {chosen.budget} of the policy needs {gib(plan.chosen.peak)}"
+        run = run.with_setting("gather_budget", chosen.budget.fraction, f"rlhf plan: {why}")
+    return run.with_setting("ds3_gather_for_generation", chosen.gather, f"rlhf plan: {why}",
+                            f"gather: auto -> {chosen.mode}; {why}")

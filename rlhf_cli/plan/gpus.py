@@ -8,9 +8,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
-from rlhf_cli.sizes import gib
+from rlhf_cli.sizes import gib, meminfo
 
 
 @dataclass(frozen=True)
@@ -45,14 +44,8 @@ def nvidia_gpu_memory() -> list[int]:
     return [int(float(row[0])) * 2**20 for row in nvidia_smi("memory.total")]
 
 
-def available_ram(meminfo: Path = Path("/proc/meminfo")) -> int | None:
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+def available_ram() -> int | None:
+    return meminfo("MemAvailable")
 
 
 def detect_hardware(gpu_memory: int | None, processes: int, machines: int) -> Hardware | str:

@@ -36,8 +36,10 @@ Weights: gathering for generation materialises the whole policy, P x b (for PPO 
 are one DeepSpeed engine). Otherwise DeepSpeed prefetches only within what is left of
 stage3_max_live_parameters (`max_params_to_prefetch` in its parameter coordinator), while the module being
 run is fetched whatever the budget: min(P, max_live + L) x b, in generation and in training alike
-(measured on a 100M model: benchmarks/). Training adds the gradient of the module being reduced, L x b:
-ZeRO-3 materialises each module's whole gradient before it reduce-scatters it.
+(measured on a 100M model: benchmarks/). With a gather budget, the units it buys (rlhf_cli/gather_budget.py;
+B parameters) plus that bound for the rest: B x b + min(P - B, max_live + L) x b. Training adds the gradient
+of the module being reduced, L x b: ZeRO-3 materialises each module's whole gradient before it reduce-scatters
+it.
 
 KV cache: layers x 2 x kv x batch x (prompt + completion) x b.
 
@@ -102,6 +104,9 @@ rlhf_cli/rank/lora.py; A the adapter's parameters, counted from config.json in r
   b bytes); without dropout the input itself, once per tensor adapted modules read;
 - a frozen LM head gets no weight gradient from TRL's fused head (its backward checks `needs_input_grad`).
 
+A checkpoint on disk, summed over ranks: each trained model's weights as saved (P x b) and its optimizer
+states (the fp32 master copy and Adam's two moments: 12 bytes per parameter).
+
 Not counted: the allocator's fragmentation and caching, vLLM, mixture-of-experts routing, the generation's
 transient logits, Adam's temporaries (transformers' default is the fused AdamW: none), and adapter matrices
 below stage3_param_persistence_threshold, which ZeRO-3 keeps whole on every GPU (at most A x b).
@@ -114,6 +119,7 @@ from dataclasses import dataclass
 
 from rlhf_cli.algorithms.spec import LogitsModel
 from rlhf_cli.architectures import ATTENTION_OUTPUT, Module
+from rlhf_cli.gather_budget import Unit, choose
 from rlhf_cli.plan.models import Adapter, ModelSize
 
 GIB = 2**30
@@ -152,6 +158,14 @@ def optimizer_step(params: int, largest_layer: int, element_bytes: int, total_gp
     return sub_group * (4 + (element_bytes if element_bytes < 4 else 0))
 
 
+OPTIMIZER_STATE_BYTES = 12  # per parameter: fp32 master weights, Adam's exp_avg and exp_avg_sq
+
+
+def checkpoint_bytes(params: int, element_bytes: int) -> int:
+    """Bytes one checkpoint of a trained model takes on disk: its weights and its optimizer states."""
+    return params * (element_bytes + OPTIMIZER_STATE_BYTES)
+
+
 def frozen_shard(params: int, element_bytes: int, total_gpus: int) -> int:
     return params * element_bytes // total_gpus
 
@@ -159,6 +173,14 @@ def frozen_shard(params: int, element_bytes: int, total_gpus: int) -> int:
 def generation_weights(params: int, element_bytes: int, gather: bool, max_live: int, largest_layer: int) -> int:
     """Policy bytes present on a GPU while generating: all of it gathered, else what ZeRO-3 keeps live."""
     return params * element_bytes if gather else live_parameters(params, element_bytes, max_live, largest_layer)
+
+
+def gather_budget(units: Sequence[Unit], budget_numel: int, params: int, element_bytes: int, max_live: int,
+                  largest_layer: int) -> int:
+    """Policy bytes present on a GPU while generating with a gather budget: the units it buys, gathered once for
+    the call, plus what ZeRO-3 keeps live of the rest, as without gathering."""
+    gathered = sum(units[index].numel for index in choose(units, budget_numel))
+    return gathered * element_bytes + live_parameters(params - gathered, element_bytes, max_live, largest_layer)
 
 
 def live_parameters(params: int, element_bytes: int, max_live: int, largest_layer: int) -> int:

@@ -13,9 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhf_cli.architectures import LAYER, Module, architecture, default_targets, targeted
+from rlhf_cli.gather_budget import Unit
 from rlhf_cli.hub import ModelConfigUnavailable
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
+# Modules of a decoder layer that hold no parameter themselves (the layer, attention, MLP, activation, dropouts):
+# ZeRO-3 hooks them too. llama-like: 4.
+PARAMETERLESS_PER_LAYER = {"gpt2": 7, "gpt_neox": 6}
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,7 @@ class ModelSize:
     qk_norm: bool = False  # RMSNorm of each head's queries and keys (qwen3)
     max_positions: int | None = None  # longest sequence the model takes, when its config says
     approximate: bool = False  # an architecture we do not know: counted as a llama-like decoder
+    units: tuple[Unit, ...] = ()  # what a gather budget can buy of a causal LM (rlhf_cli/gather_budget.py)
 
 
 @dataclass(frozen=True)
@@ -116,9 +121,11 @@ def model_size(config: dict[str, Any], *, sequence_classifier: bool = False, num
     params = sum(layout.embeddings) + layers * sum(layout.per_layer) + sum(layout.final) + layout.head
     largest = max(*layout.embeddings, *layout.per_layer, *layout.final, layout.head)
     max_positions = config.get("n_positions" if model_type == "gpt2" else "max_position_embeddings")
+    units = () if sequence_classifier else _units(layout, layers, PARAMETERLESS_PER_LAYER.get(model_type, 4))
     return ModelSize(params, largest, layers, hidden, heads, kv_heads, head_dim, vocab, intermediate,
                      gated_mlp=model_type not in ("gpt2", "gpt_neox"), qk_norm=model_type == "qwen3",
-                     max_positions=max_positions, approximate=model_type not in ("gpt2", "gpt_neox", *LLAMA_LIKE))
+                     max_positions=max_positions, approximate=model_type not in ("gpt2", "gpt_neox", *LLAMA_LIKE),
+                     units=units)
 
 
 @dataclass(frozen=True)
@@ -170,3 +177,14 @@ def adapter_size(config: dict[str, Any], lora: LoraSettings, *, sequence_classif
                    copies=tuple(module for module in copies if LAYER not in module.path),
                    head_trained=any(module.path == arch.output_layer for module in copies),
                    approximate=approximate)
+
+
+def _units(layout: _Layout, layers: int, parameterless: int) -> tuple[Unit, ...]:
+    """A causal LM's units in the order the ranks find them (rlhf_cli.rank.zero3.policy_units): the decoder
+    layers, then the embeddings (the first with the LM head when they are tied), the final norms, the LM head."""
+    layer = Unit("decoder layer", sum(layout.per_layer), len(layout.per_layer) + parameterless)
+    tied = layout.head == 0
+    embeddings = [Unit("embedding + LM head" if tied and index == 0 else "embedding", numel, 1 + (tied and index == 0))
+                  for index, numel in enumerate(layout.embeddings)]
+    final = [Unit("final norm", numel, 1) for numel in layout.final]
+    return (*[layer] * layers, *embeddings, *final, *([] if tied else [Unit("LM head", layout.head, 1)]))

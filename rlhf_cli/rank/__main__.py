@@ -22,29 +22,37 @@ def main(argv: list[str]) -> int:
     from rlhf_cli.rank.lifecycle import (
         CheckpointAndStop,
         CompleteCheckpoints,
+        MovesAndPhases,
         StopRequest,
         failures_recorded,
         global_rank,
         write_preempted,
     )
     from rlhf_cli.rank.progress import output_mode, quiet_libraries, use_progress
+    from rlhf_cli.rank.watch import Watch, count_progress
+    from rlhf_cli.run_dir import RunDir
 
     stop = StopRequest(output_dir)
     stop.install()  # before loading models: a job can be preempted while it loads
+    # Started before loading too: a rank lost while the others load stops them as well.
+    watch = Watch(RunDir(output_dir), float(inputs.launch_value("stall_timeout"))).start()
     with failures_recorded(output_dir):
+        count_progress()  # before DeepSpeed and accelerate take references to torch's collectives
         quiet_libraries(output_mode(), is_rank_zero=global_rank() == 0)
         from rlhf_cli.algorithms import algorithm
         from rlhf_cli.algorithms.spec import load_object
         from rlhf_cli.rank.lora import save_merged_model
         from rlhf_cli.rank.record import write_rank_record, write_summary
-        from rlhf_cli.rank.zero3 import install_no_gather_fix
+        from rlhf_cli.rank.zero3 import install_generation_context
 
-        install_no_gather_fix(required=inputs.trainer.get("ds3_gather_for_generation") is False)
+        install_generation_context(required=inputs.trainer.get("ds3_gather_for_generation") is False,
+                                   budget=inputs.gather_budget())
         trainer = load_object(algorithm(name).builder)(inputs)
         use_progress(trainer, name)
         stopper = CheckpointAndStop(stop, trainer.accelerator)
         trainer.add_callback(stopper)
         trainer.add_callback(CompleteCheckpoints(trainer.accelerator))
+        trainer.add_callback(MovesAndPhases())  # last: it sees the saves the callbacks above ask for
         trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
         write_rank_record(trainer)
         if stopper.stopped_at is not None:
@@ -62,6 +70,7 @@ def main(argv: list[str]) -> int:
         # Destroys the process group while the interpreter is whole: left to interpreter teardown, gloo's
         # worker threads abort a finished rank now and then ("terminate called without an active exception").
         trainer.accelerator.end_training()
+    watch.finish()
     return exit_code
 
 

@@ -23,9 +23,19 @@ def _config(config_class: type, inputs: RankInputs, **extra: Any) -> Any:
     return config
 
 
+def _note_causal_lm_reward(inputs: RankInputs) -> None:
+    """TRL loads a reward model path as a sequence classifier: say when its score head starts untrained."""
+    from rlhf_cli.rank.models import note_untrained_head
+
+    path = inputs.script_value("reward_model_name_or_path")
+    if path:
+        note_untrained_head(path, "reward model", inputs.model_init_kwargs().get("revision"))
+
+
 def _build_generating(config_class: type, trainer_class: type, inputs: RankInputs) -> Any:
     """TRL's generating trainers that load the policy (and a reference, when beta is not 0) from its path."""
     config = _config(config_class, inputs)
+    _note_causal_lm_reward(inputs)
     train, evaluation = load_prompts(inputs)
     return trainer_class(model=inputs.model_value("model_name_or_path"), reward_funcs=reward_funcs(inputs),
                          args=config, train_dataset=train, eval_dataset=evaluation, peft_config=peft_config(inputs))
@@ -49,6 +59,7 @@ def build_online_dpo(inputs: RankInputs) -> Any:
 
     # The trainer loads the policy with device_map="auto" unless told otherwise, which ZeRO-3 refuses.
     config = _config(OnlineDPOConfig, inputs, device_map=None)
+    _note_causal_lm_reward(inputs)
     model_path = inputs.model_value("model_name_or_path")
     init_kwargs = {k: v for k, v in config.model_init_kwargs.items() if v is not None}
     # Under ZeRO-3 the trainer cannot copy a sharded policy into a reference model: load one, after the
@@ -64,13 +75,14 @@ def build_online_dpo(inputs: RankInputs) -> Any:
 
 
 def _tokenize_prompts(dataset: Any, tokenizer: Any) -> Any:
-    """Prompt token ids; chat-formatted prompts go through the tokenizer's chat template."""
+    """Prompt token ids; chat-formatted prompts go through the tokenizer's chat template (which writes any BOS
+    itself), plain text gets the tokenizer's own special tokens (BOS for Llama 3, Mistral, Gemma)."""
     def encode(row: dict[str, Any]) -> dict[str, Any]:
         prompt = row["prompt"]
         if isinstance(prompt, list):
             return {"input_ids": tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
                                                                return_dict=False)}
-        return {"input_ids": tokenizer(prompt, add_special_tokens=False).input_ids}
+        return {"input_ids": tokenizer(prompt).input_ids}
 
     return dataset.map(encode, remove_columns=dataset.column_names)
 
@@ -78,6 +90,7 @@ def _tokenize_prompts(dataset: Any, tokenizer: Any) -> Any:
 def build_ppo(inputs: RankInputs) -> Any:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+    from rlhf_cli.rank.models import add_pad_token, fit_embeddings, note_untrained_head, say
     from rlhf_cli.rank.ppo.config import PPOConfig
     from rlhf_cli.rank.ppo.trainer import PPOTrainer
 
@@ -87,14 +100,25 @@ def build_ppo(inputs: RankInputs) -> Any:
     reward_path = inputs.script_value("reward_model_name_or_path")
     # Loaded after the config exists, so that ZeRO-3 partitions each model as it loads.
     tokenizer = AutoTokenizer.from_pretrained(policy_path, padding_side="left", revision=init_kwargs.get("revision"))
+    pad_added = add_pad_token(tokenizer)
     policy = AutoModelForCausalLM.from_pretrained(policy_path, **init_kwargs)
     # With LoRA the reference is the policy with its adapters disabled: no second copy.
     reference = None if inputs.model_value("use_peft") else AutoModelForCausalLM.from_pretrained(policy_path,
                                                                                                **init_kwargs)
-    reward = AutoModelForSequenceClassification.from_pretrained(reward_path, num_labels=1, **init_kwargs) \
-        if reward_path else None
-    value = AutoModelForSequenceClassification.from_pretrained(
-        config.value_model_name_or_path or reward_path or policy_path, num_labels=1, **init_kwargs)
+    for model in (policy, reference):
+        if model is not None:
+            fit_embeddings(model, tokenizer, config.seed)
+    if pad_added:
+        say(f"the tokenizer of {policy_path} has no pad token of its own: added {tokenizer.pad_token!r} "
+            f"(id {tokenizer.pad_token_id})")
+    reward = None
+    if reward_path:
+        note_untrained_head(reward_path, "reward model", init_kwargs.get("revision"))
+        reward = AutoModelForSequenceClassification.from_pretrained(reward_path, num_labels=1, **init_kwargs)
+    value_path = config.value_model_name_or_path or reward_path or policy_path
+    if config.value_model_name_or_path or reward_path:  # started from the policy, a new head is expected
+        note_untrained_head(value_path, "value model", init_kwargs.get("revision"))
+    value = AutoModelForSequenceClassification.from_pretrained(value_path, num_labels=1, **init_kwargs)
     policy, value = adapt_ppo_models(policy, value, inputs)
     train, _ = load_prompts(inputs)
     return PPOTrainer(args=config, processing_class=tokenizer, policy=policy, ref_policy=reference,

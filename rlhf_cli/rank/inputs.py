@@ -14,6 +14,7 @@ import yaml
 
 from rlhf_cli.config.fields import catalogue
 from rlhf_cli.config.resolve import DATA_SUFFIXES
+from rlhf_cli.gather_budget import Budget, parse_budget
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class RankInputs:
     model: dict[str, Any]
     trainer: dict[str, Any]
     zero3: dict[str, Any]
+    launch: dict[str, Any]
 
     @classmethod
     def read(cls, algorithm: str, recipe_path: Path) -> RankInputs:
@@ -36,10 +38,18 @@ class RankInputs:
         groups: dict[str, dict[str, Any]] = {"script": {}, "model": {}, "trainer": {}, "zero3": {}, "launch": {}}
         for name, value in values.items():
             groups[fields[name].group][name] = value
-        return cls(algorithm, groups["script"], groups["model"], groups["trainer"], groups["zero3"])
+        return cls(algorithm, groups["script"], groups["model"], groups["trainer"], groups["zero3"], groups["launch"])
+
+    def gather_budget(self) -> Budget | None:
+        """The budget to gather for each generation call, when the recipe sets one (resolution checked it)."""
+        value = self.launch.get("gather_budget")
+        return None if value is None else parse_budget(value)
 
     def script_value(self, name: str) -> Any:
         return self.script.get(name, catalogue(self.algorithm)[name].default)
+
+    def launch_value(self, name: str) -> Any:
+        return self.launch.get(name, catalogue(self.algorithm)[name].default)
 
     def model_value(self, name: str) -> Any:
         return self.model.get(name, catalogue(self.algorithm)[name].default)

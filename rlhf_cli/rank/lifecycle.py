@@ -4,18 +4,18 @@ Preemption: SLURM (and `kill`) send SIGTERM or SIGUSR1 before killing a job. A r
 only notes it; at the end of the step every rank learns whether any rank got one (one all-reduce), so
 they all save the same checkpoint and stop together, then rank 0 leaves `preempted.json` for the launcher.
 
-Failure: the first rank to fail writes its traceback to `ranks/rank-N.error.json` and prints it; ranks
-that fail because of it (a peer gone mid-collective) record their error quietly and exit at once.
+Failure: a rank that raises writes its error and traceback to `ranks/rank-N.error.json`, raises the first-failure
+marker (the first to do so is the first failure) and exits; the launcher, which learns how every rank ended,
+prints the traceback of the one that caused it. Every other rank stops on seeing the marker (rlhf_cli.rank.watch).
 """
 
 from __future__ import annotations
 
+import errno
 import json
-import os
 import signal
 import socket
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -26,13 +26,16 @@ from typing import Any
 from transformers import TrainerCallback
 
 from rlhf_cli.checkpoints import write_manifest
-from rlhf_cli.run_dir import RunDir
+from rlhf_cli.rank.watch import (PROGRESS, SAVING, TRAINING, exit_now, global_rank, lost_a_rank,
+                                 stop_for_another_rank)
+from rlhf_cli.records import claim, marker_says, try_write_json, unwritable
+from rlhf_cli.run_dir import FAILED, RunDir
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-
-def global_rank() -> int:
-    return int(os.environ.get("RANK", "0"))
+# A failed write into the output dir, as the error says it: errno, or the text of libraries that keep no errno.
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+DISK_TEXTS = {"No space left on device": "no space left on device", "os error 28": "no space left on device",
+              "Disk quota exceeded": "disk quota exceeded", "Read-only file system": "read-only file system"}
 
 
 class StopRequest:
@@ -47,8 +50,9 @@ class StopRequest:
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        if RunDir(self.output_dir).first_failure.exists():
-            os._exit(1)  # another rank failed and the launcher is stopping us: nothing left to save
+        run_dir = RunDir(self.output_dir)
+        if marker_says(run_dir.first_failure) is not None or lost_a_rank(run_dir):
+            stop_for_another_rank(run_dir)  # stopped after a failure, not preempted: nothing left to save
         if self.signal_name is None and global_rank() == 0:
             print(f"rlhf: {signal.Signals(signum).name} received: saving a checkpoint after this step, then stopping",
                   file=sys.stderr, flush=True)
@@ -95,48 +99,66 @@ def write_preempted(output_dir: Path, step: int, signal_name: str | None) -> Non
     run_dir.preempted.write_text(json.dumps(record, indent=2) + "\n")
 
 
-def _claim_first_failure(output_dir: Path) -> bool:
-    """True for exactly one failing rank: the first to create the marker (O_EXCL)."""
-    marker = RunDir(output_dir).first_failure
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    return True
+class MovesAndPhases(TrainerCallback):
+    """Tells the watch what the trainer does: each step, log and save is a move; a save is busy (rlhf_cli.rank.watch).
+    Added last, so that it sees a save asked for by any callback before it."""
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        PROGRESS.phase = TRAINING
+        PROGRESS.move()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        PROGRESS.move()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        PROGRESS.move()
+        if control.should_save:
+            PROGRESS.phase = SAVING
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        if control.should_save:
+            PROGRESS.phase = SAVING
+
+    def on_log(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        PROGRESS.move()
+
+    def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        PROGRESS.phase = TRAINING
+        PROGRESS.move()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        PROGRESS.phase = SAVING  # the final model and state, then the last barrier
 
 
-def _stop_when_another_rank_fails(output_dir: Path, interval_s: float) -> None:
-    """A rank blocked in a collective whose peer died may wait for NCCL's timeout (30 minutes by default),
-    on another machine too. The first failure's marker sits in the shared output dir: seeing it, exit."""
-    marker = RunDir(output_dir).first_failure
-
-    def watch() -> None:
-        while not marker.exists():
-            time.sleep(interval_s)
-        time.sleep(interval_s)  # the failing rank writes its record and exits first
-        os._exit(1)
-
-    threading.Thread(target=watch, name="rlhf-failure-watch", daemon=True).start()
+def disk_error(error: BaseException, output_dir: Path) -> str | None:
+    """Why writing failed, when `error` (or one it came from) says the disk is full or read-only, or when the output
+    dir takes no more writes: torch.save on a full disk says only "iostream error" or "unexpected pos"."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in DISK_ERRNOS:
+            return (seen.strerror or str(seen)).lower()
+        found = next((what for text, what in DISK_TEXTS.items() if text in str(seen)), None)
+        if found:
+            return found
+        seen = seen.__cause__ or seen.__context__
+    return unwritable(output_dir)
 
 
 @contextmanager
-def failures_recorded(output_dir: Path, watch_interval_s: float = 2.0) -> Iterator[None]:
-    """Turn an exception on this rank into an error record, one printed traceback per job, and exit 1.
-    Also ends this rank within a few seconds of any other rank's failure."""
-    _stop_when_another_rank_fails(output_dir, watch_interval_s)
+def failures_recorded(output_dir: Path) -> Iterator[None]:
+    """Turn an exception on this rank into its error record and the first-failure marker, and exit 1. The
+    launcher prints the traceback of the rank that caused the failure; a rank prints its own only when it could
+    not record it (and not for a full disk, which the launcher's line explains)."""
     try:
         yield
     except Exception as error:  # noqa: BLE001 - every failure of a rank ends the job the same way
         rank = global_rank()
-        first = _claim_first_failure(output_dir)
+        run_dir = RunDir(output_dir)
         text = traceback.format_exc()
-        record = {"rank": rank, "hostname": socket.gethostname(), "first": first,
-                  "type": type(error).__name__, "message": str(error).strip().splitlines()[0] if str(error) else "",
-                  "traceback": text, "time": time.time()}
-        RunDir(output_dir).rank_error(rank).write_text(json.dumps(record, indent=2) + "\n")
-        if first:
+        message = str(error).strip()
+        record = {"rank": rank, "hostname": socket.gethostname(), "first": claim(run_dir.first_failure, FAILED),
+                  "kind": "error", "type": type(error).__name__, "message": message.splitlines()[0] if message else "",
+                  "disk": disk_error(error, output_dir), "traceback": text, "time": time.time()}
+        if not try_write_json(run_dir.rank_error(rank), record) and not record["disk"]:
             print(f"rank {rank} on {record['hostname']} failed:\n{text}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)  # skip interpreter teardown: it can block in collectives whose peers are gone
+        exit_now(1)

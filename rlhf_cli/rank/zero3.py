@@ -10,17 +10,25 @@ hooks (`trl.models.utils.add_hooks`, TRL PR #4693); its no-gather path does noth
 TRL's private generation context (through `rlhf_cli.compat`), the one context manager through which
 every TRL trainer (and our PPO) generates, and invalidate the trace after each no-gather generation.
 Drop this module's fix once TRL invalidates the trace on its no-gather path too.
+
+The same wrapper spends the gather budget (`gather_budget`, rlhf_cli/gather_budget.py): on TRL's no-gather path it
+gathers the chosen units of the policy once per generation call and takes ZeRO-3's hooks off them, so that only
+the rest is fetched per token; at the end it leaves ZeRO-3 as a full gather does (units partitioned, hooks back,
+fetch trace invalidated).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from rlhf_cli import compat
+from rlhf_cli.gather_budget import Budget, Unit, choose
 from rlhf_cli.run_dir import PROBE_CUDA_MEMORY_ENV, PROBE_GENERATION_ENV, STOCK_TRL_ENV
 
 
@@ -36,8 +44,9 @@ class GenerationClock:
         return seconds
 
 
-def install_no_gather_fix(required: bool) -> None:
-    """Wrap TRL's generation context so that no-gather generation leaves no stale trace behind.
+def install_generation_context(required: bool, budget: Budget | None = None) -> None:
+    """Wrap TRL's generation context so that no-gather generation leaves no stale trace behind, and spends
+    `budget` (None or nothing: plain no-gather) when TRL generates without gathering.
 
     `required`: the run generates without gathering, so a TRL without the wrapped function is an error.
     """
@@ -48,17 +57,19 @@ def install_no_gather_fix(required: bool) -> None:
             return
         raise
     if getattr(original, "rlhf_no_gather_fix", False):
-        return
+        original = original.__wrapped__  # installed again (tests): the new budget replaces the old one
 
     @contextlib.contextmanager
     def unwrap_without_stale_trace(model: Any, accelerator: Any, gather_deepspeed3_params: bool = True,
                                    *args: Any, **kwargs: Any) -> Iterator[Any]:
         started = time.perf_counter()
         phases = PhaseMemory.current()
+        spend = None if gather_deepspeed3_params else budget  # gathering everything already
         with (phases.generating() if phases else contextlib.nullcontext(),
               _probe(model, gather_deepspeed3_params) as probe,  # around the gathering too
               original(model, accelerator, gather_deepspeed3_params, *args, **kwargs) as unwrapped,
-              probe.sampling(unwrapped)):
+              gathered_units(model, units := budget_units(model, generating_model(unwrapped), spend)),
+              probe.sampling(unwrapped, units)):
             yield unwrapped
         GenerationClock.seconds += time.perf_counter() - started
         # STOCK_TRL_ENV: the regression test shows the upstream bug is still there, so that we learn when this can go.
@@ -66,7 +77,107 @@ def install_no_gather_fix(required: bool) -> None:
             compat.invalidate_fetch_trace(model)
 
     unwrap_without_stale_trace.rlhf_no_gather_fix = True
+    unwrap_without_stale_trace.__wrapped__ = original
     compat.replace_trl_generation_context(unwrap_without_stale_trace)
+
+
+def generating_model(unwrapped: Any) -> Any:
+    """The module that generates: the unwrapped model itself, or the part it names (PPO's policy beside its
+    value model, both in one DeepSpeed engine)."""
+    return getattr(unwrapped, "generating_model", unwrapped)
+
+
+# -- gather budget ----------------------------------------------------------------------------------
+
+PINNED = -1  # in a gathered parameter's `ds_active_sub_modules` (module ids are >= 0): no hook may release it
+
+
+@dataclass(frozen=True)
+class ModuleUnit:
+    """One unit of the policy (rlhf_cli/gather_budget.py) as modules: gathered whole or not at all."""
+
+    unit: Unit
+    roots: tuple[Any, ...]  # each with all its submodules
+    params: tuple[Any, ...]
+
+    @property
+    def modules(self) -> list[Any]:
+        return [module for root in self.roots for module in root.modules()]
+
+
+def policy_units(model: Any) -> list[ModuleUnit]:
+    """The units of a generating model: each decoder layer (an element of its largest ModuleList) with all its
+    submodules, and each other module without submodules that holds parameters (embedding, LM head, final
+    norm). Units that share a parameter (an LM head tied to the embedding) are one: gathered apart, the hooks
+    of the one left would release the other's weight."""
+    import torch
+
+    lists = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList)]
+    layers = list(max(lists, key=lambda layer_list: sum(_numel(p) for p in layer_list.parameters()), default=[]))
+    inside = {id(module) for layer in layers for module in layer.modules()}
+    leaves = [module for module in model.modules() if id(module) not in inside
+              and next(module.children(), None) is None and next(module.parameters(recurse=False), None) is not None]
+    roots = [*layers, *leaves]
+    group = list(range(len(roots)))  # union-find over shared parameters
+
+    def find(index: int) -> int:
+        while group[index] != index:
+            index = group[index]
+        return index
+
+    owner: dict[int, int] = {}
+    for index, root in enumerate(roots):
+        for param in root.parameters():
+            group[find(index)] = find(owner.setdefault(id(param), index))
+    names = {id(module): name for name, module in model.named_modules()}
+    units = []
+    for leader in sorted({find(index) for index in range(len(roots))}):
+        members = tuple(root for index, root in enumerate(roots) if find(index) == leader)
+        params = tuple({id(p): p for root in members for p in root.parameters()}.values())
+        unit = Unit("+".join(names[id(root)] for root in members), sum(_numel(p) for p in params),
+                    sum(1 for root in members for _ in root.modules()))
+        units.append(ModuleUnit(unit, members, params))
+    return units
+
+
+def _numel(param: Any) -> int:
+    return getattr(param, "ds_numel", None) or param.numel()  # a ZeRO-3 parameter's own tensor is its shard
+
+
+def budget_units(engine: Any, model: Any, budget: Budget | None) -> list[ModuleUnit]:
+    """The units of `model` that `budget` buys (rlhf_cli/gather_budget.choose); none without a budget or ZeRO-3."""
+    if budget is None or budget.nothing or compat.zero3_parameter_offload(engine) is None:
+        return []
+    units = policy_units(model)
+    params = list(model.parameters())
+    total = sum(_numel(p) for p in params)
+    element_bytes = params[0].element_size() if params else 1
+    picked = choose([unit.unit for unit in units], budget.numel(total, element_bytes))
+    return [units[index] for index in picked]
+
+
+@contextlib.contextmanager
+def gathered_units(engine: Any, units: list[ModuleUnit]) -> Iterator[None]:
+    """Gather `units` once, and run them without ZeRO-3's hooks: no fetch, release or trace at each token, for
+    them. The rest is fetched per token as without gathering. At the end ZeRO-3 is as after a full gather: the
+    units partitioned again, their hooks back, the fetch trace invalidated."""
+    if not units:
+        yield
+        return
+    import deepspeed
+
+    params = [param for unit in units for param in unit.params]
+    with deepspeed.zero.GatheredParameters(params):
+        for param in params:
+            param.ds_active_sub_modules.add(PINNED)  # a hooked module sharing one (external parameters) keeps it
+        compat.remove_zero3_hooks(engine, [module for unit in units for module in unit.modules])
+        try:
+            yield
+        finally:
+            for param in params:
+                param.ds_active_sub_modules.clear()  # GatheredParameters refuses to free an active parameter
+            compat.register_zero3_hooks(engine, [root for unit in units for root in unit.roots])
+            compat.invalidate_fetch_trace(engine)
 
 
 def apply_zero3_settings(config: Any, knobs: dict[str, int]) -> None:
@@ -87,6 +198,8 @@ class GenerationProbe:
       layers being run and those prefetched. Their bytes count those still being gathered too.
     - all-gathers: every all-gather collective DeepSpeed's communication backend launches (with --gather
       one per partitioned tensor, all at entry; without it one per fetched group of tensors, every token).
+    - the units a gather budget gathered once for the call, and their bytes.
+    - a digest of each batch of sequences generated: runs that generate the same tokens record the same digests.
     - process memory: the largest resident set size above the one at entry, sampled by a thread.
     - wall time of the call, gathering and releasing included.
     """
@@ -103,6 +216,9 @@ class GenerationProbe:
         self.peak = 0
         self.peak_bytes = 0
         self.all_gathers = 0
+        self.units: list[str] = []  # gathered once by the gather budget
+        self.units_bytes = 0
+        self.completions: list[str] = []  # a digest of each batch of sequences generated (prompts included)
         self._collective_depth = 0  # a backend method calling another is one launch
 
     def sample(self, *_: Any) -> None:
@@ -112,16 +228,30 @@ class GenerationProbe:
         self.peak_bytes = max(self.peak_bytes, held)
 
     @contextlib.contextmanager
-    def sampling(self, module: Any) -> Iterator[None]:
-        """Sample the gathered parameters at every forward of `module`'s submodules."""
+    def sampling(self, module: Any, gathered: list[ModuleUnit]) -> Iterator[None]:
+        """Sample the gathered parameters at every forward of `module`'s submodules; note the units the gather
+        budget gathered once, and a digest of every batch of sequences generated."""
+        self.units = [unit.unit.name for unit in gathered]
+        self.units_bytes = sum(p.ds_numel * p.element_size() for unit in gathered for p in unit.params)
         self.sample()
         handles = []
         for submodule in module.modules():
             handles.append(submodule.register_forward_pre_hook(self.sample))
             handles.append(submodule.register_forward_hook(self.sample))
+        model = generating_model(module)
+        generate = model.generate
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            out = generate(*args, **kwargs)
+            sequences = getattr(out, "sequences", out)
+            self.completions.append(hashlib.sha256(sequences.cpu().numpy().tobytes()).hexdigest()[:16])
+            return out
+
+        model.generate = recorded  # an instance attribute, shadowing the class's method until deleted
         try:
             yield
         finally:
+            del model.generate
             for handle in handles:
                 handle.remove()
 
@@ -194,12 +324,14 @@ def _probe(model: Any, gather: bool) -> Iterator[Any]:
         GenerationProbe.calls.append({
             "gather": gather, "full_numel": probe.total, "peak_numel": probe.peak,
             "peak_fraction": probe.peak / probe.total, "peak_bytes": probe.peak_bytes, "full_bytes": probe.total_bytes,
-            "all_gathers": probe.all_gathers, "seconds": time.perf_counter() - started, **memory})
+            "all_gathers": probe.all_gathers, "seconds": time.perf_counter() - started,
+            "budget_units": probe.units, "budget_bytes": probe.units_bytes, "completions": probe.completions,
+            **memory})
 
 
 class _NoProbe:
     @contextlib.contextmanager
-    def sampling(self, module: Any) -> Iterator[None]:
+    def sampling(self, module: Any, gathered: list[ModuleUnit]) -> Iterator[None]:
         yield
 
 

@@ -15,9 +15,11 @@ class PPOConfig(TrainingArguments):
     value_model_name_or_path: str | None = field(
         default=None, metadata={"help": "Value model to start from; default: the reward model."})
     total_episodes: int | None = field(
-        default=None, metadata={"help": "Responses to train on in total; default: num_train_epochs x dataset size."})
+        default=None, metadata={"help": "Responses to train on in total; max_steps (updates) wins when set."})
     num_ppo_epochs: int = field(default=4, metadata={"help": "Passes over each batch of rollouts."})
-    num_mini_batches: int = field(default=1, metadata={"help": "Mini-batches each batch of rollouts is split into."})
+    num_mini_batches: int = field(default=1, metadata={
+        "help": "Mini-batches the rollouts of a process (per_device_train_batch_size x gradient_accumulation_steps) "
+                "are split into, one optimizer step each."})
     local_rollout_forward_batch_size: int = field(
         default=64, metadata={"help": "Sequences per generation and scoring forward pass on each process."})
     response_length: int = field(default=53, metadata={"help": "Most tokens generated per response."})

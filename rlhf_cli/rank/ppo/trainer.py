@@ -7,23 +7,26 @@ reward functions, and checkpoints that resume.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.nn as nn
 from peft import PeftModel
 from torch.utils.data import DataLoader
-from transformers import GenerationConfig, PreTrainedTokenizerBase, Trainer, TrainerState
+from transformers import GenerationConfig, PreTrainedTokenizerBase, Trainer, TrainerState, set_seed
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 
 from rlhf_cli import compat
 from rlhf_cli.rank.ppo import core
 from rlhf_cli.rank.ppo.config import PPOConfig
 from rlhf_cli.run_dir import TRAINER_STATE
+
+RANK_SEED_STRIDE = 100003  # rank r samples with seed + r x this prime, as TRL's PPOTrainer did
 
 
 class PolicyAndValue(nn.Module):
@@ -35,17 +38,23 @@ class PolicyAndValue(nn.Module):
         self.value_model = value_model
         self.config = policy.config  # DeepSpeed sizes its buckets from this
 
+    # TRL's generation context turns checkpointing off and on again by these names.
+    @property
+    def generating_model(self) -> nn.Module:
+        """What generates (rlhf_cli/rank/zero3.py): a gather budget is spent on the policy, not the value model."""
+        return self.policy
+
     @property
     def is_gradient_checkpointing(self) -> bool:
-        return self.policy.is_gradient_checkpointing
+        return self.policy.is_activation_checkpointing
 
-    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
-        self.policy.gradient_checkpointing_enable(**kwargs)
-        self.value_model.gradient_checkpointing_enable(**kwargs)
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict[str, Any] | None = None) -> None:
+        for model in (self.policy, self.value_model):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=gradient_checkpointing_kwargs)
 
     def gradient_checkpointing_disable(self) -> None:
-        self.policy.gradient_checkpointing_disable()
-        self.value_model.gradient_checkpointing_disable()
+        for model in (self.policy, self.value_model):
+            model.activation_checkpointing_disable()
 
     def forward(self, **kwargs: Any) -> tuple[Any, torch.Tensor]:
         value_model = _transformers_model(self.value_model)
@@ -57,6 +66,27 @@ class PolicyAndValue(nn.Module):
 def _transformers_model(model: nn.Module) -> nn.Module:
     """The transformers model itself: under LoRA, the one inside PEFT's wrapper (its adapters in place)."""
     return model.get_base_model() if isinstance(model, PeftModel) else model
+
+
+def rollout_generation_config(max_new_tokens: int, temperature: float, pad_token_id: int,
+                              stop_token_id: int | None) -> GenerationConfig:
+    """Samples of softmax(logits / temperature), the distribution old log-probs are computed from: no top-k,
+    top-p or repetition penalty; stop at the stop token, or run to `max_new_tokens` without one."""
+    return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature + 1e-7, top_k=0,
+                            top_p=1.0, repetition_penalty=1.0, pad_token_id=pad_token_id, eos_token_id=stop_token_id)
+
+
+@contextlib.contextmanager
+def only_this_generation_config(model: nn.Module, config: GenerationConfig) -> Iterator[None]:
+    """transformers 5 fills every field a passed config leaves unset from the checkpoint's
+    generation_config.json (its EOS ids, a repetition penalty, ...); with `config` as the model's own for
+    the call, nothing of the checkpoint's is left to fill from."""
+    own = model.generation_config
+    model.generation_config = config
+    try:
+        yield
+    finally:
+        model.generation_config = own
 
 
 def _inputs(query_responses: torch.Tensor, pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -77,22 +107,52 @@ def sequence_scores(reward_model: nn.Module, query_responses: torch.Tensor, pad_
     return logits[torch.arange(logits.size(0), device=logits.device), last]
 
 
+def disable_dropout(model: nn.Module) -> None:
+    """Dropout off for good, as TRL did: the log-probs of an update must be those its rollouts were sampled
+    with. Dropout layers (GPT-2's are 0.1), and the attention dropout Llama-style models read from a float."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+
+
 class PPOTrainer(Trainer):
     def __init__(self, args: PPOConfig, processing_class: PreTrainedTokenizerBase, policy: nn.Module,
                  ref_policy: nn.Module | None, value_model: nn.Module, reward_model: nn.Module | None,
                  reward_funcs: list[Callable], train_dataset: Any) -> None:
+        if args.stop_token is not None and args.stop_token_id is not None:
+            raise ValueError(f"`stop_token` ({args.stop_token}) and `stop_token_id` ({args.stop_token_id}) are both "
+                             "set; keep one")
+        for model in (policy, ref_policy, value_model, reward_model):
+            if model is not None:
+                disable_dropout(model)
         self.policy_and_value = PolicyAndValue(policy, value_model)
         super().__init__(model=self.policy_and_value, args=args, train_dataset=train_dataset,
                          processing_class=processing_class)
-        # transformers leaves accumulation to its own loop (1 here); ours uses `accelerator.accumulate`.
-        self.accelerator.gradient_accumulation_steps = args.gradient_accumulation_steps
-        world = self.accelerator.num_processes
-        self.local_batch_size = (args.per_device_train_batch_size * args.gradient_accumulation_steps
-                                 * args.num_mini_batches)
-        self.batch_size = self.local_batch_size * world
+        # As TRL 1.12: rollouts per process = per_device_train_batch_size x gradient_accumulation_steps, split
+        # into num_mini_batches; each mini-batch is one optimizer step over its micro-batches.
+        if args.gradient_accumulation_steps % args.num_mini_batches:
+            raise ValueError(f"num_mini_batches ({args.num_mini_batches}) must divide gradient_accumulation_steps "
+                             f"({args.gradient_accumulation_steps})")
+        self.micro_batches_per_step = args.gradient_accumulation_steps // args.num_mini_batches
+        self.local_batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        self.batch_size = self.local_batch_size * self.accelerator.num_processes
         self.local_mini_batch_size = self.local_batch_size // args.num_mini_batches
+        # transformers leaves accumulation to its own loop (1 here); ours uses `accelerator.accumulate`. Without
+        # sync_with_dataloader off, accelerate steps at every micro-batch while the loader is at its last batch.
+        self.accelerator.gradient_accumulation_steps = self.micro_batches_per_step
+        compat.stop_sync_with_dataloader(self.accelerator)
+        if self.is_deepspeed_enabled:  # DeepSpeed divides each micro-batch's loss by its own accumulation count
+            self.accelerator.state.deepspeed_plugin.deepspeed_config.update(
+                gradient_accumulation_steps=self.micro_batches_per_step,
+                train_batch_size=args.per_device_train_batch_size * self.micro_batches_per_step
+                * self.accelerator.num_processes)
+        # The run's length: max_steps updates when set (`--max-steps`, as for every algorithm; it wins over the
+        # episodes as transformers' max_steps wins over epochs), else TRL's former total_episodes, else
+        # num_train_epochs passes over the prompts.
         total = args.total_episodes or int(args.num_train_epochs * len(train_dataset))
-        self.num_updates = max(1, math.ceil(total / self.batch_size))
+        self.num_updates = args.max_steps if args.max_steps > 0 else max(1, math.ceil(total / self.batch_size))
         self.stop_token_id = processing_class.eos_token_id if args.stop_token == "eos" else args.stop_token_id
         self.reward_funcs = reward_funcs
         self.ref_policy = None  # under LoRA: the policy with its adapters disabled (`_reference_logits`)
@@ -134,19 +194,25 @@ class PPOTrainer(Trainer):
         args, tokenizer = self.args, self.processing_class
         pad_id = tokenizer.pad_token_id
         context_length = queries.size(1)
-        generation_config = GenerationConfig(
-            max_new_tokens=args.response_length, temperature=args.temperature + 1e-7, top_k=0, top_p=1.0,
-            do_sample=True, pad_token_id=pad_id, eos_token_id=None)  # fixed length; cut at the stop token later
+        generation_config = rollout_generation_config(args.response_length, args.temperature, pad_id,
+                                                      self.stop_token_id)
         chunk = args.local_rollout_forward_batch_size
         responses = []
-        with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
-                                         gather_deepspeed3_params=args.ds3_gather_for_generation) as unwrapped:
+        self.policy_and_value.eval()  # in train mode with checkpointing, transformers would generate without cache
+        with (unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                          gather_deepspeed3_params=args.ds3_gather_for_generation,
+                                          gradient_checkpointing_kwargs=args.activation_checkpointing_kwargs)
+              as unwrapped,
+              only_this_generation_config(unwrapped.policy, generation_config)):
             for start in range(0, queries.size(0), chunk):
                 query = queries[start:start + chunk]
                 out = unwrapped.policy.generate(input_ids=query, attention_mask=query != pad_id,
                                                 generation_config=generation_config)
                 responses.append(out[:, context_length:])
-        responses = torch.cat(responses)
+        # A chunk ends early when all its sequences stopped: pad every chunk to the longest.
+        width = max(response.size(1) for response in responses)
+        responses = torch.cat([nn.functional.pad(response, (0, width - response.size(1)), value=pad_id)
+                               for response in responses])
         query_responses = torch.cat([queries, responses], 1)
 
         logprobs, ref_logprobs, values, scores = [], [], [], []
@@ -187,9 +253,14 @@ class PPOTrainer(Trainer):
             prompts = tokenizer.batch_decode(query_responses[:, :context_length], skip_special_tokens=True)
             completions = tokenizer.batch_decode(responses, skip_special_tokens=True)
             for func in self.reward_funcs:
-                values = func(prompts=prompts, completions=completions, completion_ids=responses.tolist())
-                score = score + torch.tensor([float("nan") if v is None else v for v in values],
-                                             device=responses.device, dtype=score.dtype)
+                values = list(func(prompts=prompts, completions=completions, completion_ids=responses.tolist()))
+                if None in values:  # as NaN it would spread through whitening and the all-reduce to every rank
+                    sample = values.index(None)
+                    name = getattr(func, "__name__", type(func).__name__)
+                    raise ValueError(f"reward function `{name}` returned None for sample {sample} of {len(values)} "
+                                     f"(prompt {prompts[sample][-60:]!r}, completion {completions[sample][:60]!r}); "
+                                     "PPO needs a number for every sample")
+                score = score + torch.tensor(values, device=responses.device, dtype=score.dtype)
         return score
 
     # -- training -------------------------------------------------------------------------------
@@ -200,7 +271,11 @@ class PPOTrainer(Trainer):
             is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero(),
             stateful_callbacks=[cb for cb in [*self.callback_handler.callbacks, self.control]
                                 if isinstance(cb, compat.exportable_state_class())])
+        if args.activation_checkpointing:  # transformers turns it on only in its own train loop, replaced here
+            self.policy_and_value.gradient_checkpointing_enable(args.activation_checkpointing_kwargs)
         model, loader = compat.prepare_for_training(self, self.num_updates, loader, resume_from_checkpoint)
+        # Every rank samples its own random numbers (one seed for all made their samples agree on most tokens).
+        set_seed(args.seed + self.accelerator.process_index * RANK_SEED_STRIDE)
         if resume_from_checkpoint:
             self.state = TrainerState.load_from_json(f"{resume_from_checkpoint}/{TRAINER_STATE}")
             compat.load_rng_state(self, resume_from_checkpoint)
@@ -213,12 +288,12 @@ class PPOTrainer(Trainer):
             queries = next(batches)["input_ids"]
             rollout = self._rollout(queries)
             stats = self._optimise(model, rollout)
+            stats["lr"] = self.lr_scheduler.get_last_lr()[0]  # the rate this update used
             self.lr_scheduler.step()
             self.state.global_step += 1
             self.state.epoch = self.state.global_step * self.batch_size / len(self.train_dataset)
             self.control = self.callback_handler.on_step_end(args, self.state, self.control)
             if self.control.should_log:
-                stats["lr"] = self.lr_scheduler.get_last_lr()[0]
                 stats["episode"] = self.state.global_step * self.batch_size
                 stats["eps"] = int(stats["episode"] / (time.time() - started))
                 self.log(stats)
@@ -297,6 +372,8 @@ class PPOTrainer(Trainer):
                 "val/num_eos_tokens": (postprocessed == tokenizer.eos_token_id).sum().float(),
             }
             stats.update({name: gather(torch.stack(values_)).mean() for name, values_ in collected.items()})
+            ratios = gather(torch.stack(collected["val/ratio"]))  # one per micro-batch, on every rank
+            stats["val/ratio_var"] = ratios.var(correction=1 if ratios.numel() > 1 else 0)
         return {name: value.item() for name, value in stats.items()}
 
     # -- saving ---------------------------------------------------------------------------------

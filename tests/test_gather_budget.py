@@ -1,0 +1,209 @@
+"""The gather budget without launching: reading it, choosing units, the plan's and the ranks' choice agreeing,
+flags against recipes, the plan's rows and `--gather auto`'s budget."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, write
+from rlhf_cli.config.resolve import RunRequest, resolve
+from rlhf_cli.errors import ConfigError
+from rlhf_cli.gather_budget import Budget, BudgetError, Unit, choose, parse_budget
+from rlhf_cli.plan import memory
+from rlhf_cli.plan.estimate import plan_run, planned
+from rlhf_cli.hub import read_config
+from rlhf_cli.plan.models import model_size
+from test_plan import ARCHITECTURES, SEED, SEED_HARDWARE, TINY, seed_models, seed_run  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.usefixtures("nothing_launches")
+SMOKE_POLICY = RECIPES / "smoke" / "policy"
+
+
+# -- reading a budget --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("value", "budget"), [
+    (0.5, Budget(fraction=0.5)), ("0.25", Budget(fraction=0.25)), (1, Budget(fraction=1.0)),
+    ("0", Budget(fraction=0.0)), ("2GiB", Budget(size=2 * 2**30)), ("500MB", Budget(size=500 * 10**6)),
+])
+def test_budgets_are_fractions_or_sizes(value, budget) -> None:
+    assert parse_budget(value) == budget
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (3, "a fraction of the policy is from 0 to 1; a size needs its unit"),
+    ("1.5", "a fraction of the policy is from 0 to 1"),
+    (-0.1, "from 0 to 1"),
+    ("lots", "'lots' is not a memory size"),
+    (True, "not a gather budget"),
+])
+def test_bad_budgets_say_what_is_expected(value, message) -> None:
+    with pytest.raises(BudgetError, match=message):
+        parse_budget(value)
+
+
+def test_a_budget_counts_parameter_elements() -> None:
+    assert Budget(fraction=0.5).numel(1001, 2) == 500
+    assert Budget(size=1000).numel(10**6, 2) == 500
+    assert Budget(size=10**9).numel(1000, 2) == 1000  # never more than the policy
+    assert Budget(fraction=1.0).whole and Budget(fraction=0.0).nothing and not Budget(size=1).nothing
+
+
+# -- choosing units ------------------------------------------------------------------------------------------
+
+def test_the_most_modules_per_parameter_come_first_each_that_still_fits() -> None:
+    layer, embedding, norm = Unit("layer", 1000, 13), Unit("embedding", 500, 1), Unit("norm", 10, 1)
+    units = [layer, layer, layer, embedding, norm]
+    assert choose(units, 0) == []
+    assert choose(units, 10) == [4]  # the norm: 1 module for 10 parameters
+    assert choose(units, 1010) == [0, 4]  # then a layer (13 / 1000) before the embedding (1 / 500)
+    assert choose(units, 1009) == [3, 4]  # no layer fits after the norm: the embedding does
+    assert choose(units, 2100) == [0, 1, 4]  # the earlier layers first; the 90 left buy nothing more
+    assert choose(units, 10**9) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_the_plan_counts_the_units_the_ranks_find(name: str) -> None:
+    """The plan (config.json arithmetic) and the ranks (the real modules) see the same units in the same order,
+    so they choose the same ones for any budget."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlhf_cli.rank.zero3 import policy_units
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**ARCHITECTURES[name]))
+    ranks = [(unit.unit.numel, unit.unit.modules) for unit in policy_units(model)]
+    plan = model_size(ARCHITECTURES[name]).units
+    assert ranks == [(unit.numel, unit.modules) for unit in plan]
+    assert sum(unit.numel for unit in plan) == sum(p.numel() for p in model.parameters())
+
+
+def test_a_tied_lm_head_is_one_unit_with_its_embedding() -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlhf_cli.rank.zero3 import policy_units
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**ARCHITECTURES["llama-tied-bias"]))
+    names = [unit.unit.name for unit in policy_units(model)]
+    assert names == ["model.layers.0", "model.layers.1", "model.embed_tokens+lm_head", "model.norm"]
+
+
+# -- flags and recipes ------------------------------------------------------------------------------------------
+
+def smoke(tmp_path: Path, body: str = "", **flags) -> RunRequest:
+    recipe = write(tmp_path / "recipe.yaml", (RECIPES / "rloo" / "smoke.yaml").read_text().replace(
+        "gather: true", body).replace("../smoke/", f"{RECIPES}/smoke/"))
+    return RunRequest("rloo", str(recipe), flags)
+
+
+def test_a_budget_generates_from_shards_and_gathers_its_part(tmp_path: Path) -> None:
+    run = resolve(smoke(tmp_path, "gather: true", gather_budget=("--gather-budget", "0.5")), cuda=False)
+    assert run.value("gather_budget") == 0.5 and run.settings["gather_budget"].source == "flag --gather-budget"
+    assert run.value("ds3_gather_for_generation") is False  # the flag beats the recipe's gather: true
+    assert run.settings["ds3_gather_for_generation"].source == "gather_budget 0.5"
+    whole = resolve(smoke(tmp_path, "gather_budget: 1"), cuda=False)
+    assert whole.value("ds3_gather_for_generation") is True
+    size = resolve(smoke(tmp_path, "gather_budget: 2GiB"), cuda=False)
+    assert size.value("gather_budget") == "2GiB" and size.value("ds3_gather_for_generation") is False
+
+
+def test_a_gather_flag_beats_the_recipes_budget_with_a_note(tmp_path: Path) -> None:
+    run = resolve(smoke(tmp_path, "gather_budget: 0.5", ds3_gather_for_generation=("--no-gather", False)),
+                  cuda=False)
+    assert "gather_budget" not in run.settings and run.value("ds3_gather_for_generation") is False
+    assert "--no-gather overrides the recipe's gather_budget 0.5" in run.notes
+
+
+@pytest.mark.parametrize(("body", "flags", "message"), [
+    ("", {"ds3_gather_for_generation": ("--no-gather", False), "gather_budget": ("--gather-budget", "0.5")},
+     "--gather-budget: gather_budget 0.5 contradicts --no-gather (gather: false is the budget 0); keep one"),
+    ("", {"ds3_gather_for_generation": ("--gather", True), "gather_budget": ("--gather-budget", "2GiB")},
+     "contradicts --gather (gather: true is the budget 1)"),
+    ("", {"ds3_gather_for_generation": ("--gather auto", "auto"), "gather_budget": ("--gather-budget", "0.5")},
+     "contradicts --gather auto (gather: auto lets the plan choose the budget)"),
+    ("gather: false\ngather_budget: 0.5", {}, "recipe.yaml:13: gather_budget 0.5 contradicts "),
+    ("", {"gather_budget": ("--gather-budget", "3")}, "a size needs its unit (2GiB)"),
+])
+def test_contradictions_and_bad_budgets_are_errors(tmp_path: Path, body, flags, message) -> None:
+    with pytest.raises(ConfigError) as raised:
+        resolve(smoke(tmp_path, body, **flags), cuda=False)
+    assert len(raised.value.problems) == 1 and message in raised.value.problems[0], raised.value.problems
+
+
+def test_the_cli_refuses_a_contradiction_in_one_line(cli) -> None:
+    result = cli("rloo", "-r", "rloo/smoke", "--no-gather", "--gather-budget", "0.5", "--dry-run")
+    assert result.exit_code == 2
+    assert "Error: --gather-budget: gather_budget 0.5 contradicts --no-gather" in result.output
+
+
+# -- the plan ----------------------------------------------------------------------------------------------
+
+def test_gen_weights_are_the_units_bought_plus_what_zero3_keeps_live_of_the_rest(tmp_path: Path) -> None:
+    run = resolve(smoke(tmp_path, "", gather_budget=("--gather-budget", "0.5")), cuda=False)
+    plan = plan_run(run)
+    chosen = plan.chosen
+    assert chosen.candidate.budget == Budget(fraction=0.5) and chosen.candidate.mode == "budget 0.5"
+    policy = model_size(read_config(str(SMOKE_POLICY)))
+    bought = sum(policy.units[i].numel for i in choose(policy.units, policy.params // 2))
+    assert 0 < bought <= policy.params // 2
+    live = memory.live_parameters(policy.params - bought, 4, memory.DEFAULT_MAX_LIVE_PARAMETERS,
+                                  policy.largest_layer)
+    assert next(c.gpu for c in chosen.components if c.name == "gen weights") == bought * 4 + live
+
+
+def test_a_budget_lies_between_no_gather_and_gather(seed_models) -> None:  # noqa: F811 (a fixture)
+    weights = {}
+    for budget in ("0", "0.25", "0.5", "0.75", "1"):
+        chosen = plan_run(seed_run(gather_budget=("--gather-budget", budget))).chosen
+        weights[budget] = next(c.gpu for c in chosen.components if c.name == "gen weights")
+    assert weights["0"] < weights["0.25"] < weights["0.5"] < weights["0.75"] < weights["1"]
+    no_gather = plan_run(seed_run(ds3_gather_for_generation=("--no-gather", False))).chosen
+    assert weights["0"] == next(c.gpu for c in no_gather.components if c.name == "gen weights")
+
+
+def test_gather_auto_takes_the_largest_budget_that_fits(seed_models) -> None:  # noqa: F811 (a fixture)
+    run, plan = planned(seed_run(ds3_gather_for_generation=("--gather auto", "auto")))
+    budget = run.value("gather_budget")
+    assert run.value("ds3_gather_for_generation") is False and 0 < budget < 1
+    source = run.settings["gather_budget"].source
+    assert source.startswith("rlhf plan: gathering needs") and "of the policy needs" in source
+    assert any(note.startswith(f"gather: auto -> budget {budget:.3g}") for note in run.notes)
+    assert plan.chosen.fits and plan.chosen.candidate.budget == Budget(fraction=budget)
+    # One more unit does not fit: the next budget up, planned as the run's own, is over the GPU.
+    policy = plan.roles[0].size
+    bought = sum(policy.units[i].numel for i in choose(policy.units, int(budget * policy.params)))
+    layer = policy.units[0].numel
+    more = plan_run(seed_run(gather_budget=("--gather-budget", str((bought + layer + 0.5) / policy.params))))
+    assert not more.chosen.fits
+
+
+def test_dry_run_shows_the_budget_auto_chose_and_why(cli, seed_models) -> None:  # noqa: F811 (a fixture)
+    result = cli("ppo", "-r", SEED, "--gpu-memory", "23.7GiB", "--num-gpus", "4", "--gather", "auto",
+                 "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["trainer"]["ds3_gather_for_generation"] is False
+    assert data["sources"]["gather_budget"].startswith("rlhf plan: gathering needs")
+    assert any(note.startswith("gather: auto -> budget") for note in data["notes"])
+    assert result.stderr.startswith("plan: gathering 0.")  # the compact plan: the budget chosen and its peak
+    assert [c["gather_budget"] for c in data["plan"]["configurations"] if c["chosen"]] != [None]
+
+
+def test_the_plan_reports_the_largest_generation_batch_that_fits(seed_models) -> None:  # noqa: F811 (a fixture)
+    from dataclasses import replace
+
+    from rlhf_cli.plan import estimate
+
+    run = seed_run(ds3_gather_for_generation=("--no-gather", False))
+    plan = plan_run(run)
+    largest = plan.largest_generation_batch
+    assert largest and largest > plan.work.generation_batch
+    inputs = estimate._inputs(run)
+    for batch, fits in ((largest, True), (largest + 1, False)):
+        sized = replace(inputs, work=replace(inputs.work, generation_batch=batch))
+        assert estimate._column(sized, plan.chosen.candidate, True).fits is fits
