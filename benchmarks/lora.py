@@ -6,7 +6,7 @@ on 4 x 24 GiB, with the seed recipe's trainer fields; config.json of each from t
 how many of the plan's configurations fit per GPU without LoRA (of 6) and with it (of 4), and the one that needs
 the least host memory: its GPU peak and the CPU memory per machine it offloads to.
 
-Measured (`--measure`, 2 CPU processes under ZeRO-3, fp32, about 30 minutes): the generation benchmark's
+Measured (`--measure`, 2 CPU processes under ZeRO-3, fp32, about 15 minutes): the generation benchmark's
 100M-parameter Llama as policy, trained with PPO (a reward function; the value model starts from the policy: 100M
 too) and with RLOO (beta 0.05: a reference model without LoRA), with and without `--lora`. Each rank's peak
 anonymous resident memory (RssAnon, sampled every 20 ms: tensors and the allocator's heap, not mapped files or
@@ -224,7 +224,7 @@ def measured_rows(results: list[Measured]) -> list[list[str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--measure", action="store_true", help="also run the CPU measurements (about 30 minutes)")
+    parser.add_argument("--measure", action="store_true", help="also run the CPU measurements (about 15 minutes)")
     parser.add_argument("--steps", type=int, default=3, help="training steps per measured run")
     parser.add_argument("--algorithms", nargs="+", default=["ppo", "rloo"])
     parser.add_argument("--out", type=Path, default=RESULTS)
