@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -72,6 +73,17 @@ def python_module(module: str, *args: str) -> list[str]:
 
 def median_seconds(argv: Sequence[str], repeats: int, env: dict[str, str] | None = None) -> float:
     return statistics.median(run_timed(argv, env).seconds for _ in range(repeats))
+
+
+def cache_model_configs(hub: Path, models: Mapping[str, str]) -> None:
+    """Lay out the config.json of each fixture in tests/fixtures/models under `hub` as `hf download` does, for
+    hub id -> fixture name: `rlhf plan` then sizes those hub models without a download."""
+    for repo_id, fixture in models.items():
+        snapshot = hub / f"models--{repo_id.replace('/', '--')}" / "snapshots" / "main"
+        snapshot.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / "tests" / "fixtures" / "models" / fixture / "config.json", snapshot / "config.json")
+        (snapshot.parent.parent / "refs").mkdir(exist_ok=True)
+        (snapshot.parent.parent / "refs" / "main").write_text("main")
 
 
 # -- probe records ----------------------------------------------------------------------------------

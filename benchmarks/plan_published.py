@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from _common import REPO, RESULTS, markdown_table, print_table, write_markdown
+from _common import RESULTS, cache_model_configs, markdown_table, print_table, write_markdown
 
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.plan import memory
@@ -35,7 +34,6 @@ from rlhf_cli.plan.estimate import Plan, plan_run
 from rlhf_cli.algorithms.spec import LogitsModel
 from rlhf_cli.plan.memory import GIB
 
-FIXTURES = REPO / "tests" / "fixtures" / "models"
 HUB_MODELS = {  # hub id -> fixture; the reward and distillation models share their base model's dimensions
     "Qwen/Qwen2.5-7B": "qwen2.5-7b", "Qwen/Qwen3-0.6B": "qwen3-0.6b",
     "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "Skywork/Skywork-Reward-Llama-3.1-8B-v0.2": "llama-3.1-8b",
@@ -140,16 +138,6 @@ class Replayed:
     fits: bool
 
 
-def cache_fixtures(hub: Path) -> None:
-    """Lay the fixtures' config.json out as `hf download` does, under `hub`."""
-    for repo_id, fixture in HUB_MODELS.items():
-        snapshot = hub / f"models--{repo_id.replace('/', '--')}" / "snapshots" / "main"
-        snapshot.mkdir(parents=True, exist_ok=True)
-        shutil.copy(FIXTURES / fixture / "config.json", snapshot / "config.json")
-        (snapshot.parent.parent / "refs").mkdir(exist_ok=True)
-        (snapshot.parent.parent / "refs" / "main").write_text("main")
-
-
 def plan_of(row: Published, recipe_path: Path) -> Plan:
     recipe = dict(row.recipe)
     bundled = recipe.pop("__recipe__", None)
@@ -212,7 +200,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         os.environ["HF_HUB_CACHE"] = str(Path(scratch) / "hub")
-        cache_fixtures(Path(scratch) / "hub")
+        cache_model_configs(Path(scratch) / "hub", HUB_MODELS)
         replays = [replay(row, Path(scratch) / f"row-{index}.yaml") for index, row in enumerate(ROWS)]
     columns, rows = table(replays)
     print_table("rlhf plan against published peaks per GPU", columns, rows)

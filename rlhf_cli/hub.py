@@ -1,9 +1,21 @@
-"""Where the Hugging Face hub keeps downloads, found the way huggingface_hub finds it (without importing it)."""
+"""Where the Hugging Face hub keeps downloads, found the way huggingface_hub finds it (without importing it), and
+a model's config.json read from a local directory or from that cache: the planner sizes models from it, and
+resolution checks LoRA target modules against it.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
+from typing import Any
+
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+class ModelConfigUnavailable(Exception):
+    """A model whose config.json cannot be read here; the message says why."""
 
 
 def hub_cache() -> Path:
@@ -13,3 +25,34 @@ def hub_cache() -> Path:
         return Path(os.environ["HF_HOME"]).expanduser() / "hub"
     cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
     return cache_home / "huggingface" / "hub"
+
+
+def find_config(name_or_path: str, revision: str | None = None) -> Path:
+    """config.json of a local model directory, or of a hub id at `revision` in the hub cache."""
+    local = Path(name_or_path).expanduser()
+    if (local / "config.json").is_file():
+        return local / "config.json"
+    if local.is_absolute() or name_or_path.startswith((".", "~")):
+        raise ModelConfigUnavailable(f"{name_or_path} has no config.json")
+    repo = hub_cache() / f"models--{name_or_path.replace('/', '--')}"
+    revision = revision or "main"
+    commit = revision if COMMIT.match(revision) else None
+    if commit is None and (repo / "refs" / revision).is_file():
+        commit = (repo / "refs" / revision).read_text().strip()
+    config = repo / "snapshots" / (commit or revision) / "config.json"
+    if not config.is_file():
+        raise ModelConfigUnavailable(
+            f"config.json of {name_or_path}@{revision} is not in the hub cache {hub_cache()} "
+            f"(`hf download {name_or_path} config.json` fetches it)")
+    return config
+
+
+def read_config(name_or_path: str, revision: str | None = None) -> dict[str, Any]:
+    path = find_config(name_or_path, revision)
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ModelConfigUnavailable(f"{path}: not readable JSON ({error.__class__.__name__})") from None
+    if not isinstance(config, dict):
+        raise ModelConfigUnavailable(f"{path}: not a JSON object")
+    return config

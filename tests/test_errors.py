@@ -61,10 +61,10 @@ def test_rlhf_debug_shows_the_traceback_and_keeps_the_exit_code(cli, monkeypatch
 
 
 def test_a_usage_error_of_the_parser_is_one_line(cli) -> None:
-    result = cli("rloo", "-r", "rloo/smoke", "--no-such-flag")
+    result = cli("rloo", "-r", "rloo/smoke", "--frobnicate")
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
-        "Error: No such option: --no-such-flag (see `rlhf rloo --help`)"]
+        "Error: No such option: --frobnicate (see `rlhf rloo --help`)"]
 
 
 def test_a_bug_is_one_line_exit_1_without_a_traceback(cli, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,7 +17,8 @@ from rlhf_cli.errors import ConfigError, PlanError
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.estimate import plan_run, planned
 from rlhf_cli.plan.gpus import available_ram, detect_hardware
-from rlhf_cli.plan.models import ModelConfigUnavailable, find_config, model_size, read_config
+from rlhf_cli.hub import ModelConfigUnavailable, find_config, read_config
+from rlhf_cli.plan.models import model_size
 from rlhf_cli.sizes import SizeError, parse_size
 
 FIXTURES = REPO / "tests" / "fixtures" / "models"
@@ -188,9 +189,11 @@ LAYERS = {"llama": {**LAYER_SHAPE, "model_type": "llama"}, "qwen2": {**LAYER_SHA
                        "intermediate_size": 256}}
 
 
-def saved_by_one_layer(config: dict, attention: str, dtype_name: str, sequence: int = 64) -> int:
+def saved_by_one_layer(config: dict, attention: str, dtype_name: str, sequence: int = 64,
+                       lora: dict | None = None) -> int:
     """Bytes per token that autograd keeps for the backward of one decoder layer: every tensor a saved-tensor
-    hook sees, by storage, less the parameters and what all layers share (RoPE's cos and sin, the mask)."""
+    hook sees, by storage, less the parameters and what all layers share (RoPE's cos and sin, the mask).
+    `lora`: PEFT's LoraConfig arguments; the layer is then frozen with adapters in its own dtype, as under ZeRO-3."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -198,6 +201,11 @@ def saved_by_one_layer(config: dict, attention: str, dtype_name: str, sequence: 
     hf_config = AutoConfig.for_model(**config)
     hf_config._attn_implementation = "eager" if attention == memory.EAGER else "sdpa"
     model = AutoModelForCausalLM.from_config(hf_config).to(dtype).train()
+    if lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora),
+                               autocast_adapter_dtype=False).get_base_model()
     layer = model.base_model.layers[0]
     hidden = torch.randn(1, sequence, config["hidden_size"], dtype=dtype, requires_grad=True)
     shared = list(model.base_model.rotary_emb(hidden, torch.arange(sequence)[None]))
@@ -358,11 +366,12 @@ def test_rlhf_plan_prints_the_table_and_json(cli, seed_models) -> None:
     table = cli(*args)
     assert table.exit_code == 0, table.output
     for text in ("gather", "no-gather", "opt *", "policy states", "gen weights", "peak per GPU", "fits in 21.3",
-                 "does not fit"):
+                 "does not fit", "with --lora (rank 16, PEFT default targets)", "policy shard"):
         assert text in table.stdout, text
     data = json.loads(cli(*args, "--json").stdout)
     chosen = [c for c in data["configurations"] if c["chosen"]]
-    assert len(data["configurations"]) == 6 and len(chosen) == 1 and chosen[0]["label"] == "gather, optimizer->cpu"
+    assert [c["lora"] for c in data["configurations"]] == [False] * 6 + [True] * 4
+    assert len(chosen) == 1 and chosen[0]["label"] == "gather, optimizer->cpu"
     assert chosen[0]["fits"] is False and data["models"]["policy"]["params"] == 11_846_072_320
     assert sum(chosen[0]["components"].values()) >= chosen[0]["peak_gpu"]
 

@@ -20,7 +20,7 @@ from rlhf_cli.launch.runner import Outcome
 from rlhf_cli.plan.memory import MARGIN
 
 if TYPE_CHECKING:
-    from rlhf_cli.plan.estimate import Plan
+    from rlhf_cli.plan.estimate import Column, Plan
 
 stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)
@@ -84,26 +84,29 @@ def _count(params: int) -> str:
                 if params >= scale or unit == "")
 
 
-def _plan_table(run: ResolvedRun, plan: Plan) -> Table:
-    assert plan.hardware is not None
-    hardware = plan.hardware
-    table = Table(title=f"rlhf plan {algorithm(run.algorithm).command}: GiB per GPU on {hardware.total_gpus} GPU(s)",
-                  title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+def _plan_table(title: str, columns: list[Column], gpu_memory: int) -> Table:
+    """One row per component (those holding nothing in any column left out), one column per configuration."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
     table.add_column("", style="cyan", no_wrap=True)
-    for column in plan.columns:
+    for column in columns:
         header = f"{column.candidate.mode}\n{column.candidate.offload_short}{' *' if column.chosen else ''}"
         table.add_column(header, justify="right", no_wrap=True, style="bold reverse" if column.chosen else None)
-    names = [part.name for part in plan.columns[0].components]
+    names = [part.name for part in columns[0].components]
     for index, name in enumerate(names):
-        table.add_row(name, *(_gib(column.components[index].gpu) for column in plan.columns))
+        if any(column.components[index].gpu for column in columns):
+            table.add_row(name, *(_gib(column.components[index].gpu) for column in columns))
     table.add_section()
-    table.add_row("peak per GPU", *(_gib(column.peak) for column in plan.columns), style="bold")
-    usable = _gib(int(hardware.gpu_memory * (1 - MARGIN)))
-    table.add_row(f"fits in {usable}", *("[green]yes[/]" if c.fits else "[red]no[/]" for c in plan.columns))
-    table.add_row("CPU per machine", *(_gib(column.cpu_per_machine) for column in plan.columns), style="dim")
+    table.add_row("peak per GPU", *(_gib(column.peak) for column in columns), style="bold")
+    usable = _gib(int(gpu_memory * (1 - MARGIN)))
+    table.add_row(f"fits in {usable}", *("[green]yes[/]" if c.fits else "[red]no[/]" for c in columns))
+    table.add_row("CPU per machine", *(_gib(column.cpu_per_machine) for column in columns), style="dim")
     return table
 
 
+def _lora_summary(run: ResolvedRun) -> str:
+    """The adapters the LoRA columns count."""
+    targets = run.value("lora_target_modules")
+    return f"rank {run.value('lora_r')}, {', '.join(targets) if targets else 'PEFT default targets'}"
 def print_whole(table: Table) -> None:
     """A table on stdout that never cuts a number off: wider than the terminal (or a log's 80 columns), it is
     printed whole and the terminal wraps it."""
@@ -119,12 +122,16 @@ def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
     if not plan.known:
         stdout.print(f"plan: unknown: {plan.why_unknown}", highlight=False, markup=False)
         return
-    assert plan.work is not None
-    print_whole(_plan_table(run, plan))
+    assert plan.work is not None and plan.hardware is not None
+    hardware = plan.hardware
+    command = algorithm(run.algorithm).command
+    for lora, title in ((False, f"rlhf plan {command}: GiB per GPU on {hardware.total_gpus} GPU(s)"),
+                        (True, f"with --lora ({_lora_summary(run)}): base frozen, no reference copy")):
+        print_whole(_plan_table(title, [c for c in plan.columns if c.candidate.lora == lora], hardware.gpu_memory))
     models = "; ".join(f"{role.name} {role.path} {_count(role.size.params)}{' (trained)' if role.trained else ''}"
-                       for role in plan.roles)
+                       + (f", LoRA {_count(role.adapter.params)}" if role.adapter else "") for role in plan.roles)
     work = plan.work
-    lines = [f"GPU memory: {plan.hardware.source}; fits: peak at most {1 - MARGIN:.0%} of it",
+    lines = [f"GPU memory: {hardware.source}; fits: peak at most {1 - MARGIN:.0%} of it",
              "offload: none; opt = optimizer to CPU; opt+par = optimizer and parameters to CPU; * the run's own",
              "peak = static rows + the largest of the gen, train and step rows", f"models: {models}"]
     for line in lines:

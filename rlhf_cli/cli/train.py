@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 
 LAUNCH = "Launch and ZeRO-3"
+LORA = "LoRA"
 SHORTCUTS = "Shortcuts for recipe keys"
 
 RecipeOpt = Annotated[Optional[str], typer.Option(
@@ -76,6 +77,17 @@ StallTimeoutOpt = Annotated[Optional[float], typer.Option(
 AccelerateConfigOpt = Annotated[Optional[str], typer.Option(
     "--accelerate-config", metavar="PATH", rich_help_panel=LAUNCH,
     help="Start from your accelerate config instead of the bundled ZeRO-3 one; flags still apply.")]
+LoraOpt = Annotated[bool, typer.Option(
+    "--lora", rich_help_panel=LORA, show_default=False,
+    help="Train LoRA adapters on the policy (use_peft): frozen base weights, optimizer states for the adapters "
+         "only, and the policy with adapters off as the reference. More: --set lora_alpha=32 ...")]
+NoLoraOpt = Annotated[bool, typer.Option(
+    "--no-lora", rich_help_panel=LORA, show_default=False, help="Full fine-tuning, whatever the recipe says.")]
+LoraROpt = Annotated[Optional[str], typer.Option(
+    "--lora-r", metavar="N", rich_help_panel=LORA, show_default=False, help="LoRA rank (lora_r). Default: 16.")]
+MergeAdapterOpt = Annotated[bool, typer.Option(
+    "--merge-adapter", rich_help_panel=LORA, show_default=False,
+    help="With --lora: also save the policy with its adapter merged in, to OUTPUT_DIR/merged (merge_adapter).")]
 ModelOpt = Annotated[Optional[str], typer.Option(
     "--model", metavar="ID|DIR", rich_help_panel=SHORTCUTS, help="Policy model (model_name_or_path).")]
 RewardModelOpt = Annotated[Optional[str], typer.Option(
@@ -121,7 +133,7 @@ FLAGS = {
     "main_process_port": ("--main-process-port", "main_process_port"),
     "accelerate_config": ("--accelerate-config", "accelerate_config"),
     "stall_timeout": ("--stall-timeout", "stall_timeout"),
-    "resume_from_checkpoint": ("--resume", "resume"),
+    "resume_from_checkpoint": ("--resume", "resume"), "lora_r": ("--lora-r", "lora_r"),
 }
 
 
@@ -143,6 +155,10 @@ def train(
     main_process_port: MainProcessPortOpt = None,
     stall_timeout: StallTimeoutOpt = None,
     accelerate_config: AccelerateConfigOpt = None,
+    lora: LoraOpt = False,
+    no_lora: NoLoraOpt = False,
+    lora_r: LoraROpt = None,
+    merge_adapter: MergeAdapterOpt = False,
     model: ModelOpt = None,
     reward_model: RewardModelOpt = None,
     dataset: DatasetOpt = None,
@@ -207,6 +223,12 @@ def _resolve(ctx: typer.Context, options: dict[str, Any], planning: bool) -> Res
     gather = _gather_flag(options["gather"], options["no_gather"], ctx.args, problems)
     if gather is not None:
         flags["ds3_gather_for_generation"] = gather
+    if options["lora"] and options["no_lora"]:
+        problems.append("--lora and --no-lora contradict each other; keep one")
+    elif options["lora"] or options["no_lora"]:
+        flags["use_peft"] = ("--lora", True) if options["lora"] else ("--no-lora", False)
+    if options["merge_adapter"]:
+        flags["merge_adapter"] = ("--merge-adapter", True)
     algorithm = ctx.info_name.replace("-", "_")
     return resolve(RunRequest(algorithm, options["recipe"], flags, tuple(options["set_"] or ()),
                               options.get("overwrite", False), planning=planning, problems=tuple(problems)))

@@ -109,6 +109,8 @@ OWN_FIELDS = (
           "Longest prompt in tokens, as the memory plan assumes it; default 512."),
     Field("accelerate_config", "launch", ("str", "null"), None,
           "Your own accelerate config to start from instead of the bundled ZeRO-3 one."),
+    Field("merge_adapter", "model", ("bool",), False,
+          "With use_peft: also save the policy with its adapter merged in (OUTPUT_DIR/merged), for from_pretrained."),
     Field("stall_timeout", "launch", ("int", "float"), 120,
           "Seconds without progress on any rank (or without a rank's heartbeat) before the job stops and names the "
           "stalled rank; loading and saving do not count. The collective timeout (ddp_timeout) follows it."),

@@ -21,12 +21,13 @@ import yaml
 
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
 from rlhf_cli.checkpoints import incomplete_reason, newest_complete_checkpoint
-from rlhf_cli.config.accelerate import LAYOUT_KEYS, AccelerateChoices, build_accelerate_config, zero_stage
+from rlhf_cli.config.accelerate import LAYOUT_KEYS, AccelerateChoices, build_accelerate_config, is_zero3, zero_stage
 from rlhf_cli.config.checks import check_model_config, check_reward_model, cross_field_problems
 from rlhf_cli.config.cluster import detect_layout
 from rlhf_cli.config.data_files import READERS, DataFileError, check_prompts
 from rlhf_cli.config.fields import (Field, FieldTypeError, catalogue, coerce, generation_fields, snapshot_list,
                                     trl_reward_functions)
+from rlhf_cli.config.lora import lora_problems
 from rlhf_cli.config.paths import PathState, describe, path_state, writable_dir_problem
 from rlhf_cli.config.recipe import Recipe, load_recipe
 from rlhf_cli.config.rewards import RewardSpecError, locate_reward
@@ -657,7 +658,8 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
                                  "has bf16) or neither")
     processes = int(accelerate.get("num_processes") or 1)
     for check in (lambda values: cross_field_problems(values, resolver.fields),
-                  lambda values: algorithm(request.algorithm).checks(values, processes)):
+                  lambda values: algorithm(request.algorithm).checks(values, processes),
+                  lambda values: lora_problems(values, algorithm(request.algorithm), is_zero3(accelerate))):
         try:
             resolver.problems += check(resolver.given)
         except _Refused:

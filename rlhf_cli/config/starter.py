@@ -26,6 +26,8 @@ def _what(name: str) -> Section:
         StarterEntry("dataset_name", "hub id, or a .json/.jsonl/.parquet/.csv file", "trl-lib/ultrafeedback-prompt"),
         StarterEntry("dataset_train_split", "the split to train on"),
         StarterEntry("dataset_prompt_column", "plain text or a list of chat messages"),
+        StarterEntry("use_peft", "LoRA (--lora): adapters train, the base is frozen", True, enabled=False),
+        StarterEntry("lora_r", "LoRA rank; TRL's lora_* keys set the rest", enabled=False),
     )
 
 

@@ -9,16 +9,17 @@ Nothing here imports torch, transformers, deepspeed or accelerate.
 - `known`: false when no plan could be made; `why_unknown` then says why, and nothing else follows.
 - `gpu_memory` (bytes per GPU), `gpus_per_machine`, `machines`, `hardware_source` (where the memory came from),
   `margin` (the share of a GPU's memory a configuration must leave free to fit).
-- `models`: role (policy, reference, reward, value) -> `name_or_path`, `params`, `largest_layer`, `trained`.
+- `models`: role (policy, reference, reward, value) -> `name_or_path`, `params`, `largest_layer`, `trained`,
+  `adapter_params` (a trained model's LoRA parameters, as the LoRA configurations count them; else null).
 - `workload`: `prompt_length`, `completion_length`, `generation_batch`, `train_batch`, `score_batch`,
   `train_sequence`, `gradient_checkpointing`, `element_bytes`, `attention` (attn_implementation), `liger`
   (use_liger_kernel), `logits` (how the trainer scores tokens: `sequence_copies`, `completion_copies`,
   `fused_head`).
 - `configurations`: one object per candidate: `label`, `gather`, `gather_budget` (a budget's text, or null),
-  `offload_optimizer`, `offload_params`, `components` (row name -> GPU bytes), `phases` (`static`, `generation`,
-  `training`, `step` -> the GPU bytes of their rows), `peak_gpu` (bytes: static rows + the largest of the
-  generation, training and optimizer-step rows), `cpu_per_machine` (bytes of offloaded states), `fits`, `chosen`
-  (the run's own).
+  `lora` (adapters on the trained models, frozen base, no reference copy), `offload_optimizer`, `offload_params`,
+  `components` (row name -> GPU bytes), `phases` (`static`, `generation`, `training`, `step` -> the GPU bytes
+  of their rows), `peak_gpu` (bytes: static rows + the largest of the generation, training and optimizer-step
+  rows), `cpu_per_machine` (bytes of offloaded states), `fits`, `chosen` (the run's own).
 - `checkpoint_bytes`: one checkpoint on disk, every trained model's weights and optimizer states.
 - `reason`: one line on the chosen configuration; `suggestions`: what would fit when it does not;
   `notes`: caveats (an architecture counted approximately); `largest_generation_batch`: the most sequences one

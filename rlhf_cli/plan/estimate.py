@@ -1,9 +1,10 @@
 """A resolved run -> its memory plan: every candidate configuration's per-GPU peak, the run's own marked.
 
-Candidates: gather / no-gather x offload none / optimizer to CPU / optimizer and parameters to CPU,
-plus the run's own configuration when it is none of these (a gather budget, NVMe offload). `gather: auto`
-takes gather when it fits, else the largest gather budget that fits. Planning never raises for a model it
-cannot size: the plan is then `unknown` with the reason, and only `gather: auto` fails.
+Candidates: gather / no-gather x offload none / optimizer to CPU / optimizer and parameters to CPU, the same
+with LoRA (offload none / optimizer and parameters: the optimizer states are the adapters', so offloading them
+alone saves little), plus the run's own configuration when it is none of these (a gather budget, NVMe offload).
+`gather: auto` takes gather when it fits, else the largest gather budget that fits. Planning never raises for a
+model it cannot size: the plan is then `unknown` with the reason, and only `gather: auto` fails.
 """
 
 from __future__ import annotations
@@ -17,15 +18,18 @@ from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.accelerate import is_zero3
 from rlhf_cli.config.resolve import ResolvedRun
 from rlhf_cli.errors import PlanError
+from rlhf_cli.hub import ModelConfigUnavailable, read_config
 from rlhf_cli.gather_budget import Budget, parse_budget, ranked
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.gpus import Hardware, detect_hardware
 from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, TRAINING, Component
-from rlhf_cli.plan.models import ModelConfigUnavailable, ModelSize, model_size, read_config
+from rlhf_cli.architectures import peft_targets
+from rlhf_cli.plan.models import Adapter, LoraSettings, ModelSize, adapter_size, model_size
 from rlhf_cli.plan.workload import Workload, WorkloadUnknown, workload
 from rlhf_cli.sizes import SizeError, gib, parse_size
 
 OFFLOADS = (("none", "none"), ("cpu", "none"), ("cpu", "cpu"))  # (optimizer, parameters)
+LORA_OFFLOADS = (("none", "none"), ("cpu", "cpu"))
 MAX_MACHINES_SEARCHED = 256
 MAX_GENERATION_BATCH = 1 << 16  # sequences per GPU: the search for the largest generation batch stops there
 
@@ -36,6 +40,7 @@ class Candidate:
     offload_optimizer: str
     offload_params: str
     budget: Budget | None = None  # without gathering: a gather budget of part of the policy
+    lora: bool = False  # LoRA on the trained models: frozen base shards, adapters trained, no reference copy
 
     @property
     def mode(self) -> str:
@@ -49,7 +54,7 @@ class Candidate:
         else:
             offload = ", ".join(f"{what}->{where}" for what, where in (("optimizer", optimizer), ("params", params))
                                 if where != "none")
-        return f"{self.mode}, {offload}"
+        return f"{'LoRA, ' if self.lora else ''}{self.mode}, {offload}"
 
     @property
     def offload_short(self) -> str:
@@ -61,12 +66,13 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Role:
-    """One model of the run: which, where from, its size, whether it is trained."""
+    """One model of the run: which, where from, its size, whether it is trained (and its adapter under LoRA)."""
 
     name: str
     path: str
     size: ModelSize
     trained: bool
+    adapter: Adapter | None = None
 
 
 @dataclass(frozen=True)
@@ -100,15 +106,17 @@ class Plan:
 
     @property
     def checkpoint_bytes(self) -> int | None:
-        """Bytes of one checkpoint on disk (every trained model's weights and optimizer states); None: unknown."""
+        """Bytes of one checkpoint on disk (every trained model's weights and optimizer states, or with LoRA its
+        adapters'); None: unknown."""
         if not self.known:
             return None
         assert self.work is not None
-        return sum(memory.checkpoint_bytes(role.size.params, self.work.element_bytes)
-                   for role in self.roles if role.trained)
+        lora = self.chosen is not None and self.chosen.candidate.lora
+        return sum(memory.checkpoint_bytes(role.adapter.params if lora and role.adapter else role.size.params,
+                                           self.work.element_bytes) for role in self.roles if role.trained)
 
-    def column(self, gather: bool, offload_optimizer: str, offload_params: str) -> Column | None:
-        wanted = Candidate(gather, offload_optimizer, offload_params)
+    def column(self, gather: bool, offload_optimizer: str, offload_params: str, lora: bool = False) -> Column | None:
+        wanted = Candidate(gather, offload_optimizer, offload_params, lora=lora)
         return next((column for column in self.columns if column.candidate == wanted), None)
 
     def as_dict(self) -> dict[str, Any]:
@@ -121,12 +129,13 @@ class Plan:
             "gpu_memory": self.hardware.gpu_memory, "gpus_per_machine": self.hardware.gpus_per_machine,
             "machines": self.hardware.machines, "hardware_source": self.hardware.source, "margin": memory.MARGIN,
             "models": {role.name: {"name_or_path": role.path, "params": role.size.params,
-                                   "largest_layer": role.size.largest_layer, "trained": role.trained}
+                                   "largest_layer": role.size.largest_layer, "trained": role.trained,
+                                   "adapter_params": role.adapter.params if role.adapter else None}
                        for role in self.roles},
             "workload": self.work.as_dict(),
             "configurations": [
                 {"label": c.candidate.label, "gather": c.candidate.gather,
-                 "gather_budget": str(c.candidate.budget) if c.candidate.budget else None,
+                 "gather_budget": str(c.candidate.budget) if c.candidate.budget else None, "lora": c.candidate.lora,
                  "offload_optimizer": c.candidate.offload_optimizer, "offload_params": c.candidate.offload_params,
                  "components": {part.name: part.gpu for part in c.components},
                  "phases": memory.phase_totals(c.components),
@@ -149,28 +158,39 @@ class _Inputs:
     max_live: int
     zero_init: bool
     value: Callable[[str], Any]
+    mask_bytes: int  # per element of a LoRA dropout mask: CUDA's is bool, the CPU's has the model's dtype
 
     def role(self, name: str) -> Role | None:
         return next((role for role in self.roles if role.name == name), None)
 
 
+def lora_settings(value: Callable[[str], Any]) -> LoraSettings:
+    """The run's LoRA keys, as the ranks pass them to PEFT; LoRA columns use them whether the run sets use_peft."""
+    return LoraSettings(value("lora_r"), peft_targets(value("lora_target_modules")),
+                        tuple(value("lora_modules_to_save") or ()), value("lora_dropout") > 0, bool(value("use_dora")))
+
+
 def _roles(run: ResolvedRun) -> list[Role]:
     revision = run.value("model_revision")
+    lora = lora_settings(run.value)
 
-    def size(path: str, classifier: bool) -> ModelSize:
-        return model_size(read_config(path, revision), sequence_classifier=classifier)
+    def role(name: str, path: str, classifier: bool, trained: bool) -> Role:
+        config = read_config(path, revision)
+        size = model_size(config, sequence_classifier=classifier)
+        return Role(name, path, size, trained, adapter_size(config, lora, sequence_classifier=classifier)
+                    if trained else None)
 
     entry = algorithm(run.algorithm)
     policy_path = run.value("model_name_or_path")
     reward_path = run.value("reward_model_name_or_path")
-    roles = [Role("policy", policy_path, size(policy_path, False), True)]
+    roles = [role("policy", policy_path, False, True)]
     if entry.has_reference(run.value):
         roles.append(Role("reference", policy_path, roles[0].size, False))
     if reward_path:
-        roles.append(Role("reward", reward_path, size(reward_path, True), False))
+        roles.append(role("reward", reward_path, True, False))
     if entry.trains_value_model:
         value_path = run.value("value_model_name_or_path") or reward_path or policy_path
-        roles.append(Role("value", value_path, size(value_path, True), True))
+        roles.append(role("value", value_path, True, True))
     return roles
 
 
@@ -197,45 +217,61 @@ def _inputs(run: ResolvedRun) -> _Inputs | str:
     return _Inputs(
         run.algorithm, roles, work, hardware,
         max_live=run.value("stage3_max_live_parameters") or memory.DEFAULT_MAX_LIVE_PARAMETERS,
-        zero_init=bool(deepspeed.get("zero3_init_flag", False)), value=run.value)
+        zero_init=bool(deepspeed.get("zero3_init_flag", False)), value=run.value,
+        mask_bytes=work.element_bytes if run.cpu_only else 1)
 
 
 def components(inputs: _Inputs, candidate: Candidate) -> list[Component]:
-    """Every row of one candidate's column."""
+    """Every row of one candidate's column. Each trained model has a states row (with LoRA: its adapters') and
+    a shard row (with LoRA: its frozen base); under LoRA the reference is the policy with adapters off: no copy."""
     hw, work = inputs.hardware, inputs.work
     size_bytes = work.element_bytes
     optimizer_offloaded, params_offloaded = candidate.offload_optimizer != "none", candidate.offload_params != "none"
+
+    def shard(name: str, params: int, loading: int = 0) -> Component:
+        offloaded = params * size_bytes // hw.machines if params_offloaded else 0
+        return Component(f"{name} shard", STATIC, 0 if params_offloaded else
+                         memory.frozen_shard(params, size_bytes, hw.total_gpus), max(offloaded, loading))
+
     rows: list[Component] = []
     for role in inputs.roles:
         params = role.size.params
+        adapter = role.adapter if candidate.lora else None
         if role.trained:
             cpu, gpu = memory.zero3_model_states(
-                params, size_bytes, hw.gpus_per_machine, hw.machines, offload_optimizer=optimizer_offloaded,
-                offload_params=params_offloaded, zero_init=inputs.zero_init)
+                adapter.params if adapter else params, size_bytes, hw.gpus_per_machine, hw.machines,
+                offload_optimizer=optimizer_offloaded, offload_params=params_offloaded,
+                zero_init=inputs.zero_init or adapter is not None)
             rows.append(Component(f"{role.name} states", STATIC, gpu, cpu))
+            # without zero.Init each process loads the whole model into CPU memory first, adapters or not
+            loading = 0 if inputs.zero_init or adapter is None else 4 * params * hw.gpus_per_machine
+            rows.append(shard(role.name, params if adapter else 0, loading))
         else:
-            shard = memory.frozen_shard(params, size_bytes, hw.total_gpus)
-            rows.append(Component(f"{role.name} shard", STATIC, 0 if params_offloaded else shard,
-                                  params * size_bytes // hw.machines if params_offloaded else 0))
+            rows.append(shard(role.name, 0 if candidate.lora and role.name == "reference" else params))
     rows.append(Component("CUDA + buffers", STATIC, memory.CONTEXT_ALLOWANCE))
-    policy, value = inputs.roles[0].size, inputs.role("value")
-    engine = policy.params + (value.size.params if value else 0)  # PPO trains policy and value as one engine
-    largest = max(policy.largest_layer, value.size.largest_layer if value else 0)
+    trained = [role for role in inputs.roles if role.trained]
+    adapters = [role.adapter for role in trained if role.adapter] if candidate.lora else []
+    policy = inputs.roles[0].size
+    # PPO trains policy and value as one engine; with LoRA it holds the adapters beside the frozen weights
+    engine = sum(role.size.params for role in trained) + sum(adapter.params for adapter in adapters)
+    largest = max(role.size.largest_layer for role in trained)
+    trained_params = sum(adapter.params for adapter in adapters) if candidate.lora else engine
+    largest_trained = max(adapter.largest for adapter in adapters) if candidate.lora else largest
     rows.append(Component("gen weights", GENERATION, _generation_weights(inputs, candidate, engine, largest)))
     rows.append(Component("gen KV cache", GENERATION, memory.kv_cache(
         policy, work.generation_batch, work.prompt_length + work.completion_length, size_bytes)))
     rows.append(Component("train live params", TRAINING, memory.training_parameters(
-        engine, size_bytes, inputs.max_live, largest)))
-    trained = [role.size for role in inputs.roles if role.trained]
+        engine, size_bytes, inputs.max_live, largest, largest_trained)))
     rows.append(Component("train activations", TRAINING, sum(
-        memory.activations(size, work.train_batch, work.train_sequence, size_bytes, work.gradient_checkpointing,
-                           work.attention, work.liger)
-        for size in trained)))
+        memory.activations(role.size, work.train_batch, work.train_sequence, size_bytes, work.gradient_checkpointing,
+                           work.attention, work.liger, role.adapter if candidate.lora else None, inputs.mask_bytes)
+        for role in trained)))
+    head_trained = not candidate.lora or bool(inputs.roles[0].adapter and inputs.roles[0].adapter.head_trained)
     rows.append(Component("train logits", TRAINING, memory.logits(
         work.logits, policy, max(work.train_batch, work.score_batch), work.train_sequence, work.completion_length,
-        size_bytes)))
+        size_bytes, head_trained)))
     rows.append(Component("step fp32 grads", STEP, memory.optimizer_step(
-        engine, largest, size_bytes, hw.total_gpus, optimizer_offloaded)))
+        trained_params, largest_trained, size_bytes, hw.total_gpus, optimizer_offloaded)))
     return rows
 
 
@@ -296,7 +332,12 @@ def _machines_needed(inputs: _Inputs, candidate: Candidate) -> int | None:
 
 def suggestions(inputs: _Inputs, columns: list[Column], candidate: Candidate) -> list[str]:
     """What would fit when `candidate` does not: other configurations, more GPUs, shorter or smaller batches."""
-    found = [f"{c.candidate.label} fits ({gib(c.peak)})" for c in columns if c.fits]
+    found = [f"{c.candidate.label} fits ({gib(c.peak)})" for c in columns
+             if c.fits and c.candidate.lora == candidate.lora]
+    lora = [c for c in columns if c.fits and c.candidate.lora]
+    if not candidate.lora and not found and lora:  # offloading parameters is the slowest way to fit; then no-gather
+        best = min(lora, key=lambda c: (c.candidate.offload_params != "none", not c.candidate.gather))
+        found.append(f"--lora fits ({gib(best.peak)}): {best.candidate.label}")
     per_machine = inputs.hardware.gpus_per_machine
     machines = _machines_needed(inputs, candidate)
     found.append(f"{candidate.label} fits on {machines * per_machine} GPUs ({machines} machine(s) of {per_machine})"
@@ -315,7 +356,8 @@ def _run_candidate(run: ResolvedRun, gather: bool) -> Candidate:
     given = run.value("gather_budget")
     budget = parse_budget(given) if given is not None and not gather else None  # resolution checked it
     return Candidate(gather, deepspeed.get("offload_optimizer_device") or "none",
-                     deepspeed.get("offload_param_device") or "none", budget if budget and not budget.nothing else None)
+                     deepspeed.get("offload_param_device") or "none", budget if budget and not budget.nothing else None,
+                     lora=bool(run.value("use_peft")))
 
 
 def _largest_budget(inputs: _Inputs, gathered: Candidate) -> Candidate:
@@ -361,11 +403,15 @@ def plan_run(run: ResolvedRun) -> Plan:
         [_run_candidate(run, bool(gather))]
     chosen = own[0] if len(own) == 1 else _largest_budget(inputs, own[0])
     candidates = [Candidate(g, optimizer, params) for g in (True, False) for optimizer, params in OFFLOADS]
+    candidates += [Candidate(g, optimizer, params, lora=True) for g in (True, False)
+                   for optimizer, params in LORA_OFFLOADS]
     candidates += [c for c in dict.fromkeys((*own, chosen)) if c not in candidates]
     columns = [_column(inputs, candidate, candidate == chosen) for candidate in candidates]
     mine = next(column for column in columns if column.chosen)
     notes = [f"{role.name} ({role.path}): unknown architecture, counted as a llama-like decoder"
              for role in inputs.roles if role.size.approximate]
+    notes += [f"{role.name} ({role.path}): LoRA adapters sized as a llama-like decoder's"
+              for role in inputs.roles if role.adapter and role.adapter.approximate and not role.size.approximate]
     return Plan(True, hardware=inputs.hardware, roles=inputs.roles, work=inputs.work, columns=columns,
                 reason=_describe(mine, inputs.hardware.gpu_memory),
                 suggestions=[] if mine.fits else suggestions(inputs, columns, chosen), notes=notes,
@@ -388,7 +434,8 @@ def settle_gather(run: ResolvedRun, plan: Plan) -> ResolvedRun:
                         "pass --gather or --no-gather, or make config.json available")
     assert plan.hardware is not None and plan.chosen is not None
     offload = _run_candidate(run, True)
-    gathered, sharded = (plan.column(g, offload.offload_optimizer, offload.offload_params) for g in (True, False))
+    gathered, sharded = (plan.column(g, offload.offload_optimizer, offload.offload_params, offload.lora)
+                         for g in (True, False))
     assert gathered is not None and sharded is not None
     memory_text = gib(plan.hardware.gpu_memory)
     if not plan.chosen.fits:

@@ -81,11 +81,35 @@ b-byte cast is the module gradient counted above) and the hidden states' (4 + b 
 
 CUDA context and communication buffers: a fixed CONTEXT_ALLOWANCE.
 
+LoRA (`--lora`: PEFT adapters on the trained models, through TRL's `peft_config` or, for PPO,
+rlhf_cli/rank/lora.py; A the adapter's parameters, counted from config.json in rlhf_cli/plan/models.py):
+- the base weights stay frozen ZeRO-3 shards, P x b / G, like a reference model's (in CPU memory with
+  parameter offload); the adapters train: A (rank x in) and B (out x rank) per adapted module, DoRA's
+  magnitudes, modules_to_save copies (PPO's value head), with the trained model's states above applied to A
+  (under ZeRO-3, TRL and rlhf keep adapters in the model's dtype: `autocast_adapter_dtype=False`, trl#6091);
+- no reference copy: the trainers take reference log-probs with the adapters disabled (TRL's
+  `use_adapter`/`disable_adapter`, PPO's `_reference_logits`);
+- gathering for generation gathers base and adapters, (P + A) x b; generation runs the adapters unmerged,
+  a rank-r product per adapted module beside the frozen one, with no weight copy;
+- only adapters get gradients: the module being reduced is the largest adapter matrix (or copy), and the
+  optimizer step's fp32 sub-group is the adapters';
+- a frozen layer keeps only what the gradient of its input needs, not what its weights' gradients need
+  (checked against autograd's saved tensors, tests/test_lora.py). Llama-like: not the RMSNorms' casts back
+  and outputs (with Liger, the outputs), the SwiGLU product (down_proj's input), eager attention's output
+  (o_proj's input; SDPA and FlashAttention keep it for their own backward), qwen3's per-head norm casts;
+  GPT-NeoX: not the LayerNorms' outputs, the dense projection's input, the GeLU output; the final norm alike.
+  Each adapter keeps A's output for B's gradient, rank x b per token, and A's input for A's gradient: with
+  lora_dropout (TRL's default 0.05) its own dropped copy, b per element, and the dropout mask, 1 byte (CUDA's
+  `native_dropout` returns a bool mask; the CPU's dropout multiplies by a noise tensor of the model's dtype,
+  b bytes); without dropout the input itself, once per tensor adapted modules read;
+- a frozen LM head gets no weight gradient from TRL's fused head (its backward checks `needs_input_grad`).
+
 A checkpoint on disk, summed over ranks: each trained model's weights as saved (P x b) and its optimizer
 states (the fp32 master copy and Adam's two moments: 12 bytes per parameter).
 
-Not counted: the allocator's fragmentation and caching, vLLM, LoRA adapters, mixture-of-experts routing, the
-generation's transient logits, and Adam's temporaries (transformers' default is the fused AdamW: none).
+Not counted: the allocator's fragmentation and caching, vLLM, mixture-of-experts routing, the generation's
+transient logits, Adam's temporaries (transformers' default is the fused AdamW: none), and adapter matrices
+below stage3_param_persistence_threshold, which ZeRO-3 keeps whole on every GPU (at most A x b).
 """
 
 from __future__ import annotations
@@ -94,8 +118,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rlhf_cli.algorithms.spec import LogitsModel
+from rlhf_cli.architectures import ATTENTION_OUTPUT, Module
 from rlhf_cli.gather_budget import Unit, choose
-from rlhf_cli.plan.models import ModelSize
+from rlhf_cli.plan.models import Adapter, ModelSize
 
 GIB = 2**30
 CONTEXT_ALLOWANCE = int(1.5 * GIB)  # CUDA context (~0.5 GiB), DeepSpeed's reduce bucket (5e8 x 2 bytes), NCCL
@@ -162,9 +187,12 @@ def live_parameters(params: int, element_bytes: int, max_live: int, largest_laye
     return min(params, max_live + largest_layer) * element_bytes
 
 
-def training_parameters(params: int, element_bytes: int, max_live: int, largest_layer: int) -> int:
-    """Live parameters in a forward/backward, and the gradient of the module ZeRO-3 is reducing."""
-    return live_parameters(params, element_bytes, max_live, largest_layer) + largest_layer * element_bytes
+def training_parameters(params: int, element_bytes: int, max_live: int, largest_layer: int,
+                        largest_trained: int | None = None) -> int:
+    """Live parameters in a forward/backward, and the gradient of the module ZeRO-3 is reducing: the largest
+    trained one (under LoRA an adapter's matrix, not the frozen layer it adapts)."""
+    gradient = largest_layer if largest_trained is None else largest_trained
+    return live_parameters(params, element_bytes, max_live, largest_layer) + gradient * element_bytes
 
 
 def kv_cache(model: ModelSize, batch: int, sequence: int, element_bytes: int) -> int:
@@ -179,8 +207,53 @@ def _norm(model: ModelSize, element_bytes: int, liger: bool) -> int:
     return (2 * b * hidden if liger else (4 + 2 * b) * hidden) + 4
 
 
-def layer_activations(model: ModelSize, sequence: int, element_bytes: int, attention: str, liger: bool) -> int:
-    """Bytes per token one decoder layer keeps for the backward (see the module's docstring)."""
+def _frozen_norm(model: ModelSize, element_bytes: int, liger: bool) -> int:
+    """What a normalisation keeps when no weight after it trains: not its output, nor RMSNorm's cast back."""
+    return _norm(model, element_bytes, liger) - _norm_weight_inputs(model, element_bytes, liger)
+
+
+def _norm_weight_inputs(model: ModelSize, element_bytes: int, liger: bool) -> int:
+    """A normalisation's output (kept by the projections for their weights' gradients) and, RMSNorm without
+    Liger, the normalised input cast back (kept by its own weight's product)."""
+    return element_bytes * model.hidden * (2 if model.gated_mlp and not liger else 1)
+
+
+def _weight_gradient_inputs(model: ModelSize, element_bytes: int, attention: str, liger: bool) -> int:
+    """Bytes per token a layer keeps only for its weights' gradients: what it does not keep frozen (LoRA's base)."""
+    b, q, kv = element_bytes, model.heads * model.head_dim, model.kv_heads * model.head_dim
+    if not model.gated_mlp:  # both LayerNorms' outputs, the dense projection's input, the GeLU output
+        return 3 * b * model.hidden + b * model.intermediate
+    eager_output = b * q if attention == EAGER else 0  # o_proj's input; SDPA and FlashAttention keep it themselves
+    qk_norm = b * (q + kv) if model.qk_norm else 0  # the per-head norms' casts back
+    return 2 * _norm_weight_inputs(model, b, liger) + b * model.intermediate + eager_output + qk_norm
+
+
+def adapter_activations(model: ModelSize, adapted: Sequence[Module], rank: int, element_bytes: int, attention: str,
+                        dropout: bool, mask_bytes: int = 1, copies: Sequence[Module] = ()) -> int:
+    """Bytes per token that LoRA adapters on `adapted` keep (PEFT's lora.Linear adds B(A(dropout(x))) x scale),
+    and trained copies of `copies` (modules_to_save): A's output for B's gradient, rank x b per adapter; for A's
+    gradient its input, with lora_dropout each adapter's dropped copy and mask, else the input itself, once per
+    tensor read (as a copy keeps its input), unless the frozen layer keeps that tensor anyway (llama-like
+    attention output under SDPA and FlashAttention). Embedding adapters take token ids and have no dropout."""
+    b = element_bytes
+    linear = [module for module in adapted if not module.embedding]
+    kept = rank * b * len(adapted)
+    if dropout:
+        kept += sum((b + mask_bytes) * module.in_features for module in linear)
+        linear = []
+    kept_by_layer = {ATTENTION_OUTPUT} if model.gated_mlp and attention != EAGER else set()
+    keeping = [*linear, *(copy for copy in copies if not copy.embedding)]
+    read = {module.reads: module.in_features for module in keeping if module.reads not in kept_by_layer}
+    return kept + b * sum(read.values())
+
+
+def layer_activations(model: ModelSize, sequence: int, element_bytes: int, attention: str, liger: bool,
+                      frozen: bool = False) -> int:
+    """Bytes per token one decoder layer keeps for the backward (see the module's docstring); `frozen`: none of
+    its weights trains, as under LoRA (its adapters' own activations are `adapter_activations`)."""
+    if frozen:
+        return (layer_activations(model, sequence, element_bytes, attention, liger)
+                - _weight_gradient_inputs(model, element_bytes, attention, liger))
     b, h, a, i = element_bytes, model.hidden, model.heads, model.intermediate
     q, kv = model.heads * model.head_dim, model.kv_heads * model.head_dim
     scores = (4 + (b if b < 4 else 0)) * a * sequence  # eager: the fp32 softmax and its 16-bit copy
@@ -210,23 +283,34 @@ def _backward_transient(model: ModelSize, element_bytes: int, liger: bool) -> in
 
 
 def activations(model: ModelSize, batch: int, sequence: int, element_bytes: int, checkpointing: bool,
-                attention: str = FLASH_ATTENTION, liger: bool = False) -> int:
-    """Activations kept for the backward of one micro-batch, and the gradients of one MLP's backward."""
+                attention: str = FLASH_ATTENTION, liger: bool = False, adapter: Adapter | None = None,
+                mask_bytes: int = 1) -> int:
+    """Activations kept for the backward of one micro-batch, and the gradients of one MLP's backward; with an
+    adapter, of the frozen model and its adapters (`mask_bytes`: per element of a LoRA dropout mask)."""
     liger = liger and model.gated_mlp  # Liger patches llama-like blocks only
-    layer = layer_activations(model, sequence, element_bytes, attention, liger)
-    stored = model.layers * element_bytes * model.hidden + layer if checkpointing else model.layers * layer
-    per_token = (stored + _norm(model, element_bytes, liger) + _shared_mask(sequence, element_bytes, attention)
-                 + _backward_transient(model, element_bytes, liger))
+    b = element_bytes
+    if adapter is None:
+        layers = [layer_activations(model, sequence, b, attention, liger)] * model.layers
+        final = _norm(model, b, liger)
+    else:
+        frozen = layer_activations(model, sequence, b, attention, liger, frozen=True)
+        layers = [frozen + adapter_activations(model, modules, adapter.rank, b, attention, adapter.dropout,
+                                               mask_bytes) for modules in adapter.layers]
+        final = _frozen_norm(model, b, liger) + adapter_activations(
+            model, adapter.outside, adapter.rank, b, attention, adapter.dropout, mask_bytes, adapter.copies)
+    stored = model.layers * b * model.hidden + max(layers) if checkpointing else sum(layers)
+    per_token = (stored + final + _shared_mask(sequence, b, attention) + _backward_transient(model, b, liger))
     return batch * sequence * per_token
 
 
 def logits(head: LogitsModel, model: ModelSize, batch: int, sequence: int, completion: int,
-           element_bytes: int) -> int:
-    """What the LM head holds at the training peak for one micro-batch (see LogitsModel)."""
+           element_bytes: int, head_trained: bool = True) -> int:
+    """What the LM head holds at the training peak for one micro-batch (see LogitsModel); a frozen head (LoRA)
+    gets no weight gradient from TRL's fused head (`needs_input_grad`)."""
     if head.fused_head:
         tokens = batch * completion
         tile = min(tokens, FUSED_HEAD_TILE[0]) * min(model.vocab, FUSED_HEAD_TILE[1]) * element_bytes
-        weight_gradient = 4 * model.vocab * model.hidden
+        weight_gradient = 4 * model.vocab * model.hidden if head_trained else 0
         hidden = tokens * model.hidden * (2 * element_bytes + 4)  # kept, their fp32 gradient, its cast
         return tile + weight_gradient + hidden + 4 * FUSED_HEAD_STATISTICS * tokens
     positions = head.sequence_copies * sequence + head.completion_copies * completion

@@ -1,7 +1,7 @@
 """Model sizes from `config.json` alone, by arithmetic: no weights, no torch, no transformers.
 
-A model is found as a local directory or in the Hugging Face hub cache
-(`$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`), at the run's revision.
+A model's config.json is found as a local directory or in the Hugging Face hub cache, at the run's revision
+(`rlhf_cli.hub.read_config`).
 The counts follow the module layout of transformers' classes, so that they equal
 `sum(p.numel() for p in model.parameters())` and DeepSpeed's "largest layer" (the most parameters
 one module owns directly), which `tests/test_plan.py` checks against transformers itself.
@@ -9,24 +9,17 @@ one module owns directly), which `tests/test_plan.py` checks against transformer
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from rlhf_cli.architectures import LAYER, Module, architecture, default_targets, targeted
 from rlhf_cli.gather_budget import Unit
-from rlhf_cli.hub import hub_cache
+from rlhf_cli.hub import ModelConfigUnavailable
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 # Modules of a decoder layer that hold no parameter themselves (the layer, attention, MLP, activation, dropouts):
 # ZeRO-3 hooks them too. llama-like: 4.
 PARAMETERLESS_PER_LAYER = {"gpt2": 7, "gpt_neox": 6}
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
-
-
-class ModelConfigUnavailable(Exception):
-    """A model whose config.json cannot be read here; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -57,37 +50,6 @@ class _Layout:
     per_layer: list[int]  # parameters of each module inside one decoder layer
     final: list[int]  # final norm(s)
     head: int  # LM head or score head; 0 when tied to the input embedding
-
-
-def find_config(name_or_path: str, revision: str | None = None) -> Path:
-    """config.json of a local model directory, or of a hub id at `revision` in the hub cache."""
-    local = Path(name_or_path).expanduser()
-    if (local / "config.json").is_file():
-        return local / "config.json"
-    if local.is_absolute() or name_or_path.startswith((".", "~")):
-        raise ModelConfigUnavailable(f"{name_or_path} has no config.json")
-    repo = hub_cache() / f"models--{name_or_path.replace('/', '--')}"
-    revision = revision or "main"
-    commit = revision if COMMIT.match(revision) else None
-    if commit is None and (repo / "refs" / revision).is_file():
-        commit = (repo / "refs" / revision).read_text().strip()
-    config = repo / "snapshots" / (commit or revision) / "config.json"
-    if not config.is_file():
-        raise ModelConfigUnavailable(
-            f"config.json of {name_or_path}@{revision} is not in the hub cache {hub_cache()} "
-            f"(`hf download {name_or_path} config.json` fetches it)")
-    return config
-
-
-def read_config(name_or_path: str, revision: str | None = None) -> dict[str, Any]:
-    path = find_config(name_or_path, revision)
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise ModelConfigUnavailable(f"{path}: not readable JSON ({error.__class__.__name__})") from None
-    if not isinstance(config, dict):
-        raise ModelConfigUnavailable(f"{path}: not a JSON object")
-    return config
 
 
 def _linear(rows: int, cols: int, bias: bool) -> int:
@@ -164,6 +126,57 @@ def model_size(config: dict[str, Any], *, sequence_classifier: bool = False, num
                      gated_mlp=model_type not in ("gpt2", "gpt_neox"), qk_norm=model_type == "qwen3",
                      max_positions=max_positions, approximate=model_type not in ("gpt2", "gpt_neox", *LLAMA_LIKE),
                      units=units)
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """A run's LoRA keys as PEFT gets them (rlhf_cli/rank/lora.py)."""
+
+    rank: int
+    targets: str | list[str] | None  # `peft_targets(lora_target_modules)`; None: PEFT's default for the model type
+    modules_to_save: tuple[str, ...] = ()
+    dropout: bool = True  # lora_dropout > 0 (TRL's default 0.05): each adapter keeps a dropped copy of its input
+    dora: bool = False
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """LoRA on one model, sized from its config.json: what trains, and where adapters sit for the activations."""
+
+    params: int  # trained: A and B of each adapted module (DoRA: and a magnitude per output), modules_to_save copies
+    largest: int  # most trained parameters one module owns: its gradient is materialised whole (lora_A, lora_B...)
+    rank: int
+    dropout: bool
+    layers: tuple[tuple[Module, ...], ...]  # the adapted modules of each decoder layer
+    outside: tuple[Module, ...] = ()  # adapted modules outside the layers (embeddings, the output layer)
+    copies: tuple[Module, ...] = ()  # modules_to_save outside the layers, trained whole (a classifier's score head)
+    head_trained: bool = False  # the output layer's weight gets a gradient (a modules_to_save copy of it)
+    approximate: bool = False  # an architecture we do not know, adapted as a llama-like decoder
+
+
+def adapter_size(config: dict[str, Any], lora: LoraSettings, *, sequence_classifier: bool = False) -> Adapter:
+    """The adapters PEFT adds to a causal LM (or to the same network as a sequence classifier, whose score head
+    PEFT trains whole, task SEQ_CLS): A is rank x in, B out x rank, DoRA adds a magnitude per output feature."""
+    arch = architecture(config, sequence_classifier=sequence_classifier)
+    approximate = arch is None
+    if arch is None:
+        arch = architecture({**config, "model_type": "llama"}, sequence_classifier=sequence_classifier)
+        assert arch is not None
+    saved = set(lora.modules_to_save) | ({"classifier", "score"} if sequence_classifier else set())
+    targets = lora.targets if lora.targets is not None else default_targets(arch.model_type) or ("q_proj", "v_proj")
+    chosen = [(module, layer) for module, layer in targeted(arch, targets) if module.name not in saved]
+    copies = [module for module in arch.modules if module.name in saved]
+    per_module = [lora.rank * (module.in_features + module.out_features)
+                  + (module.out_features if lora.dora else 0) for module, _ in chosen]
+    copied = [module.in_features * module.out_features * len(module.paths(arch.layers)) for module in copies]
+    largest = max([lora.rank * max(module.in_features, module.out_features) for module, _ in chosen]
+                  + [module.in_features * module.out_features for module in copies], default=0)
+    layers = tuple(tuple(module for module, layer in chosen if layer == index) for index in range(arch.layers))
+    return Adapter(sum(per_module) + sum(copied), largest, lora.rank, lora.dropout, layers,
+                   outside=tuple(module for module, layer in chosen if layer is None),
+                   copies=tuple(module for module in copies if LAYER not in module.path),
+                   head_trained=any(module.path == arch.output_layer for module in copies),
+                   approximate=approximate)
 
 
 def _units(layout: _Layout, layers: int, parameterless: int) -> tuple[Unit, ...]:

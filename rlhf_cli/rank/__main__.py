@@ -41,6 +41,7 @@ def main(argv: list[str]) -> int:
         quiet_libraries(output_mode(), is_rank_zero=global_rank() == 0)
         from rlhf_cli.algorithms import algorithm
         from rlhf_cli.algorithms.spec import load_object
+        from rlhf_cli.rank.lora import save_merged_model
         from rlhf_cli.rank.record import write_rank_record, write_summary
         from rlhf_cli.rank.zero3 import install_generation_context
 
@@ -61,6 +62,8 @@ def main(argv: list[str]) -> int:
         else:
             trainer.save_model(trainer.args.output_dir)
             trainer.save_state()  # trainer_state.json: the logged metrics of every step
+            if trainer.accelerator.is_main_process:
+                save_merged_model(inputs, output_dir)
             status, exit_code = "finished", 0
         write_summary(trainer, name, status, time.monotonic() - started)
         trainer.accelerator.wait_for_everyone()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlhf_cli.rank.inputs import RankInputs, load_prompts, reward_funcs, reward_functions
+from rlhf_cli.rank.lora import adapt_ppo_models, peft_config
 from rlhf_cli.rank.zero3 import apply_zero3_settings
 
 
@@ -37,7 +38,7 @@ def _build_generating(config_class: type, trainer_class: type, inputs: RankInput
     _note_causal_lm_reward(inputs)
     train, evaluation = load_prompts(inputs)
     return trainer_class(model=inputs.model_value("model_name_or_path"), reward_funcs=reward_funcs(inputs),
-                         args=config, train_dataset=train, eval_dataset=evaluation)
+                         args=config, train_dataset=train, eval_dataset=evaluation, peft_config=peft_config(inputs))
 
 
 def build_rloo(inputs: RankInputs) -> Any:
@@ -62,12 +63,15 @@ def build_online_dpo(inputs: RankInputs) -> Any:
     model_path = inputs.model_value("model_name_or_path")
     init_kwargs = {k: v for k, v in config.model_init_kwargs.items() if v is not None}
     # Under ZeRO-3 the trainer cannot copy a sharded policy into a reference model: load one, after the
-    # config exists, so that it is partitioned at load time like the policy.
-    reference = AutoModelForCausalLM.from_pretrained(model_path, **init_kwargs)
+    # config exists, so that it is partitioned at load time like the policy. With LoRA the reference is the
+    # policy with its adapters disabled.
+    lora = peft_config(inputs)
+    reference = None if lora else AutoModelForCausalLM.from_pretrained(model_path, **init_kwargs)
     train, evaluation = load_prompts(inputs)
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=init_kwargs.get("revision"))
     return OnlineDPOTrainer(model=model_path, ref_model=reference, reward_funcs=reward_funcs(inputs), args=config,
-                            train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer)
+                            train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer,
+                            peft_config=lora)
 
 
 def _tokenize_prompts(dataset: Any, tokenizer: Any) -> Any:
@@ -98,9 +102,12 @@ def build_ppo(inputs: RankInputs) -> Any:
     tokenizer = AutoTokenizer.from_pretrained(policy_path, padding_side="left", revision=init_kwargs.get("revision"))
     pad_added = add_pad_token(tokenizer)
     policy = AutoModelForCausalLM.from_pretrained(policy_path, **init_kwargs)
-    reference = AutoModelForCausalLM.from_pretrained(policy_path, **init_kwargs)
+    # With LoRA the reference is the policy with its adapters disabled: no second copy.
+    reference = None if inputs.model_value("use_peft") else AutoModelForCausalLM.from_pretrained(policy_path,
+                                                                                               **init_kwargs)
     for model in (policy, reference):
-        fit_embeddings(model, tokenizer, config.seed)
+        if model is not None:
+            fit_embeddings(model, tokenizer, config.seed)
     if pad_added:
         say(f"the tokenizer of {policy_path} has no pad token of its own: added {tokenizer.pad_token!r} "
             f"(id {tokenizer.pad_token_id})")
@@ -112,6 +119,7 @@ def build_ppo(inputs: RankInputs) -> Any:
     if config.value_model_name_or_path or reward_path:  # started from the policy, a new head is expected
         note_untrained_head(value_path, "value model", init_kwargs.get("revision"))
     value = AutoModelForSequenceClassification.from_pretrained(value_path, num_labels=1, **init_kwargs)
+    policy, value = adapt_ppo_models(policy, value, inputs)
     train, _ = load_prompts(inputs)
     return PPOTrainer(args=config, processing_class=tokenizer, policy=policy, ref_policy=reference,
                       value_model=value, reward_model=reward, reward_funcs=reward_functions(inputs),

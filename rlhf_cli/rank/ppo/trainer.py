@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from peft import PeftModel
 from torch.utils.data import DataLoader
 from transformers import GenerationConfig, PreTrainedTokenizerBase, Trainer, TrainerState, set_seed
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
@@ -56,9 +57,15 @@ class PolicyAndValue(nn.Module):
             model.activation_checkpointing_disable()
 
     def forward(self, **kwargs: Any) -> tuple[Any, torch.Tensor]:
-        backbone = getattr(self.value_model, self.value_model.base_model_prefix)
+        value_model = _transformers_model(self.value_model)
+        backbone = getattr(value_model, value_model.base_model_prefix)
         hidden = backbone(**kwargs).last_hidden_state
-        return self.policy(**kwargs), self.value_model.score(hidden)
+        return self.policy(**kwargs), value_model.score(hidden)
+
+
+def _transformers_model(model: nn.Module) -> nn.Module:
+    """The transformers model itself: under LoRA, the one inside PEFT's wrapper (its adapters in place)."""
+    return model.get_base_model() if isinstance(model, PeftModel) else model
 
 
 def rollout_generation_config(max_new_tokens: int, temperature: float, pad_token_id: int,
@@ -112,7 +119,7 @@ def disable_dropout(model: nn.Module) -> None:
 
 class PPOTrainer(Trainer):
     def __init__(self, args: PPOConfig, processing_class: PreTrainedTokenizerBase, policy: nn.Module,
-                 ref_policy: nn.Module, value_model: nn.Module, reward_model: nn.Module | None,
+                 ref_policy: nn.Module | None, value_model: nn.Module, reward_model: nn.Module | None,
                  reward_funcs: list[Callable], train_dataset: Any) -> None:
         if args.stop_token is not None and args.stop_token_id is not None:
             raise ValueError(f"`stop_token` ({args.stop_token}) and `stop_token_id` ({args.stop_token_id}) are both "
@@ -148,8 +155,10 @@ class PPOTrainer(Trainer):
         self.num_updates = args.max_steps if args.max_steps > 0 else max(1, math.ceil(total / self.batch_size))
         self.stop_token_id = processing_class.eos_token_id if args.stop_token == "eos" else args.stop_token_id
         self.reward_funcs = reward_funcs
-        self.ref_policy = prepare_deepspeed(ref_policy, self.accelerator) if self.is_deepspeed_enabled \
-            else ref_policy.to(self.accelerator.device)
+        self.ref_policy = None  # under LoRA: the policy with its adapters disabled (`_reference_logits`)
+        if ref_policy is not None:
+            self.ref_policy = prepare_deepspeed(ref_policy, self.accelerator) if self.is_deepspeed_enabled \
+                else ref_policy.to(self.accelerator.device)
         self.reward_model = None
         if reward_model is not None:
             self.reward_model = prepare_deepspeed(reward_model, self.accelerator) if self.is_deepspeed_enabled \
@@ -215,7 +224,7 @@ class PPOTrainer(Trainer):
             logits = output.logits[:, context_length - 1:-1] / (args.temperature + 1e-7)
             logprobs.append(torch.gather(logits.log_softmax(-1), 2, responses[part].unsqueeze(-1)).squeeze(-1))
             values.append(value[:, context_length - 1:-1].squeeze(-1))
-            ref_logits = self.ref_policy(**_inputs(query_responses[part], pad_id)).logits
+            ref_logits = self._reference_logits(_inputs(query_responses[part], pad_id))
             ref_logits = ref_logits[:, context_length - 1:-1] / (args.temperature + 1e-7)
             ref_logprobs.append(torch.gather(ref_logits.log_softmax(-1), 2,
                                              responses[part].unsqueeze(-1)).squeeze(-1))
@@ -225,6 +234,13 @@ class PPOTrainer(Trainer):
                 "postprocessed": postprocessed, "logprobs": torch.cat(logprobs),
                 "ref_logprobs": torch.cat(ref_logprobs),
                 "values": torch.cat(values), "scores": torch.cat(scores), "context_length": context_length}
+
+    def _reference_logits(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The reference policy's logits: the frozen copy's, or under LoRA the policy's with its adapters off."""
+        if self.ref_policy is not None:
+            return self.ref_policy(**inputs).logits
+        with self.policy_and_value.policy.disable_adapter():
+            return self.policy_and_value.policy(**inputs).logits
 
     def _score(self, query_responses: torch.Tensor, responses: torch.Tensor, context_length: int) -> torch.Tensor:
         """Reward model score plus every reward function's, per response."""
@@ -362,7 +378,8 @@ class PPOTrainer(Trainer):
 
     # -- saving ---------------------------------------------------------------------------------
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Only the policy, whole (consolidated from ZeRO-3 shards), loadable with from_pretrained."""
+        """Only the policy, whole (consolidated from ZeRO-3 shards), loadable with from_pretrained; under LoRA its
+        adapter (PEFT's save_pretrained keeps the adapter's weights of the state dict)."""
         output_dir = output_dir or self.args.output_dir
         engine = self.model_wrapped
         state = self.accelerator.get_state_dict(engine)

@@ -1,0 +1,72 @@
+"""LoRA inside the ranks: the adapter config from the recipe's TRL `ModelConfig` keys, PPO's adapters, and the
+merged model written beside the adapter at the end of a run.
+
+TRL's trainers (RLOO, GRPO, online DPO) take the config as `peft_config` and wrap the policy themselves; they use
+the policy with its adapters disabled as the reference, so no reference model is loaded. PPO is ours:
+`adapt_ppo_models` wraps its policy and value model, and the trainer disables the adapters for the reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from rlhf_cli.architectures import peft_targets
+from rlhf_cli.rank.inputs import RankInputs
+from rlhf_cli.run_dir import RunDir
+
+SEQUENCE_CLASSIFIER = "SEQ_CLS"  # PEFT's task type that trains a classifier's score head whole
+
+
+def peft_config(inputs: RankInputs, task_type: str | None = None) -> Any:
+    """TRL's `get_peft_config` of the recipe's ModelConfig keys (a LoraConfig), or None without `use_peft`."""
+    from trl import ModelConfig, get_peft_config
+
+    names = {field.name for field in dataclasses.fields(ModelConfig)}
+    model_args = ModelConfig(**{name: value for name, value in inputs.model.items() if name in names})
+    if not model_args.use_peft:
+        return None
+    model_args.lora_target_modules = peft_targets(inputs.model.get("lora_target_modules"))
+    if task_type is not None:
+        model_args.lora_task_type = task_type
+    return get_peft_config(model_args)
+
+
+def adapt_ppo_models(policy: Any, value_model: Any, inputs: RankInputs) -> tuple[Any, Any]:
+    """PPO's policy and value model with adapters, when the recipe asks for LoRA.
+
+    The value model gets adapters too, with its score head trained whole (PEFT's SEQ_CLS task keeps it in
+    modules_to_save): it starts from the reward model, often as large as the policy, and trained fully its Adam
+    states would cost what LoRA saves on the policy. Under ZeRO-3 the adapters keep the model's dtype, as in
+    TRL's trainers: fp32 adapters beside 16-bit frozen weights mix dtypes in ZeRO-3's gathers (trl#6091).
+    """
+    config = peft_config(inputs)
+    if config is None:
+        return policy, value_model
+    from peft import get_peft_model
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    keep_dtype = {"autocast_adapter_dtype": False} if is_deepspeed_zero3_enabled() else {}
+    return (get_peft_model(policy, config, **keep_dtype),
+            get_peft_model(value_model, peft_config(inputs, task_type=SEQUENCE_CLASSIFIER), **keep_dtype))
+
+
+def save_merged_model(inputs: RankInputs, output_dir: Path) -> Path | None:
+    """With `merge_adapter`: the policy with the adapter just saved in `output_dir` merged in, written where
+    `from_pretrained` loads it (RunDir.merged_model). Call on one rank, once training is over: it loads the base
+    model whole into CPU memory, outside ZeRO-3, and merges with PEFT's merge_and_unload."""
+    if not (inputs.model_value("use_peft") and inputs.model_value("merge_adapter")):
+        return None
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()  # else from_pretrained would partition the base across ranks that are not loading
+    init_kwargs = {name: value for name, value in inputs.model_init_kwargs().items() if value is not None}
+    base = AutoModelForCausalLM.from_pretrained(inputs.model_value("model_name_or_path"), **init_kwargs)
+    merged = PeftModel.from_pretrained(base, output_dir).merge_and_unload()
+    target = RunDir(output_dir).merged_model
+    merged.save_pretrained(target)
+    AutoTokenizer.from_pretrained(output_dir).save_pretrained(target)
+    return target
