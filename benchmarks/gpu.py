@@ -96,7 +96,7 @@ ALGORITHMS = (
     Algorithm("grpo", "grpo/smoke", "max_completion_length", {"per_device_train_batch_size": 8, "num_generations": 4},
               optional=True),
 )
-OFFLOAD_ALGORITHM = "ppo"  # the seed experiment's: PPO with the optimizer on the CPU
+OFFLOAD_ALGORITHM = "ppo"  # the seed experiment's: PPO with the optimizer on the CPU, and PPO with LoRA
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,7 @@ class Mode:
     gather: bool
     offload_optimizer: str
     flags: tuple[str, ...]
+    lora: bool = False
 
 
 GATHER = Mode("gather", True, "none", ("--gather",))
@@ -112,6 +113,7 @@ NO_GATHER = Mode("no-gather", False, "none", (
     "--no-gather", "--set", f"stage3_max_live_parameters={MAX_LIVE_PARAMETERS}",
     "--set", f"stage3_prefetch_bucket_size={PREFETCH_BUCKET}"))
 OFFLOAD = Mode("gather+offload", True, "cpu", ("--gather", "--offload-optimizer", "cpu"))
+LORA = Mode("no-gather+lora", False, "none", (*NO_GATHER.flags, "--lora"), lora=True)
 
 
 @dataclass(frozen=True)
@@ -164,9 +166,10 @@ class Run:
 
 
 def all_runs(algorithms: Sequence[Algorithm]) -> list[Run]:
-    """Every algorithm gathered, PPO with optimizer offload, then every algorithm without gathering."""
-    offload = [Run(a, OFFLOAD) for a in algorithms if a.command == OFFLOAD_ALGORITHM]
-    return [Run(a, GATHER) for a in algorithms] + offload + [Run(a, NO_GATHER) for a in algorithms]
+    """Every algorithm gathered, PPO with optimizer offload, every algorithm without gathering, PPO with LoRA."""
+    ppo = [a for a in algorithms if a.command == OFFLOAD_ALGORITHM]
+    return [Run(a, GATHER) for a in algorithms] + [Run(a, OFFLOAD) for a in ppo] + \
+        [Run(a, NO_GATHER) for a in algorithms] + [Run(a, LORA) for a in ppo]
 
 
 # -- models -------------------------------------------------------------------------------------------
@@ -248,6 +251,7 @@ def check_resolved(run: Run, resolved: dict[str, Any], setup: Setup, on_gpu: boo
                 "ds3_gather_for_generation": (trainer.get("ds3_gather_for_generation"), run.mode.gather),
                 "zero_stage": (deepspeed.get("zero_stage"), 3),
                 "offload_optimizer_device": (deepspeed.get("offload_optimizer_device"), run.mode.offload_optimizer),
+                "use_peft": (bool(resolved["model"].get("use_peft")), run.mode.lora),
                 "num_processes": (accelerate.get("num_processes"), 1),
                 "model_name_or_path": (resolved["model"].get("model_name_or_path"), str(setup.policy)),
                 "reward_model_name_or_path": (resolved["script"].get("reward_model_name_or_path"), str(setup.reward)),
@@ -273,6 +277,7 @@ def check_plan(run: Run, plan: dict[str, Any], setup: Setup) -> list[str]:
                 "prompt length": (workload["prompt_length"], setup.prompt_length),
                 "gather": (column["gather"], run.mode.gather),
                 "offload_optimizer": (column["offload_optimizer"], run.mode.offload_optimizer),
+                "LoRA": (column["lora"], run.mode.lora),
                 "GPU memory": (plan["gpu_memory"], setup.gpu_memory)}
     problems = [f"{run.name}: the plan's {key} is {got!r}, expected {want!r}"
                 for key, (got, want) in expected.items() if got != want]
