@@ -360,6 +360,10 @@ CASES = [
     recipe("conflict", "gather: true\nds3_gather_for_generation: false\n", "`ds3_gather_for_generation` is set again"),
     flags("conflict", "--set", "novalue", message="--set novalue: expected KEY=VALUE"),
     flags("conflict", "stray", message="unexpected argument 'stray'"),
+    flags("conflict", "--lora-r", "8", message="--lora-r 8: LoRA is off (`use_peft` is not true), so it would "
+          "change nothing; add --lora"),
+    flags("conflict", "--merge-adapter", message="--merge-adapter: LoRA is off (`use_peft` is not true), so it would "
+          "change nothing; add --lora"),
 
     # -- the environment -----------------------------------------------------------------------------------------
     env({**SLURM, "SLURM_NNODES": "0"}, "SLURM_NNODES=0: `num_machines`: must be at least 1 and at most 65536, got 0; "

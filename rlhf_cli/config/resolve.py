@@ -656,6 +656,11 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         said = (resolver.said("fp16") or "`fp16: {value}`").format(value="true")
         resolver.problems.append(f"{said}: fp16 needs a GPU and this machine has none; set bf16: true (the CPU "
                                  "has bf16) or neither")
+    for name, flag in (("lora_r", "--lora-r {value}"), ("merge_adapter", "--merge-adapter")):
+        setting = resolver.settings.get(name)
+        if setting is not None and setting.source.startswith("flag ") and resolver.value("use_peft") is not True:
+            resolver.problems.append(f"{flag.format(value=setting.value)}: LoRA is off (`use_peft` is not true), so "
+                                     "it would change nothing; add --lora")
     processes = int(accelerate.get("num_processes") or 1)
     for check in (lambda values: cross_field_problems(values, resolver.fields),
                   lambda values: algorithm(request.algorithm).checks(values, processes),
