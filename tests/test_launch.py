@@ -102,6 +102,15 @@ def test_sigterm_during_the_pre_launch_check_stops_the_waiting_agent_with_nothin
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
+def test_an_agent_that_ends_before_the_gate_opens_is_a_failed_run_not_a_traceback(
+        tmp_path: Path, monkeypatch, check_passes) -> None:
+    monkeypatch.setattr(runner, "launch_command", lambda run, verbosity: Launch([sys.executable, "-c",
+                                                                                  "raise SystemExit(3)"], {}))
+    check_passes.delay = 1.0  # the agent is gone before the check ends
+    outcome = runner.launch(smoke_run(tmp_path))
+    assert outcome.exit_code == 3 and outcome.status == "failed"
+
+
 def test_launch_sh_is_runnable_bash(tmp_path: Path) -> None:
     run = smoke_run(tmp_path)
     runner.write_run_files(run, run.accelerate)

@@ -137,21 +137,24 @@ def launch(run: ResolvedRun, verbosity: str = "normal", needs: PlanNeeds = UNKNO
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
-        with os.fdopen(gate_write, "wb") as gate:
-            try:
-                checking.wait()
-                write_run_files(run, accelerate, verbosity)
-                if machine_rank(run) == 0:
-                    _clear_previous_outcome(run_dir)
-                    try_write_json(run_dir.run_record, _run_record(run, accelerate))
-            except BaseException:
-                os.killpg(ranks.pid, signal.SIGKILL)  # only the agent so far: no rank has started
-                ranks.wait()
-                raise
-            gate_open = True
-            gate.write(START_GATE)
+        try:
+            checking.wait()
+            write_run_files(run, accelerate, verbosity)
+            if machine_rank(run) == 0:
+                _clear_previous_outcome(run_dir)
+                try_write_json(run_dir.run_record, _run_record(run, accelerate))
+        except BaseException:
+            os.killpg(ranks.pid, signal.SIGKILL)  # only the agent so far: no rank has started
+            ranks.wait()
+            raise
+        gate_open = True
+        try:
+            os.write(gate_write, START_GATE)
+        except BrokenPipeError:
+            pass  # the agent ended before the gate opened: its exit code and output say why
         code = ranks.wait()
     finally:
+        os.close(gate_write)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     code = 128 - code if code < 0 else code
