@@ -101,6 +101,7 @@ def main() -> None:
 
     budgets = {f"{fraction:g}": fraction for fraction in FRACTIONS}
     plans = {label: plan_prediction(common(budget_flags(fraction, args.steps))) for label, fraction in budgets.items()}
+
     def launched(flags: list[str], out: Path) -> Path:
         return out if args.reuse_runs else run_rloo(common(flags), out)
 
@@ -146,6 +147,7 @@ def budget_table(by_budget: dict[str, list[Measured]], plans: dict) -> tuple[lis
     median = {label: statistics.median(m.seconds_per_call for m in runs) for label, runs in by_budget.items()}
     low, high = median["0"], median["1"]
     rows, chart = [], {"fraction": [], "seconds": [], "line": [], "peak": [], "plan": [], "bought": []}
+
     def over_line(runs: list[Measured], fraction: float) -> float:
         return statistics.median(
             run.seconds_per_call / (zero.seconds_per_call + fraction * (one.seconds_per_call - zero.seconds_per_call))

@@ -123,6 +123,7 @@ class RunDir:
     def merged_model(self) -> Path:
         """With LoRA and `merge_adapter`: the policy with its adapter merged in (the adapter itself is in `path`)."""
         return self.path / "merged"
+
     def rank_exits_files(self) -> list[Path]:
         """Every machine's `rank_exits`."""
         return sorted(self.ranks.glob("machine-*.exits.json"))

@@ -107,6 +107,8 @@ def _lora_summary(run: ResolvedRun) -> str:
     """The adapters the LoRA columns count."""
     targets = run.value("lora_target_modules")
     return f"rank {run.value('lora_r')}, {', '.join(targets) if targets else 'PEFT default targets'}"
+
+
 def print_whole(table: Table) -> None:
     """A table on stdout that never cuts a number off: wider than the terminal (or a log's 80 columns), it is
     printed whole and the terminal wraps it."""
@@ -257,6 +259,6 @@ def print_outcome(outcome: Outcome, run: ResolvedRun, quiet: bool) -> None:
     elif outcome.status == "failed" and outcome.failure is not None:
         if outcome.failure.traceback:
             stderr.print(outcome.failure.traceback.rstrip(), highlight=False, markup=False)
-        stderr.print(Text.assemble(("Error:", "bold red"), " ", outcome.failure.line), highlight=False)
+        print_error(outcome.failure.line)
     elif outcome.status == "interrupted":
         stderr.print(f"Interrupted (exit code {outcome.exit_code})", style="yellow", markup=False)

@@ -24,7 +24,6 @@ from rlhf_cli.rank.inputs import RankInputs, load_reward_function
 from rlhf_cli.run_dir import PREFLIGHT_STEP_MARK
 
 
-
 def _step(text: str) -> None:
     print(f"{PREFLIGHT_STEP_MARK}{text}", file=sys.stderr, flush=True)
 

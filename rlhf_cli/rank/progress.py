@@ -17,7 +17,6 @@ from rlhf_cli.run_dir import OUTPUT_MODE_ENV
 from rlhf_cli.rank.zero3 import GenerationClock
 
 
-
 def output_mode() -> str:
     return os.environ.get(OUTPUT_MODE_ENV, "normal")
 

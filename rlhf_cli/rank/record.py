@@ -38,7 +38,6 @@ def write_rank_record(trainer: Any) -> Path:
     return path
 
 
-
 def write_summary(trainer: Any, algorithm: str, status: str, wall_seconds: float) -> None:
     """`summary.json` (rank 0): how the run ended, its pace and its last logged metrics."""
     if not trainer.accelerator.is_main_process:
