@@ -15,15 +15,15 @@ from itertools import accumulate
 from typing import Any
 
 from rlhf_cli.algorithms import algorithm
+from rlhf_cli.architectures import peft_targets
 from rlhf_cli.config.accelerate import is_zero3
 from rlhf_cli.config.resolve import ResolvedRun
 from rlhf_cli.errors import PlanError
-from rlhf_cli.hub import ModelConfigUnavailable, read_config
 from rlhf_cli.gather_budget import Budget, parse_budget, ranked
+from rlhf_cli.hub import ModelConfigUnavailable, read_config
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.gpus import Hardware, detect_hardware
 from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, TRAINING, Component
-from rlhf_cli.architectures import peft_targets
 from rlhf_cli.plan.models import Adapter, LoraSettings, ModelSize, adapter_size, model_size
 from rlhf_cli.plan.workload import Workload, WorkloadUnknown, workload
 from rlhf_cli.sizes import SizeError, gib, parse_size

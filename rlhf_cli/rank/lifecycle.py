@@ -26,8 +26,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from rlhf_cli.checkpoints import write_manifest
-from rlhf_cli.rank.watch import (PROGRESS, SAVING, TRAINING, exit_now, global_rank, lost_a_rank,
-                                 stop_for_another_rank)
+from rlhf_cli.rank.watch import PROGRESS, SAVING, TRAINING, exit_now, global_rank, lost_a_rank, stop_for_another_rank
 from rlhf_cli.records import claim, marker_says, try_write_json, unwritable
 from rlhf_cli.run_dir import FAILED, RunDir
 
