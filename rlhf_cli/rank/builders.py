@@ -111,9 +111,9 @@ def build_ppo(inputs: RankInputs) -> Any:
     if pad_added:
         say(f"the tokenizer of {policy_path} has no pad token of its own: added {tokenizer.pad_token!r} "
             f"(id {tokenizer.pad_token_id})")
+    _note_causal_lm_reward(inputs)
     reward = None
     if reward_path:
-        note_untrained_head(reward_path, "reward model", init_kwargs.get("revision"))
         reward = AutoModelForSequenceClassification.from_pretrained(reward_path, num_labels=1, **init_kwargs)
     value_path = config.value_model_name_or_path or reward_path or policy_path
     if config.value_model_name_or_path or reward_path:  # started from the policy, a new head is expected
