@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rlhf_cli.algorithms import algorithm
-from rlhf_cli.config.resolve import ResolvedRun
+from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.gather_budget import parse_budget
 from rlhf_cli.launch.runner import Outcome
 from rlhf_cli.plan.memory import MARGIN

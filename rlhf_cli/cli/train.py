@@ -12,7 +12,7 @@ from rlhf_cli.cli.output import (print_header, print_notes, print_outcome, print
 from rlhf_cli.config.fields import OFFLOAD_DEVICES
 
 if TYPE_CHECKING:
-    from rlhf_cli.config.resolve import ResolvedRun
+    from rlhf_cli.config.run import ResolvedRun
 
 
 LAUNCH = "Launch and ZeRO-3"

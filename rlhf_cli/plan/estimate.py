@@ -17,7 +17,7 @@ from typing import Any
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.architectures import peft_targets
 from rlhf_cli.config.accelerate import is_zero3
-from rlhf_cli.config.resolve import ResolvedRun
+from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.errors import PlanError
 from rlhf_cli.gather_budget import Budget, parse_budget, ranked
 from rlhf_cli.hub import ModelConfigUnavailable, read_config

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from rlhf_cli.config.fields import catalogue
-from rlhf_cli.config.resolve import DATA_SUFFIXES
+from rlhf_cli.config.data_files import DATA_SUFFIXES
 from rlhf_cli.gather_budget import Budget, parse_budget
 
 
