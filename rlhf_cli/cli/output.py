@@ -15,7 +15,6 @@ from rich.text import Text
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.run import ResolvedRun
-from rlhf_cli.gather_budget import parse_budget
 from rlhf_cli.launch.runner import Outcome
 from rlhf_cli.plan.memory import MARGIN
 
@@ -194,16 +193,6 @@ def _precision(run: ResolvedRun) -> str:
     return "bf16" if run.value("bf16") else "fp16" if run.value("fp16") else "fp32"
 
 
-def _generation_mode(run: ResolvedRun) -> str:
-    if run.value("ds3_gather_for_generation"):
-        return "gather to generate"
-    given = run.value("gather_budget")
-    budget = parse_budget(given) if given is not None else None
-    if budget is None or budget.nothing:
-        return "generate from shards"
-    return f"gather {budget} of the policy to generate, the rest from shards"
-
-
 def print_header(run: ResolvedRun, plan: Plan) -> None:
     """The run at a glance, before the ranks start talking."""
     deepspeed = run.accelerate.get("deepspeed_config") or {}
@@ -214,7 +203,7 @@ def print_header(run: ResolvedRun, plan: Plan) -> None:
         else None,
         "dataset": run.value("dataset_name"),
         "processes": f"{run.accelerate.get('num_processes')} on {run.accelerate.get('num_machines') or 1} machine(s)",
-        "ZeRO": f"stage {deepspeed.get('zero_stage', '-')}, " + _generation_mode(run)
+        "ZeRO": f"stage {deepspeed.get('zero_stage', '-')}, " + run.generation.describe()
                 + f", offload optimizer: {deepspeed.get('offload_optimizer_device', 'none')}"
                 + f", params: {deepspeed.get('offload_param_device', 'none')}",
         "precision": _precision(run) + (" (CPU)" if run.cpu_only else ""),

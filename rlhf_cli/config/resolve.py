@@ -19,6 +19,7 @@ from typing import Any
 from rlhf_cli.config import run_checks
 from rlhf_cli.config.accelerate import LAYOUT_KEYS, AccelerateChoices, build_accelerate_config
 from rlhf_cli.config.draft import Draft
+from rlhf_cli.config.generation import Generation
 from rlhf_cli.config.layers import apply_command_line, apply_environment, apply_recipe
 from rlhf_cli.config.recipe import Recipe, load_recipe
 from rlhf_cli.config.run import RESUME_AUTO, ResolvedRun, RunRequest, Setting
@@ -64,8 +65,9 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     if draft.problems:
         raise ConfigError(*draft.problems)
     settings = run_checks.completed_settings(draft, accelerate, cpu_only)
+    generation = Generation.from_values(lambda name: settings[name].value if name in settings else None)
     return ResolvedRun(request.algorithm, recipe.path if recipe else None, settings, accelerate, cpu_only,
-                       tuple(draft.notes + accelerate_notes))
+                       generation, tuple(draft.notes + accelerate_notes))
 
 
 def _read_recipe(draft: Draft) -> Recipe | None:

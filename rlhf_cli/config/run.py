@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_cli.config.fields import catalogue
+from rlhf_cli.config.generation import Generation
 
 RESUME_AUTO = "auto"  # `--resume auto`: the newest whole checkpoint in the output dir
 
@@ -41,6 +42,7 @@ class ResolvedRun:
     settings: dict[str, Setting]
     accelerate: dict[str, Any]
     cpu_only: bool
+    generation: Generation  # read from the settings once; `with_generation` keeps the two in step
     notes: tuple[str, ...] = ()
 
     @property
@@ -59,10 +61,11 @@ class ResolvedRun:
         """The resolved run as a recipe: loading it again gives the same run."""
         return {name: setting.value for name, setting in self.settings.items()}
 
-    def with_setting(self, name: str, value: Any, source: str, note: str | None = None) -> ResolvedRun:
-        """A copy with one value decided after resolution (`gather: auto`, by the plan), and a note on why."""
-        notes = self.notes if note is None else (*self.notes, note)
-        return replace(self, settings={**self.settings, name: Setting(value, source)}, notes=notes)
+    def with_generation(self, generation: Generation, source: str, note: str) -> ResolvedRun:
+        """A copy generating as decided after resolution (`gather: auto`, by the plan), its TRL keys written too."""
+        settings = {**self.settings, **{name: Setting(value, source)
+                                        for name, value in generation.trl_settings().items()}}
+        return replace(self, settings=settings, generation=generation, notes=(*self.notes, note))
 
     def with_note(self, note: str) -> ResolvedRun:
         """A copy with one more note, found after resolution (the output dir's free space, by the launcher)."""

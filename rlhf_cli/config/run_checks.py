@@ -51,6 +51,7 @@ def settle_gather_budget(draft: Draft) -> None:
         budget = parse_budget(setting.value)
     except BudgetError as error:
         draft.problems.append(f"{where}: `gather_budget`: {error}")
+        draft.refused.add("gather_budget")
         return
     draft.settings["gather_budget"] = Setting(budget.fraction if budget.fraction is not None else setting.value,
                                               setting.source)
