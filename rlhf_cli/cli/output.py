@@ -25,6 +25,11 @@ stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)
 
 
+def print_json(value: Any) -> None:
+    """Every command's `--json`: one JSON document on stdout, indented, anything else (paths) as text."""
+    print(json.dumps(value, indent=2, default=str))
+
+
 def print_error(line: str) -> None:
     """`Error: ...` on stderr; the line is printed as text, never read as markup (a path may hold `[/x]`)."""
     stderr.print(Text.assemble(("Error:", "bold red"), " ", line), highlight=False)
@@ -56,7 +61,7 @@ def _run_dict(run: ResolvedRun, plan: Plan) -> dict[str, Any]:
 
 
 def print_run_json(run: ResolvedRun, plan: Plan) -> None:
-    print(json.dumps(_run_dict(run, plan), indent=2, default=str))
+    print_json(_run_dict(run, plan))
 
 
 def _gib(value: int) -> str:
@@ -118,7 +123,7 @@ def print_whole(table: Table) -> None:
 def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
     """`rlhf plan`: one row per component, one column per configuration, the run's own marked with *."""
     if as_json:
-        print(json.dumps(plan.as_dict(), indent=2))
+        print_json(plan.as_dict())
         return
     if not plan.known:
         stdout.print(f"plan: unknown: {plan.why_unknown}", highlight=False, markup=False)
