@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import RECIPES, REPO
+from helpers import RECIPES, REPO
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
 from rlhf_cli.algorithms.spec import Algorithm, Batches, load_object, unset
 from rlhf_cli.config.fields import catalogue
