@@ -24,6 +24,8 @@ def suggest(key: str, names: list[str]) -> str:
 
 
 class Draft:
+    """A run being resolved: what each layer set so far, from where, and every problem and note found."""
+
     def __init__(self, request: RunRequest, cwd: Path) -> None:
         self.request = request
         self.cwd = cwd

@@ -20,6 +20,7 @@ from rlhf_cli.config.locate import locate
 from rlhf_cli.config.recipe import Recipe
 from rlhf_cli.config.run import Setting
 
+# The flag that sets each key the environment may fill in.
 _FLAG_NAMES = {"num_machines": "--num-machines", "machine_rank": "--machine-rank",
                "main_process_ip": "--main-process-ip", "main_process_port": "--main-process-port",
                "num_processes": "--num-processes"}

@@ -38,7 +38,6 @@ def _trl_accelerate_config(value: str, base_dirs: tuple[Path, ...]) -> Path | No
     return None
 
 
-
 def locate(draft: Draft, field: Field, value: Any, where: str, base_dirs: tuple[Path, ...]) -> Any:
     """Make local paths absolute and check they exist; leave hub ids alone; check values with inner parts."""
     if value is None:

@@ -238,7 +238,6 @@ def _deepspeed_stage(value: Any) -> int | None:
     return stage if isinstance(stage, int) else None
 
 
-
 def check_cpu_and_lora(draft: Draft, cpu_only: bool) -> None:
     """fp16 without a GPU, and LoRA flags given while LoRA is off: both would change nothing the user wants."""
     if cpu_only and draft.value("fp16") is True and draft.value("bf16") is not True:  # both: said elsewhere
