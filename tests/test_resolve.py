@@ -237,9 +237,11 @@ def test_ppo_batch_sizes_must_tile(tmp_path: Path) -> None:
         "gradient_accumulation_steps = 4)"]
     assert ppo_problems(tmp_path, "total_episodes=4", "num_mini_batches=2") == [
         "`total_episodes` (4) is less than one batch of rollouts (4 per process x 2 processes = 8)"]
-    assert ppo_problems(tmp_path, "num_mini_batches=4") == [
-        "`num_mini_batches` (4) must divide `gradient_accumulation_steps` (2): each mini-batch is one optimizer step "
-        "over whole micro-batches"]
+    assert ppo_problems(tmp_path, "num_mini_batches=3") == [
+        "`num_mini_batches` (3) must divide the rollouts per process (per_device_train_batch_size x "
+        "gradient_accumulation_steps = 4): each mini-batch is one optimizer step"]
+    # As TRL 1.12 accepted it: 4 mini-batches of 1 rollout, each a micro-batch of its own size
+    assert ppo_problems(tmp_path, "num_mini_batches=4") == []
     assert ppo_problems(tmp_path, "num_mini_batches=0") == [
         "--set num_mini_batches: `num_mini_batches`: must be at least 1, got 0"]
 

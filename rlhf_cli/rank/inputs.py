@@ -58,6 +58,7 @@ class RankInputs:
         """How TRL's own scripts load models, from the recipe's model keys."""
         kwargs = {
             "revision": self.model_value("model_revision"),
+            "trust_remote_code": self.trainer.get("trust_remote_code"),  # a trainer key, as in TRL's scripts
             "attn_implementation": self.model_value("attn_implementation"),
             "dtype": self.model_value("dtype"),
         }
