@@ -131,13 +131,18 @@ def _suggest(key: str, names: list[str]) -> str:
     return f"; did you mean `{close[0]}`?" if close else ""
 
 
+SFT_MODEL_PATH_MEANING = (
+    "in TRL 0.14's PPO `sft_model_path` was the policy and reference and `model_name_or_path` only the tokenizer; "
+    "rlhf loads all three from `model_name_or_path`: give it the SFT model (with its tokenizer) and drop the other")
+
+
 class _Resolver:
     def __init__(self, request: RunRequest, cwd: Path) -> None:
         self.request = request
         self.cwd = cwd
         self.fields = catalogue(request.algorithm)
         self.settings: dict[str, Setting] = {}
-        self.layers: dict[str, tuple[str, str]] = {}  # field -> (layer, where) of the value it holds
+        self.layers: dict[str, tuple[str, str, str]] = {}  # field -> (layer, where, key as given) of its value
         self.problems: list[str] = list(request.problems)
         self.notes: list[str] = []
         self.refused: set[str] = set()  # keys given a value that was refused
@@ -180,10 +185,13 @@ class _Resolver:
             return
         layer = "recipe" if source == "recipe" else "command line"
         if name in self.layers and self.layers[name][0] == layer:
+            if self._same_value(name, raw, where, base_dirs):
+                return  # TRL 0.x's command lines give model_name_or_path and sft_model_path alike: one value
             what = f"`{name}` is set" if key == name else f"`{key}` sets `{name}`"
-            self.problems.append(f"{where}: {what} again (already set by {self.layers[name][1]}); keep one")
+            why = SFT_MODEL_PATH_MEANING if "sft_model_path" in (key, self.layers[name][2]) else "keep one"
+            self.problems.append(f"{where}: {what} again (already set by {self.layers[name][1]}); {why}")
             return
-        self.layers[name] = (layer, where)
+        self.layers[name] = (layer, where, key)
         try:
             value = coerce(self.fields[name], raw)
         except FieldTypeError as error:
@@ -196,6 +204,19 @@ class _Resolver:
         self.settings[name] = Setting(self.locate(self.fields[name], value, where, base_dirs), source)
         if len(self.problems) > found:  # a path not found, a bad entry: later checks must not judge it again
             self.refused.add(name)
+
+    def _same_value(self, name: str, raw: Any, where: str, base_dirs: tuple[Path, ...]) -> bool:
+        """Whether `raw` is the value `name` already has (a path the same file), judged without a word."""
+        if name not in self.settings:
+            return False
+        problems, notes = list(self.problems), list(self.notes)
+        try:
+            value = self.locate(self.fields[name], coerce(self.fields[name], raw), where, base_dirs)
+        except FieldTypeError:
+            value = None
+        finally:
+            self.problems[:], self.notes[:] = problems, notes
+        return value is not None and value == self.settings[name].value
 
     # -- paths and values that name files ----------------------------------------------------
     def locate(self, field: Field, value: Any, where: str, base_dirs: tuple[Path, ...]) -> Any:
