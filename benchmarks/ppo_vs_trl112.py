@@ -96,12 +96,19 @@ def run_rlhf(out: Path, seed: int, updates: int) -> list[float]:
               "reward_funcs": f"[{HERE / 'trl112_task.py'}:hand_set_reward]"}
     argv = [sys.executable, "-m", "rlhf_cli", "ppo", "--model", str(POLICY), "-o", str(out / "run")]
     for key, value in values.items():
-        argv += ["--set", f"{key}={'null' if value is None else str(value).lower() if isinstance(value, bool) else value}"]
+        argv += ["--set", f"{key}={as_yaml(value)}"]
     done = subprocess.run(argv, env={**os.environ, LOG_ENV: str(out / "calls.log")}, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"rlhf ppo failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
     state = json.loads((out / "run" / "trainer_state.json").read_text())
     return [entry["objective/scores"] for entry in state["log_history"] if "objective/scores" in entry]
+
+
+def as_yaml(value: object) -> str:
+    """A --set value as YAML reads it back: null, true/false, numbers, and strings quoted (`no` is not false)."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    return f"'{value}'" if isinstance(value, str) and not value.startswith("[") else str(value)
 
 
 def seconds_per_update(log: Path) -> float:

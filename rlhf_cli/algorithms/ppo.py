@@ -75,7 +75,6 @@ ALGORITHM = Algorithm(
     batches=_batches,
     has_reference=lambda values: True,
     trains_value_model=True,
-    bf16_unless_told=False,
     # rlhf_cli/rank/ppo/trainer.py: `output.logits` over every position stays referenced through the backward,
     # with the completion's scaled logits and log-softmax; the backward adds a completion gradient or two and,
     # through the slice, one over every position: at most 2 [sequence] and 4 [completion] copies at once

@@ -131,6 +131,7 @@ def _suggest(key: str, names: list[str]) -> str:
     return f"; did you mean `{close[0]}`?" if close else ""
 
 
+QUANTIZATION_KEYS = ("load_in_4bit", "load_in_8bit")  # TRL's ModelConfig: QLoRA through bitsandbytes
 SFT_MODEL_PATH_MEANING = (
     "in TRL 0.14's PPO `sft_model_path` was the policy and reference and `model_name_or_path` only the tokenizer; "
     "rlhf loads all three from `model_name_or_path`: give it the SFT model (with its tokenizer) and drop the other")
@@ -677,6 +678,11 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         said = (resolver.said("fp16") or "`fp16: {value}`").format(value="true")
         resolver.problems.append(f"{said}: fp16 needs a GPU and this machine has none; set bf16: true (the CPU "
                                  "has bf16) or neither")
+    for name in QUANTIZATION_KEYS:
+        if cpu_only and resolver.value(name) is True:
+            said = (resolver.said(name) or f"`{name}: {{value}}`").format(value="true")
+            resolver.problems.append(f"{said}: QLoRA quantizes with bitsandbytes, which needs CUDA, and this machine "
+                                     f"has none; set {name}: false (LoRA without quantization runs here)")
     for name, flag in (("lora_r", "--lora-r {value}"), ("merge_adapter", "--merge-adapter")):
         setting = resolver.settings.get(name)
         if setting is not None and setting.source.startswith("flag ") and resolver.value("use_peft") is not True:
