@@ -4,7 +4,9 @@ The stand-ins (tests/families/build.py) carry what real checkpoints of each fami
 pad == EOS risks, several EOS ids, a sampling generation config, BOS added, dropout, tied embeddings,
 sliding windows. Each family is also its own reward model, a causal LM given a new score head, as the seed's
 pythia-70m is. Every run checks: the run finishes, every logged number is finite, the saved model and
-tokenizer load with `from_pretrained` and produce finite logits; for PPO, the ranks sampled differently.
+tokenizer load with `from_pretrained` and produce finite logits; for PPO, the ranks sampled differently. PPO
+trains with LoRA in its no-gather runs: the adapter loads on the base resized to the saved tokenizer (GPT-2,
+Llama 3 and Mistral get a pad row) and the merged model loads by itself and computes the same.
 
 The default run trains every family x algorithm once, gathering or not in turn, so that every algorithm and
 every family runs in both modes (24 runs); `pytest -m conformance` runs the whole matrix, each pair in both
@@ -112,6 +114,9 @@ def test_family_trains(entry: Algorithm, family: str, mode: str, kind: str, fami
             "--set", f"reward_funcs=[{FIXTURES}/rewards.py:record_samples]"]
     for pair in SMALL_BUCKETS:
         argv += ["--set", pair]
+    lora = entry.name == "ppo" and mode == "no-gather"  # PPO with LoRA in one mode of each family
+    if lora:
+        argv += ["--lora", "--merge-adapter"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=480,
                           env={**os.environ, "RLHF_TEST_SAMPLES": str(samples)})
     print(done.stdout[-3000:], done.stderr[-6000:], sep="\n")  # shown by pytest when an assertion fails
@@ -126,7 +131,19 @@ def test_family_trains(entry: Algorithm, family: str, mode: str, kind: str, fami
         record = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())
         assert record["ds3_gather_for_generation"] is (mode == "gather")
 
-    trained, tokenizer = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    if lora:  # the adapter loads on the base resized to the saved tokenizer, the merged model by itself
+        from peft import PeftModel
+
+        from rlhf_cli.rank.lora import load_base
+
+        assert (out / "adapter_config.json").is_file() and not (out / "model.safetensors").exists()
+        adapted = PeftModel.from_pretrained(load_base(str(model), tokenizer), out)
+        merged = AutoModelForCausalLM.from_pretrained(out / "merged")
+        ids = tokenizer("Describe the big tree.", return_tensors="pt")
+        assert torch.allclose(adapted(**ids).logits, merged(**ids).logits, atol=1e-4)
+        out = out / "merged"
+    trained = AutoModelForCausalLM.from_pretrained(out)
     assert len(tokenizer) <= trained.config.vocab_size
     logits = trained(**tokenizer("Describe the big tree.", return_tensors="pt")).logits
     assert torch.isfinite(logits).all()
