@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES
+from helpers import RECIPES
 
 LONG = "x" * 300  # longer than any file name the system allows (255)
 SMOKE = f"""model_name_or_path: {RECIPES}/smoke/policy
@@ -268,9 +268,9 @@ CASES = [
     sets("range", "beta=[0.1, -0.1]", "`beta`: must be at least 0, got -0.1", command="online-dpo"),
     sets("range", "loss_type=hinge", "`loss_type`: expected one of sigmoid, ipo, got 'hinge'", command="online-dpo"),
     recipe("cross-field", "bf16: true\nfp16: true\n", "`bf16` and `fp16` are both true; keep one"),
-    recipe("machine", "use_peft: true\nload_in_4bit: true\n", "r.yaml:12): QLoRA quantizes with bitsandbytes, which "
+    recipe("environment", "use_peft: true\nload_in_4bit: true\n", "r.yaml:12): QLoRA quantizes with bitsandbytes, which "
            "needs CUDA, and this machine has none; set load_in_4bit: false"),
-    sets("machine", "load_in_8bit=true", "`load_in_8bit: true` (--set load_in_8bit): QLoRA quantizes with "
+    sets("environment", "load_in_8bit=true", "`load_in_8bit: true` (--set load_in_8bit): QLoRA quantizes with "
          "bitsandbytes, which needs CUDA", command="ppo"),
     sets("range", "num_mini_batches=3", "`num_mini_batches` (3) must divide the rollouts per process "
          "(per_device_train_batch_size x gradient_accumulation_steps = 4)", command="ppo"),
