@@ -268,6 +268,12 @@ CASES = [
     sets("range", "beta=[0.1, -0.1]", "`beta`: must be at least 0, got -0.1", command="online-dpo"),
     sets("range", "loss_type=hinge", "`loss_type`: expected one of sigmoid, ipo, got 'hinge'", command="online-dpo"),
     recipe("cross-field", "bf16: true\nfp16: true\n", "`bf16` and `fp16` are both true; keep one"),
+    recipe("environment", "use_peft: true\nload_in_4bit: true\n", "r.yaml:12): QLoRA quantizes with bitsandbytes, which "
+           "needs CUDA, and this machine has none; set load_in_4bit: false"),
+    sets("environment", "load_in_8bit=true", "`load_in_8bit: true` (--set load_in_8bit): QLoRA quantizes with "
+         "bitsandbytes, which needs CUDA", command="ppo"),
+    sets("range", "num_mini_batches=3", "`num_mini_batches` (3) must divide the rollouts per process "
+         "(per_device_train_batch_size x gradient_accumulation_steps = 4)", command="ppo"),
     recipe("cross-field", "load_best_model_at_end: true\n", "`load_best_model_at_end` needs evaluation: set "
            "`eval_strategy` to steps or epoch"),
     recipe("cross-field", "lr_scheduler_type: reduce_lr_on_plateau\n", "`lr_scheduler_type: reduce_lr_on_plateau` "

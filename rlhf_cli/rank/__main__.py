@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rlhf_cli.rank.inputs import RankInputs
 from rlhf_cli.run_dir import EXIT_PREEMPTED
@@ -26,7 +27,6 @@ def main(argv: list[str]) -> int:
         StopRequest,
         failures_recorded,
         global_rank,
-        write_preempted,
     )
     from rlhf_cli.rank.progress import output_mode, quiet_libraries, use_progress
     from rlhf_cli.rank.watch import Watch, count_progress
@@ -41,8 +41,7 @@ def main(argv: list[str]) -> int:
         quiet_libraries(output_mode(), is_rank_zero=global_rank() == 0)
         from rlhf_cli.algorithms import algorithm
         from rlhf_cli.algorithms.spec import load_object
-        from rlhf_cli.rank.lora import save_merged_model
-        from rlhf_cli.rank.record import write_rank_record, write_summary
+        from rlhf_cli.rank.record import write_rank_record
         from rlhf_cli.rank.zero3 import install_generation_context
 
         gather = inputs.generation().gather
@@ -55,22 +54,36 @@ def main(argv: list[str]) -> int:
         trainer.add_callback(MovesAndPhases())  # last: it sees the saves the callbacks above ask for
         trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
         write_rank_record(trainer)
-        if stopper.stopped_at is not None:
-            if trainer.accelerator.is_main_process:
-                write_preempted(output_dir, stopper.stopped_at, stop.signal_name)
-            status, exit_code = "preempted", EXIT_PREEMPTED
-        else:
-            trainer.save_model(trainer.args.output_dir)
-            trainer.save_state()  # trainer_state.json: the logged metrics of every step
-            if trainer.accelerator.is_main_process:
-                save_merged_model(inputs, output_dir)
-            status, exit_code = "finished", 0
-        write_summary(trainer, name, status, time.monotonic() - started)
-        trainer.accelerator.wait_for_everyone()
-        # Destroys the process group while the interpreter is whole: left to interpreter teardown, gloo's
-        # worker threads abort a finished rank now and then ("terminate called without an active exception").
-        trainer.accelerator.end_training()
+        exit_code = finish(trainer, inputs, name, stopper.stopped_at, stop.signal_name, started)
     watch.finish()
+    return exit_code
+
+
+def finish(trainer: Any, inputs: RankInputs, name: str, stopped_at: int | None, signal_name: str | None,
+           started: float) -> int:
+    """Save what a finished run keeps (or leave the preemption record), leave the process group together, then
+    merge the adapter on rank 0 alone: a merge loads the whole base model, which can take longer than any
+    collective's timeout, so no rank waits for it in a barrier."""
+    from rlhf_cli.rank.lifecycle import write_preempted
+    from rlhf_cli.rank.lora import save_merged_model
+    from rlhf_cli.rank.record import write_summary
+
+    output_dir = Path(trainer.args.output_dir)
+    if stopped_at is not None:
+        if trainer.accelerator.is_main_process:
+            write_preempted(output_dir, stopped_at, signal_name)
+        status, exit_code = "preempted", EXIT_PREEMPTED
+    else:
+        trainer.save_model(trainer.args.output_dir)
+        trainer.save_state()  # trainer_state.json: the logged metrics of every step
+        status, exit_code = "finished", 0
+    write_summary(trainer, name, status, time.monotonic() - started)
+    trainer.accelerator.wait_for_everyone()
+    # Destroys the process group while the interpreter is whole: left to interpreter teardown, gloo's
+    # worker threads abort a finished rank now and then ("terminate called without an active exception").
+    trainer.accelerator.end_training()
+    if exit_code == 0 and trainer.accelerator.is_main_process:
+        save_merged_model(inputs, output_dir)
     return exit_code
 
 

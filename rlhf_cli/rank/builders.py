@@ -31,7 +31,9 @@ def _note_causal_lm_reward(inputs: RankInputs) -> None:
 
     path = inputs.script_value("reward_model_name_or_path")
     if path:
-        note_untrained_head(path, "reward model", inputs.model_init_kwargs().get("revision"))
+        init_kwargs = inputs.model_init_kwargs()
+        note_untrained_head(path, "reward model", init_kwargs.get("revision"),
+                            bool(init_kwargs.get("trust_remote_code")))
 
 
 def build_trl_generating(inputs: RankInputs) -> Any:
@@ -47,6 +49,7 @@ def build_trl_generating(inputs: RankInputs) -> Any:
 
 
 def build_online_dpo(inputs: RankInputs) -> Any:
+    from accelerate.utils import set_seed
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 
@@ -61,10 +64,15 @@ def build_online_dpo(inputs: RankInputs) -> Any:
     lora = peft_config(inputs)
     reference = None if lora else AutoModelForCausalLM.from_pretrained(model_path, **init_kwargs)
     train, evaluation = load_prompts(inputs)
-    tokenizer = AutoTokenizer.from_pretrained(model_path, revision=init_kwargs.get("revision"))
-    return OnlineDPOTrainer(model=model_path, ref_model=reference, reward_funcs=reward_funcs(inputs), args=config,
-                            train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer,
-                            peft_config=lora)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, revision=init_kwargs.get("revision"),
+                                              trust_remote_code=config.trust_remote_code)
+    trainer = OnlineDPOTrainer(model=model_path, ref_model=reference, reward_funcs=reward_funcs(inputs), args=config,
+                               train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer,
+                               peft_config=lora)
+    # TRL's OnlineDPOTrainer seeds every rank alike (RLOO and GRPO reseed per rank as the last step of __init__):
+    # each rank samples its own random numbers, or ranks sample the same tokens on different prompts.
+    set_seed(config.seed, device_specific=True)
+    return trainer
 
 
 def _tokenize_prompts(dataset: Any, tokenizer: Any) -> Any:
@@ -92,7 +100,8 @@ def build_ppo(inputs: RankInputs) -> Any:
     policy_path = inputs.model_value("model_name_or_path")
     reward_path = inputs.script_value("reward_model_name_or_path")
     # Loaded after the config exists, so that ZeRO-3 partitions each model as it loads.
-    tokenizer = AutoTokenizer.from_pretrained(policy_path, padding_side="left", revision=init_kwargs.get("revision"))
+    tokenizer = AutoTokenizer.from_pretrained(policy_path, padding_side="left", revision=init_kwargs.get("revision"),
+                                              trust_remote_code=config.trust_remote_code)
     pad_added = add_pad_token(tokenizer)
     policy = AutoModelForCausalLM.from_pretrained(policy_path, **init_kwargs)
     # With LoRA the reference is the policy with its adapters disabled: no second copy.
@@ -110,7 +119,7 @@ def build_ppo(inputs: RankInputs) -> Any:
         reward = AutoModelForSequenceClassification.from_pretrained(reward_path, num_labels=1, **init_kwargs)
     value_path = config.value_model_name_or_path or reward_path or policy_path
     if config.value_model_name_or_path or reward_path:  # started from the policy, a new head is expected
-        note_untrained_head(value_path, "value model", init_kwargs.get("revision"))
+        note_untrained_head(value_path, "value model", init_kwargs.get("revision"), config.trust_remote_code)
     value = AutoModelForSequenceClassification.from_pretrained(value_path, num_labels=1, **init_kwargs)
     policy, value = adapt_ppo_models(policy, value, inputs)
     train, _ = load_prompts(inputs)

@@ -57,11 +57,26 @@ class RankInputs:
         """How TRL's own scripts load models, from the recipe's model keys."""
         kwargs = {
             "revision": self.model_value("model_revision"),
+            "trust_remote_code": self.trainer.get("trust_remote_code"),  # a trainer key, as in TRL's scripts
             "attn_implementation": self.model_value("attn_implementation"),
             "dtype": self.model_value("dtype"),
         }
+        kwargs.update(self._quantization())
         kwargs.update(self.trainer.get("model_init_kwargs") or {})
         return kwargs
+
+    def _quantization(self) -> dict[str, Any]:
+        """QLoRA's loading as TRL's scripts do it (`get_quantization_config`), when load_in_4bit or load_in_8bit is
+        set; the resolver refuses them where there is no CUDA for bitsandbytes."""
+        if not (self.model_value("load_in_4bit") or self.model_value("load_in_8bit")):
+            return {}
+        import dataclasses
+
+        from trl import ModelConfig, get_kbit_device_map, get_quantization_config
+
+        names = {field.name for field in dataclasses.fields(ModelConfig)}
+        model_args = ModelConfig(**{name: value for name, value in self.model.items() if name in names})
+        return {"quantization_config": get_quantization_config(model_args), "device_map": get_kbit_device_map()}
 
     def config_values(self, **model_init: Any) -> dict[str, Any]:
         """The trainer config's arguments: the recipe's trainer keys, model loading as TRL's scripts do it."""

@@ -43,12 +43,12 @@ def fit_embeddings(model: Any, tokenizer: Any, seed: int) -> None:
     model.generation_config.pad_token_id = tokenizer.pad_token_id
 
 
-def note_untrained_head(path: str, role: str, revision: str | None = None) -> None:
+def note_untrained_head(path: str, role: str, revision: str | None = None, trust_remote_code: bool = False) -> None:
     """Say so when the checkpoint at `path` (local or on the hub) is not a sequence classifier: loaded as one,
     its score head starts from random weights."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(path, revision=revision)
+    config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     architectures = config.architectures or [config.model_type]
     if not any(name.endswith("ForSequenceClassification") for name in architectures):
         say(f"the {role} {path} is a {architectures[0]}: loaded as a sequence classifier whose score head "
