@@ -22,6 +22,7 @@ import yaml
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
 from rlhf_cli.checkpoints import incomplete_reason, newest_complete_checkpoint
 from rlhf_cli.config.accelerate import LAYOUT_KEYS, AccelerateChoices, build_accelerate_config, is_zero3, zero_stage
+from rlhf_cli.config.agent_code import AGENT_CODE_FIELDS, locate_agent_code
 from rlhf_cli.config.checks import check_model_config, check_reward_model, cross_field_problems
 from rlhf_cli.config.cluster import detect_layout
 from rlhf_cli.config.data_files import READERS, DataFileError, check_prompts
@@ -220,6 +221,8 @@ class _Resolver:
             return str((self.cwd / Path(value).expanduser()).resolve()) if value.strip() else value
         if field.name == "reward_funcs":
             return [self._reward_func(spec, where, base_dirs) for spec in value]
+        if field.name in AGENT_CODE_FIELDS:
+            return locate_agent_code(field.name, value, where, base_dirs, self.cwd, self.problems)
         if field.name == "env":
             return self._environment(value, where)
         if field.name == "generation_kwargs":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhf_cli.rank.inputs import RankInputs, load_prompts, reward_funcs, reward_functions
+from rlhf_cli.rank.inputs import RankInputs, agent_arguments, load_prompts, reward_funcs, reward_functions
 from rlhf_cli.rank.lora import adapt_ppo_models, peft_config
 from rlhf_cli.rank.zero3 import apply_zero3_settings
 
@@ -33,12 +33,14 @@ def _note_causal_lm_reward(inputs: RankInputs) -> None:
 
 
 def _build_generating(config_class: type, trainer_class: type, inputs: RankInputs) -> Any:
-    """TRL's generating trainers that load the policy (and a reference, when beta is not 0) from its path."""
+    """TRL's generating trainers that load the policy (and a reference, when beta is not 0) from its path; GRPO's
+    also takes the recipe's tools, environments and rollout function."""
     config = _config(config_class, inputs)
     _note_causal_lm_reward(inputs)
     train, evaluation = load_prompts(inputs)
     return trainer_class(model=inputs.model_value("model_name_or_path"), reward_funcs=reward_funcs(inputs),
-                         args=config, train_dataset=train, eval_dataset=evaluation, peft_config=peft_config(inputs))
+                         args=config, train_dataset=train, eval_dataset=evaluation, peft_config=peft_config(inputs),
+                         **agent_arguments(inputs))
 
 
 def build_rloo(inputs: RankInputs) -> Any:
