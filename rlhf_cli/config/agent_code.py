@@ -16,7 +16,7 @@ from rlhf_cli.config.rewards import RewardSpecError, locate_code
 AGENT_CODE_FIELDS = ("tools", "environment_factory", "rollout_func")
 
 
-def _one(field: str, spec: Any, kind: str, label: str, base_dirs: tuple[Path, ...], cwd: Path,
+def _one(spec: Any, kind: str, label: str, base_dirs: tuple[Path, ...], cwd: Path,
          problems: list[str]) -> Any:
     if not isinstance(spec, str):
         problems.append(f"{label}: {spec!r} is not a string like file.py:{kind} or package.module:{kind}")
@@ -33,14 +33,14 @@ def locate_agent_code(field: str, value: Any, where: str, base_dirs: tuple[Path,
     """The field's value with files made absolute; what cannot work is added to `problems`."""
     label = f"{where}: `{field}`"
     if field == "tools":
-        return [_one(field, spec, "function", label, base_dirs, cwd, problems) for spec in value]
+        return [_one(spec, "function", label, base_dirs, cwd, problems) for spec in value]
     if field == "environment_factory" and isinstance(value, dict):
         located = {}
         for name, spec in value.items():
             if not isinstance(name, str) or not name:
                 problems.append(f"{label}: {name!r} is not an environment name (the dataset's `environment` "
                                 "column names one)")
-            located[name] = _one(field, spec, "class", f"{label}.{name}", base_dirs, cwd, problems)
+            located[name] = _one(spec, "class", f"{where}: `{field}.{name}`", base_dirs, cwd, problems)
         return located
     kind = "class" if field == "environment_factory" else "function"
-    return _one(field, value, kind, label, base_dirs, cwd, problems)
+    return _one(value, kind, label, base_dirs, cwd, problems)

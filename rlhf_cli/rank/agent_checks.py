@@ -116,7 +116,7 @@ def agent_problems(inputs: RankInputs, step: Callable[[str], None]) -> list[str]
         step("building an environment")
         named = factory.items() if isinstance(factory, dict) else [(None, factory)]
         for name, spec in named:
-            label = "`environment_factory`" + (f".{name}" if name is not None else "")
+            label = "`environment_factory`" if name is None else f"`environment_factory.{name}`"
             problems += _environment_problems(label, spec)
     if inputs.script_value("rollout_func"):
         _loaded("`rollout_func`", inputs.script_value("rollout_func"), problems)
