@@ -29,6 +29,15 @@ def _final_answer(completion: list[dict]) -> str:
     return said[-1].strip() if said else ""
 
 
+def _closeness(said: str, expected: str) -> float:
+    """1 for the right number, less the further off it is, 0 for no number."""
+    try:
+        return 1 / (1 + abs(float(said) - float(expected)))
+    except ValueError:
+        return 0.0
+
+
 def answer_reward(completions: list[list[dict]], **kwargs) -> list[float]:
-    """1 for a final answer that is the right number (the dataset's `answer` column, passed by the trainer), else 0."""
-    return [float(_final_answer(completion) == expected) for completion, expected in zip(completions, kwargs["answer"])]
+    """How close the final answer is to the dataset's `answer` column (which the trainer passes): 1 when right."""
+    return [_closeness(_final_answer(completion), expected)
+            for completion, expected in zip(completions, kwargs["answer"])]
