@@ -534,3 +534,18 @@ def test_ppo_rollouts_per_process_are_per_device_times_accumulation() -> None:
     assert not planned.gradient_checkpointing
     for name in ("gradient_checkpointing", "activation_checkpointing"):  # PPO honours both names
         assert workload("ppo", {**values, name: True}.get, num_processes=4).gradient_checkpointing
+
+
+def test_a_run_with_tools_is_planned_as_prompt_plus_completion_and_says_so() -> None:
+    """TRL appends tool results to the completion and caps both at max_completion_length: the sequence the plan
+    counts is still prompt + completion, and a note says what the two hold; without tools, no note."""
+    agent = plan_run(resolve(RunRequest("grpo", "grpo/agent-smoke", {"gpu_memory": ("--gpu-memory", "8GiB")}),
+                             cuda=False))
+    assert (agent.work.prompt_length, agent.work.completion_length, agent.work.train_sequence) == (256, 64, 320)
+    assert "tools: sequences counted as prompt (256 tokens, tools' schemas included) + completion (64 tokens: " \
+           "generated text and tool results together, as TRL caps them)" in agent.notes
+    unset = plan_run(resolve(RunRequest("grpo", "grpo/agent-smoke", {"gpu_memory": ("--gpu-memory", "8GiB")},
+                                        ("plan_prompt_length=null",)), cuda=False))
+    assert any("the default: set plan_prompt_length to the prompt as rendered" in note for note in unset.notes)
+    plain = plan_run(resolve(RunRequest("grpo", "grpo/smoke", {"gpu_memory": ("--gpu-memory", "8GiB")}), cuda=False))
+    assert not any(note.startswith("tools:") for note in plain.notes)
