@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES
+from helpers import RECIPES, launch_rlhf
 
 pytestmark = pytest.mark.launch
 
@@ -19,9 +16,8 @@ FAILING_TOOLS = Path(__file__).parent / "fixtures" / "failing_tools.py"
 
 def agent_smoke(out: Path, *args: str) -> list[dict]:
     """Two steps of the bundled agent recipe; the logged steps."""
-    argv = [sys.executable, "-m", "rlhf_cli", "grpo", "-r", str(RECIPES / "grpo" / "agent-smoke.yaml"),
-            "--max-steps", "2", "-o", str(out), *args]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    done = launch_rlhf("grpo", out, "--max-steps", "2", *args, recipe=RECIPES / "grpo" / "agent-smoke.yaml",
+                       timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     return [entry for entry in history if "tools/call_frequency" in entry]

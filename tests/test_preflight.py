@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, launch_rlhf, write
+from helpers import RECIPES, REPO, launch_rlhf, write
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.launch.preflight import check_before_launch
