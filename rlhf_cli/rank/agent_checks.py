@@ -14,6 +14,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from rlhf_cli.algorithms import algorithm
 from rlhf_cli.rank.inputs import RankInputs, load_code
 
 
@@ -106,6 +107,8 @@ def template_problems(processing_class: Any, model: str) -> list[str]:
 
 def agent_problems(inputs: RankInputs, step: Callable[[str], None]) -> list[str]:
     """Every problem with the recipe's tools, environments, rollout function and the policy's chat template."""
+    if not algorithm(inputs.algorithm).takes_tools:
+        return []  # only GRPO's recipes have these keys (resolution refuses them elsewhere)
     problems: list[str] = []
     tools = inputs.script_value("tools") or []
     if tools:
