@@ -678,3 +678,17 @@ def test_rlhf_plan_plans_the_seed_with_vllm_keys(cli, seed_models) -> None:
     chosen = next(c for c in json.loads(result.stdout)["configurations"] if c["chosen"])
     assert chosen["engine"] == "vllm" and chosen["fits"] and chosen["vllm"]["tensor_parallel_size"] == 4
     assert chosen["components"]["vLLM"] == vllm.SLEEP_RESIDUAL and chosen["components"]["gen weights"] == 0
+
+def test_a_run_with_tools_is_planned_as_prompt_plus_completion_and_says_so() -> None:
+    """TRL appends tool results to the completion and caps both at max_completion_length: the sequence the plan
+    counts is still prompt + completion, and a note says what the two hold; without tools, no note."""
+    agent = plan_run(resolve(RunRequest("grpo", "grpo/agent-smoke", {"gpu_memory": ("--gpu-memory", "8GiB")}),
+                             cuda=False))
+    assert (agent.work.prompt_length, agent.work.completion_length, agent.work.train_sequence) == (256, 64, 320)
+    assert "tools: sequences counted as prompt (256 tokens, tools' schemas included) + completion (64 tokens: " \
+           "generated text and tool results together, as TRL caps them)" in agent.notes
+    unset = plan_run(resolve(RunRequest("grpo", "grpo/agent-smoke", {"gpu_memory": ("--gpu-memory", "8GiB")},
+                                        ("plan_prompt_length=null",)), cuda=False))
+    assert any("the default: set plan_prompt_length to the prompt as rendered" in note for note in unset.notes)
+    plain = plan_run(resolve(RunRequest("grpo", "grpo/smoke", {"gpu_memory": ("--gpu-memory", "8GiB")}), cuda=False))
+    assert not any(note.startswith("tools:") for note in plain.notes)

@@ -149,6 +149,23 @@ def test_reward_functions_from_files_and_modules(tmp_path: Path) -> None:
         f"{bad}:5: `reward_funcs`: file missing.py not found"]
 
 
+def test_tools_environments_and_rollouts_are_found_like_reward_functions(tmp_path: Path) -> None:
+    """Files relative to the recipe (or, from the command line, to the working directory), modules as named; each
+    value keeps its source for --dry-run."""
+    write(tmp_path / "agent" / "tools.py", "def add(a: int) -> int:\n    return a\nclass Sandbox:\n    pass\n")
+    write(tmp_path / "my_pkg" / "rollouts.py", "def rollout(prompts, trainer):\n    return {}\n")
+    path = write(tmp_path / "agent" / "r.yaml", SMOKE_MODELS + "tools: [tools.py:add, my_pkg.rollouts:rollout]\n"
+                 "environment_factory: {math: tools.py:Sandbox}\n")
+    run = resolve(RunRequest("grpo", str(path), sets=("rollout_func=my_pkg.rollouts:rollout",)), cwd=tmp_path,
+                  cuda=False)
+    assert run.value("tools") == [f"{tmp_path}/agent/tools.py:add", "my_pkg.rollouts:rollout"]
+    assert run.value("environment_factory") == {"math": f"{tmp_path}/agent/tools.py:Sandbox"}
+    assert (run.value("rollout_func"), run.settings["rollout_func"].source) == ("my_pkg.rollouts:rollout", "--set")
+    assert run.settings["tools"].source == "recipe"
+    assert problems(RunRequest("grpo", str(path), sets=("tools=[tools.py:add]",)), tmp_path) == [
+        "--set tools: `tools`: file tools.py not found"]  # on the command line: relative to the working directory
+
+
 def test_nvme_offload_needs_a_path(tmp_path: Path) -> None:
     path = recipe(tmp_path, "")
     found = problems(RunRequest("rloo", path, flags={"offload_optimizer": ("--offload-optimizer", "nvme")}), tmp_path)

@@ -217,6 +217,18 @@ def _precision(run: ResolvedRun) -> str:
     return "bf16" if run.value("bf16") else "fp16" if run.value("fp16") else "fp32"
 
 
+def _agent_code(run: ResolvedRun) -> str:
+    """The tools and environments a GRPO run hands the trainer; nothing for a run without (or another trainer)."""
+    tools = run.settings.get("tools")
+    factory = run.settings.get("environment_factory")
+    named = list(tools.value or []) if tools else []
+    if factory and isinstance(factory.value, dict):
+        named += [f"{name}: {spec}" for name, spec in factory.value.items()]
+    elif factory and factory.value:
+        named.append(str(factory.value))
+    return ", ".join(named)
+
+
 def print_header(run: ResolvedRun, plan: Plan) -> None:
     """The run at a glance, before the ranks start talking."""
     deepspeed = run.accelerate.get("deepspeed_config") or {}
@@ -225,6 +237,7 @@ def print_header(run: ResolvedRun, plan: Plan) -> None:
         "reward": ", ".join(filter(None, [run.value("reward_model_name_or_path"), *(run.value("reward_funcs") or [])])),
         "value model": run.value("value_model_name_or_path") if algorithm(run.algorithm).trains_value_model
         else None,
+        "tools": _agent_code(run),
         "dataset": run.value("dataset_name"),
         "processes": f"{run.accelerate.get('num_processes')} on {run.accelerate.get('num_machines') or 1} machine(s)",
         "ZeRO": f"stage {deepspeed.get('zero_stage', '-')}, " + run.generation.describe()

@@ -27,10 +27,10 @@ from rlhf_cli.plan import memory, vllm, vllm_search
 from rlhf_cli.plan.columns import Candidate, Column, Plan, Role
 from rlhf_cli.plan.gpus import Hardware, detect_hardware
 from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, SYNC, TRAINING, Component
-from rlhf_cli.plan.models import LoraSettings, adapter_size, model_size
+from rlhf_cli.plan.models import Adapter, LoraSettings, ModelSize, adapter_size, model_size
 from rlhf_cli.plan.vllm import VllmSettings
 from rlhf_cli.plan.vllm_search import OFFLOADS
-from rlhf_cli.plan.workload import Workload, WorkloadUnknown, workload
+from rlhf_cli.plan.workload import Workload, WorkloadUnknown, tool_note, workload
 from rlhf_cli.sizes import SizeError, gib, parse_size
 
 LORA_OFFLOADS = (("none", "none"), ("cpu", "cpu"))
@@ -363,6 +363,7 @@ def plan_run(run: ResolvedRun) -> Plan:
              for role in inputs.roles if role.size.approximate]
     notes += [f"{role.name} ({role.path}): LoRA adapters sized as a llama-like decoder's"
               for role in inputs.roles if role.adapter and role.adapter.approximate and not role.size.approximate]
+    notes += filter(None, [tool_note(run.algorithm, run.value, inputs.work)])
     return Plan(True, hardware=inputs.hardware, roles=inputs.roles, work=inputs.work, columns=columns,
                 reason=_describe(mine, inputs.hardware.gpu_memory),
                 suggestions=[] if mine.fits else suggestions(inputs, columns, chosen), notes=notes,

@@ -6,7 +6,7 @@ from typing import Any
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import load_object
-from rlhf_cli.rank.inputs import RankInputs, load_prompts, reward_funcs, reward_functions
+from rlhf_cli.rank.inputs import RankInputs, agent_arguments, load_prompts, reward_funcs, reward_functions
 from rlhf_cli.rank.lora import adapt_ppo_models, peft_config
 from rlhf_cli.rank.zero3 import apply_zero3_settings
 
@@ -38,14 +38,16 @@ def _note_causal_lm_reward(inputs: RankInputs) -> None:
 
 def build_trl_generating(inputs: RankInputs) -> Any:
     """TRL's generating trainers that load the policy (and a reference, when beta is not 0) from its path (RLOO,
-    GRPO): the registry entry's `config_class` and `trainer_class`."""
+    GRPO): the registry entry's `config_class` and `trainer_class`; GRPO's also takes the recipe's tools,
+    environments and rollout function."""
     entry = algorithm(inputs.algorithm)
     config = _config(load_object(entry.config_class), inputs)
     _note_causal_lm_reward(inputs)
     train, evaluation = load_prompts(inputs)
     trainer_class = load_object(entry.trainer_class)
     return trainer_class(model=inputs.model_value("model_name_or_path"), reward_funcs=reward_funcs(inputs),
-                         args=config, train_dataset=train, eval_dataset=evaluation, peft_config=peft_config(inputs))
+                         args=config, train_dataset=train, eval_dataset=evaluation, peft_config=peft_config(inputs),
+                         **agent_arguments(inputs))
 
 
 def build_online_dpo(inputs: RankInputs) -> Any:

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.fields import catalogue
 from rlhf_cli.config.generation import Generation
 from rlhf_cli.config.data_files import DATA_SUFFIXES
@@ -117,10 +118,11 @@ def load_reward_function(spec: str) -> Any:
         from trl import rewards
 
         return getattr(rewards, spec)
-    return _load_function(spec)
+    return load_code(spec)
 
 
-def _load_function(spec: str) -> Callable:
+def load_code(spec: str) -> Any:
+    """What `module:name` or `path/to/file.py:name` names (a function, a class). Importing runs the module's code."""
     target, sep, function = spec.rpartition(":")
     if not sep:
         target, _, function = spec.rpartition(".")
@@ -143,3 +145,20 @@ def reward_funcs(inputs: RankInputs) -> list[Any]:
     """TRL's `reward_funcs`: the reward model's path (loaded as a sequence classifier), then the functions."""
     model = inputs.script_value("reward_model_name_or_path")
     return ([model] if model else []) + reward_functions(inputs)
+
+
+def agent_arguments(inputs: RankInputs) -> dict[str, Any]:
+    """GRPOTrainer's `tools`, `environment_factory` and `rollout_func` as the recipe names them, imported; only
+    those it sets, so that other trainers' builders and recipes without tools pass nothing new."""
+    if not algorithm(inputs.algorithm).takes_tools:
+        return {}
+    arguments: dict[str, Any] = {}
+    if inputs.script_value("tools"):
+        arguments["tools"] = [load_code(spec) for spec in inputs.script_value("tools")]
+    factory = inputs.script_value("environment_factory")
+    if factory:
+        arguments["environment_factory"] = {name: load_code(spec) for name, spec in factory.items()} \
+            if isinstance(factory, dict) else load_code(factory)
+    if inputs.script_value("rollout_func"):
+        arguments["rollout_func"] = load_code(inputs.script_value("rollout_func"))
+    return arguments
