@@ -9,6 +9,7 @@ import typer
 from rlhf_cli import __version__
 from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.cli import doctor, init, recipes, report
+from rlhf_cli.cli.flag import NO_VALUE
 from rlhf_cli.cli.train import EXTRA_ARGS, plan, train
 
 app = typer.Typer(
@@ -29,7 +30,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+    version: Annotated[bool, typer.Option("--version", metavar=NO_VALUE, callback=_version, is_eager=True,
                                           help="Print the version and exit.")] = False,
 ) -> None:
     """Set RLHF_DEBUG=1 (or true, yes) to see tracebacks for errors."""

@@ -7,10 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from rlhf_cli.cli.output import (print_header, print_notes, print_outcome, print_plan_compact, print_plan_table,
-                                 print_run_human, print_run_json)
-from rlhf_cli.config.fields import OFFLOAD_DEVICES
-
+from rlhf_cli.cli.flag import NO_VALUE
 if TYPE_CHECKING:
     from rlhf_cli.config.resolve import ResolvedRun
 
@@ -19,16 +16,23 @@ LAUNCH = "Launch and ZeRO-3"
 LORA = "LoRA"
 SHORTCUTS = "Shortcuts for recipe keys"
 
+
+def _offload_devices() -> list[str]:
+    from rlhf_cli.config.fields import OFFLOAD_DEVICES  # read when completing, not for every command
+
+    return list(OFFLOAD_DEVICES)
+
+
 RecipeOpt = Annotated[Optional[str], typer.Option(
     "--recipe", "-r", metavar="PATH", help="YAML recipe (TRL-style flat keys), or a bundled one like rloo/smoke.")]
 # Two flags, not Typer's `--gather/--no-gather`, so that giving both is an error instead of the last one winning.
 GatherOpt = Annotated[bool, typer.Option(
-    "--gather", rich_help_panel=LAUNCH, show_default=False,
+    "--gather", metavar=NO_VALUE, rich_help_panel=LAUNCH, show_default=False,
     help="Gather the whole policy on every GPU to generate (fast, needs memory). [bold]--gather auto[/]: gather "
          "if the memory plan says it fits, else the largest gather budget that fits. Default: the recipe's, else "
          "TRL's (gather).")]
 NoGatherOpt = Annotated[bool, typer.Option(
-    "--no-gather", rich_help_panel=LAUNCH, show_default=False,
+    "--no-gather", metavar=NO_VALUE, rich_help_panel=LAUNCH, show_default=False,
     help="Generate from ZeRO-3 shards (fits, slower): TRL's ds3_gather_for_generation=false.")]
 GatherBudgetOpt = Annotated[Optional[str], typer.Option(
     "--gather-budget", metavar="SIZE|FRACTION", rich_help_panel=LAUNCH, show_default=False,
@@ -41,11 +45,11 @@ EXTRA_ARGS = {"allow_extra_args": True}
 # that a mistyped flag is one more line in the report of every problem, not the only one.
 OffloadOptimizerOpt = Annotated[Optional[str], typer.Option(
     "--offload-optimizer", metavar="none|cpu|nvme", rich_help_panel=LAUNCH, show_default=False,
-    autocompletion=lambda: list(OFFLOAD_DEVICES),
+    autocompletion=_offload_devices,
     help="Keep optimizer states on the GPU (none), in CPU memory or on NVMe.")]
 OffloadParamsOpt = Annotated[Optional[str], typer.Option(
     "--offload-params", metavar="none|cpu|nvme", rich_help_panel=LAUNCH, show_default=False,
-    autocompletion=lambda: list(OFFLOAD_DEVICES),
+    autocompletion=_offload_devices,
     help="Keep ZeRO-3 parameter shards on the GPU (none), in CPU memory or on NVMe.")]
 NvmePathOpt = Annotated[Optional[str], typer.Option(
     "--nvme-path", metavar="DIR", rich_help_panel=LAUNCH, help="Local NVMe directory for nvme offload.")]
@@ -78,15 +82,16 @@ AccelerateConfigOpt = Annotated[Optional[str], typer.Option(
     "--accelerate-config", metavar="PATH", rich_help_panel=LAUNCH,
     help="Start from your accelerate config instead of the bundled ZeRO-3 one; flags still apply.")]
 LoraOpt = Annotated[bool, typer.Option(
-    "--lora", rich_help_panel=LORA, show_default=False,
+    "--lora", metavar=NO_VALUE, rich_help_panel=LORA, show_default=False,
     help="Train LoRA adapters on the policy (use_peft): frozen base weights, optimizer states for the adapters "
          "only, and the policy with adapters off as the reference. More: --set lora_alpha=32 ...")]
 NoLoraOpt = Annotated[bool, typer.Option(
-    "--no-lora", rich_help_panel=LORA, show_default=False, help="Full fine-tuning, whatever the recipe says.")]
+    "--no-lora", metavar=NO_VALUE, rich_help_panel=LORA, show_default=False,
+    help="Full fine-tuning, whatever the recipe says.")]
 LoraROpt = Annotated[Optional[str], typer.Option(
     "--lora-r", metavar="N", rich_help_panel=LORA, show_default=False, help="LoRA rank (lora_r). Default: 16.")]
 MergeAdapterOpt = Annotated[bool, typer.Option(
-    "--merge-adapter", rich_help_panel=LORA, show_default=False,
+    "--merge-adapter", metavar=NO_VALUE, rich_help_panel=LORA, show_default=False,
     help="With --lora: also save the policy with its adapter merged in, to OUTPUT_DIR/merged (merge_adapter).")]
 ModelOpt = Annotated[Optional[str], typer.Option(
     "--model", metavar="ID|DIR", rich_help_panel=SHORTCUTS, help="Policy model (model_name_or_path).")]
@@ -107,13 +112,17 @@ SetOpt = Annotated[Optional[list[str]], typer.Option(
     "--set", "-s", metavar="KEY=VALUE", show_default=False,
     help="Any other recipe key; VALUE is read as YAML (3e-6, true, \\[a, b]). Repeatable.")]
 DryRunOpt = Annotated[bool, typer.Option(
-    "--dry-run", help="Print the resolved run (trainer, accelerate config, launch command) and exit.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="With --dry-run or rlhf plan: print it as one JSON object.")]
+    "--dry-run", metavar=NO_VALUE,
+    help="Print the resolved run (trainer, accelerate config, launch command) and exit.")]
+JsonOpt = Annotated[bool, typer.Option(
+    "--json", metavar=NO_VALUE, help="With --dry-run or rlhf plan: print it as one JSON object.")]
 QuietOpt = Annotated[bool, typer.Option(
-    "--quiet", "-q", help="Errors only: no header, progress or summary; other ranks silent.")]
+    "--quiet", "-q", metavar=NO_VALUE, help="Errors only: no header, progress or summary; other ranks silent.")]
 VerboseOpt = Annotated[bool, typer.Option(
-    "--verbose", "-v", help="Everything every rank and library prints, as well as rlhf's own output.")]
-OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Reuse an output dir that already holds a run.")]
+    "--verbose", "-v", metavar=NO_VALUE,
+    help="Everything every rank and library prints, as well as rlhf's own output.")]
+OverwriteOpt = Annotated[bool, typer.Option(
+    "--overwrite", metavar=NO_VALUE, help="Reuse an output dir that already holds a run.")]
 ResumeOpt = Annotated[Optional[str], typer.Option(
     "--resume", metavar="CHECKPOINT|auto", rich_help_panel=SHORTCUTS,
     help="Continue from a checkpoint directory, or `auto`: the newest complete one in --output-dir, if any.")]
@@ -175,6 +184,8 @@ def train(
 ) -> None:
     """`rlhf ppo|rloo|online-dpo|...`: the command name picks the algorithm."""
     options = dict(locals())
+    from rlhf_cli.cli.output import print_header, print_notes, print_outcome, print_plan_compact, print_run_human, \
+        print_run_json
     from rlhf_cli.launch.faults import PlanNeeds, space_warning
     from rlhf_cli.plan.estimate import planned
 
@@ -202,6 +213,7 @@ def plan(ctx: typer.Context, **options: Any) -> None:
     It takes every option of `rlhf ALGO`, so that any training command line is planned by inserting `plan`; the
     options that only decide how a run starts (--resume, --overwrite, --dry-run, -q, -v) change nothing here.
     """
+    from rlhf_cli.cli.output import print_notes, print_plan_table
     from rlhf_cli.plan.estimate import plan_run
 
     run = _resolve(ctx, options, planning=True)
