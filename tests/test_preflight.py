@@ -22,16 +22,17 @@ import json, sys
 from pathlib import Path
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
-from rlhf_cli.launch.preflight import check_before_launch
+from rlhf_cli.launch.preflight import PendingCheck
 
 run = resolve(RunRequest("rloo", "rloo/smoke", sets=tuple(sys.argv[1:])), cwd=Path.cwd(), cuda=False)
+checking = PendingCheck(run)
 try:
-    check_before_launch(run)
+    checking.wait()
     problems = []
 except ConfigError as error:
     problems = error.problems
 heavy = [name for name in ("torch", "transformers", "trl", "deepspeed") if name in sys.modules]
-print(json.dumps({"problems": problems, "heavy_in_launcher": heavy}))
+print(json.dumps({"problems": problems, "heavy_in_launcher": heavy, "remembered": checking.remembered}))
 """
 
 
@@ -51,6 +52,7 @@ def test_what_trl_and_the_reward_functions_refuse_is_found_before_any_rank(tmp_p
     found = run_check(tmp_path, "reward_funcs=[raises.py:score, narrow.py:score, chatty.py:score]",
                       "auto_find_batch_size=true")
     assert found["heavy_in_launcher"] == []  # TRL and torch stayed in the check's own process
+    assert not (Path(os.environ["RLHF_CACHE"]) / "passed-checks").exists()  # a refusal is never remembered
     problems = found["problems"]
     assert len(problems) == 3, problems
     assert problems[0] == f"`reward_funcs`: {tmp_path}/raises.py:score: importing it failed (RuntimeError: no GPU " \
@@ -62,9 +64,17 @@ def test_what_trl_and_the_reward_functions_refuse_is_found_before_any_rank(tmp_p
                                   "supported by RLOO")  # a rule only TRL knows: the config's own check finds it
 
 
-def test_a_run_that_fits_passes_with_the_launcher_free_of_torch(tmp_path: Path) -> None:
-    write(tmp_path / "good.py", "def score(prompts, completions, **kwargs):\n    return [0.0 for _ in completions]\n")
-    assert run_check(tmp_path, "reward_funcs=[good.py:score]") == {"problems": [], "heavy_in_launcher": []}
+def test_a_run_that_fits_passes_with_the_launcher_free_of_torch_and_is_checked_again_only_when_changed(
+        tmp_path: Path) -> None:
+    good = write(tmp_path / "good.py",
+                 "def score(prompts, completions, **kwargs):\n    return [0.0 for _ in completions]\n")
+    passed = {"problems": [], "heavy_in_launcher": []}
+    assert run_check(tmp_path, "reward_funcs=[good.py:score]") == {**passed, "remembered": False}
+    # The same run again (another output dir, as every default one is): no process, no TRL import.
+    assert run_check(tmp_path, "reward_funcs=[good.py:score]", "output_dir=elsewhere") == {**passed, "remembered": True}
+    write(good, good.read_text() + "# edited\n")  # the reward file changed: checked again
+    assert run_check(tmp_path, "reward_funcs=[good.py:score]") == {**passed, "remembered": False}
+    assert len(list((Path(os.environ["RLHF_CACHE"]) / "passed-checks").iterdir())) == 2
 
 
 def test_a_reward_module_that_hangs_is_stopped_with_its_children(tmp_path: Path) -> None:
