@@ -90,7 +90,8 @@ def outcome(run_dir: RunDir, code: int, signals: list[int], wall_seconds: float,
     failure = explain(run_dir, needs)
     if signals and failure is None:
         return Outcome(code, "interrupted", summary, None, None, wall_seconds)
-    failure = failure or Failure(f"the ranks exited with code {code} without recording an error; see the output above")
+    failure = failure or Failure(f"the ranks exited with code {code} without recording an error; see the output above "
+                                 f"and the ranks' logs ({run_dir.ranks}/rank-N.log)")
     return Outcome(code, "failed", summary, failure, None, wall_seconds)
 
 
