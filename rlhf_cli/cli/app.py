@@ -9,7 +9,7 @@ import typer
 from rlhf_cli import __version__
 from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.cli import doctor, init, recipes, report
-from rlhf_cli.cli.flag import NO_VALUE
+from rlhf_cli.cli.flags import NO_VALUE
 from rlhf_cli.cli.train import EXTRA_ARGS, plan, train
 
 app = typer.Typer(

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from typing import Annotated
 
 import typer
 
-from rlhf_cli.cli.flag import NO_VALUE
+from rlhf_cli.cli.flags import NO_VALUE
+
 EXAMPLE = "rlhf doctor   (on the GPU node, before its first run)"
 STYLES = {"ok": "green", "warning": "yellow", "problem": "bold red"}
 
@@ -22,12 +22,12 @@ def doctor(
     from rich.text import Text
 
     from rlhf_cli import machine_checks as checks
-    from rlhf_cli.cli.output import stdout
+    from rlhf_cli.cli.output import print_json, stdout
 
     found = checks.run_checks()
     problems = [check for check in found if check.status == checks.PROBLEM]
     if json_:
-        print(json.dumps([asdict(check) for check in found], indent=2))
+        print_json([asdict(check) for check in found])
     else:
         table = Table.grid(padding=(0, 2))
         for check in found:

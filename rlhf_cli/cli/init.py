@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from rlhf_cli.algorithms import ALGORITHMS
-from rlhf_cli.cli.flag import NO_VALUE
+from rlhf_cli.cli.flags import NO_VALUE
 from rlhf_cli.errors import RlhfError
 
 EXAMPLE = "rlhf init rloo --out my-rloo.yaml && rlhf rloo -r my-rloo.yaml --dry-run"

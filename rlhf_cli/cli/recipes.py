@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 
-from rlhf_cli.cli.flag import NO_VALUE
+from rlhf_cli.cli.flags import NO_VALUE
+
 EXAMPLE = "rlhf recipes, then: rlhf rloo -r rloo/smoke --dry-run"
 
 
@@ -18,13 +18,13 @@ def recipes(
     """List the bundled recipes: the name to pass to -r, the algorithm, the model and what each is for."""
     from rich.text import Text
 
-    from rlhf_cli.cli.output import stdout
+    from rlhf_cli.cli.output import print_json, stdout
     from rlhf_cli.config.bundled import bundled_recipes
 
     found = bundled_recipes()
     if json_:
-        print(json.dumps([{"name": r.name, "algorithm": r.algorithm, "model": r.model, "purpose": r.purpose,
-                           "path": str(r.path)} for r in found], indent=2))
+        print_json([{"name": r.name, "algorithm": r.algorithm, "model": r.model, "purpose": r.purpose,
+                    "path": str(r.path)} for r in found])
         return
     # Columns are padded by hand so that each purpose can take a line of its own and fit any terminal width.
     columns = [("NAME (for -r)", [r.name for r in found]), ("ALGORITHM", [r.algorithm for r in found]),

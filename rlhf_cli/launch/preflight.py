@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlhf_cli.config.resolve import ResolvedRun
+from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.launch.command import launch_command
 from rlhf_cli.launch.versions import installed_versions
