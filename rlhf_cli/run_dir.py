@@ -91,6 +91,10 @@ class RunDir:
     def rank_record(self, rank: int) -> Path:
         return self.ranks / f"rank-{rank}.json"
 
+    def rank_log(self, rank: int) -> Path:
+        """Everything the rank and its libraries printed (unless --verbose, which shows it instead)."""
+        return self.ranks / f"rank-{rank}.log"
+
     def rank_error(self, rank: int) -> Path:
         """A failed rank's error and traceback."""
         return self.ranks / f"rank-{rank}.error.json"

@@ -22,17 +22,18 @@ import json, sys
 from pathlib import Path
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
-from rlhf_cli.launch.preflight import check_before_launch
+from rlhf_cli.launch.preflight import PendingCheck
 
 command, recipe, *sets = sys.argv[1:]
 run = resolve(RunRequest(command, recipe, sets=tuple(sets)), cwd=Path.cwd(), cuda=False)
+checking = PendingCheck(run)
 try:
-    check_before_launch(run)
+    checking.wait()
     problems = []
 except ConfigError as error:
     problems = error.problems
 heavy = [name for name in ("torch", "transformers", "trl", "deepspeed") if name in sys.modules]
-print(json.dumps({"problems": problems, "heavy_in_launcher": heavy}))
+print(json.dumps({"problems": problems, "heavy_in_launcher": heavy, "remembered": checking.remembered}))
 """
 
 
@@ -52,6 +53,7 @@ def test_what_trl_and_the_reward_functions_refuse_is_found_before_any_rank(tmp_p
     found = run_check(tmp_path, "reward_funcs=[raises.py:score, narrow.py:score, chatty.py:score]",
                       "auto_find_batch_size=true")
     assert found["heavy_in_launcher"] == []  # TRL and torch stayed in the check's own process
+    assert not (Path(os.environ["RLHF_CACHE"]) / "passed-checks").exists()  # a refusal is never remembered
     problems = found["problems"]
     assert len(problems) == 3, problems
     assert problems[0] == f"`reward_funcs`: {tmp_path}/raises.py:score: importing it failed (RuntimeError: no GPU " \
@@ -63,9 +65,17 @@ def test_what_trl_and_the_reward_functions_refuse_is_found_before_any_rank(tmp_p
                                   "supported by RLOO")  # a rule only TRL knows: the config's own check finds it
 
 
-def test_a_run_that_fits_passes_with_the_launcher_free_of_torch(tmp_path: Path) -> None:
-    write(tmp_path / "good.py", "def score(prompts, completions, **kwargs):\n    return [0.0 for _ in completions]\n")
-    assert run_check(tmp_path, "reward_funcs=[good.py:score]") == {"problems": [], "heavy_in_launcher": []}
+def test_a_run_that_fits_passes_with_the_launcher_free_of_torch_and_is_checked_again_only_when_changed(
+        tmp_path: Path) -> None:
+    good = write(tmp_path / "good.py",
+                 "def score(prompts, completions, **kwargs):\n    return [0.0 for _ in completions]\n")
+    passed = {"problems": [], "heavy_in_launcher": []}
+    assert run_check(tmp_path, "reward_funcs=[good.py:score]") == {**passed, "remembered": False}
+    # The same run again (another output dir, as every default one is): no process, no TRL import.
+    assert run_check(tmp_path, "reward_funcs=[good.py:score]", "output_dir=elsewhere") == {**passed, "remembered": True}
+    write(good, good.read_text() + "# edited\n")  # the reward file changed: checked again
+    assert run_check(tmp_path, "reward_funcs=[good.py:score]") == {**passed, "remembered": False}
+    assert len(list((Path(os.environ["RLHF_CACHE"]) / "passed-checks").iterdir())) == 2
 
 
 TOOL_DOC = '    """Add.\n\n    Args:\n        a: a number\n    """\n'
@@ -118,7 +128,8 @@ def test_tools_that_transformers_cannot_describe_and_a_template_without_tool_cal
 
 
 def test_the_agent_smoke_recipe_passes_the_check(tmp_path: Path) -> None:
-    assert run_check(tmp_path, recipe="grpo/agent-smoke") == {"problems": [], "heavy_in_launcher": []}
+    passed = {"problems": [], "heavy_in_launcher": [], "remembered": False}
+    assert run_check(tmp_path, recipe="grpo/agent-smoke") == passed
 
 
 def test_a_template_that_loses_prefixes_or_has_no_parser_is_refused() -> None:

@@ -5,6 +5,7 @@ It reads the resolved recipe the launcher wrote and never sees the user's comman
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,14 @@ def main(argv: list[str]) -> int:
     name, recipe_path = argv
     inputs = RankInputs.read(name, Path(recipe_path))
     output_dir = Path(inputs.trainer["output_dir"])
+    from rlhf_cli.rank import terminal
+    from rlhf_cli.run_dir import RunDir
+
+    rank = int(os.environ.get("RANK", "0"))
+    # Before torch, DeepSpeed and datasets are imported: what they print goes to the rank's log file.
+    terminal.keep_terminal_for_rlhf(terminal.output_mode(), RunDir(output_dir).rank_log(rank))
+    terminal.PHASES.shown = rank == 0 and terminal.output_mode() != "quiet"
+    terminal.PHASES.show("importing torch, transformers, TRL and DeepSpeed")
 
     from rlhf_cli.rank.lifecycle import (
         CheckpointAndStop,
@@ -28,9 +37,8 @@ def main(argv: list[str]) -> int:
         failures_recorded,
         global_rank,
     )
-    from rlhf_cli.rank.progress import output_mode, quiet_libraries, use_progress
+    from rlhf_cli.rank.progress import quiet_libraries, use_progress
     from rlhf_cli.rank.watch import Watch, count_progress
-    from rlhf_cli.run_dir import RunDir
 
     stop = StopRequest(output_dir)
     stop.install()  # before loading models: a job can be preempted while it loads
@@ -38,7 +46,7 @@ def main(argv: list[str]) -> int:
     watch = Watch(RunDir(output_dir), float(inputs.launch_value("stall_timeout"))).start()
     with failures_recorded(output_dir):
         count_progress()  # before DeepSpeed and accelerate take references to torch's collectives
-        quiet_libraries(output_mode(), is_rank_zero=global_rank() == 0)
+        quiet_libraries(terminal.output_mode(), is_rank_zero=global_rank() == 0)
         from rlhf_cli.algorithms import algorithm
         from rlhf_cli.algorithms.spec import load_object
         from rlhf_cli.rank.record import write_rank_record
@@ -46,8 +54,10 @@ def main(argv: list[str]) -> int:
 
         gather = inputs.generation().gather
         install_generation_context(required=gather.through_shards, budget=gather.budget)
+        terminal.PHASES.show("loading the models")
         trainer = load_object(algorithm(name).builder)(inputs)
         use_progress(trainer, name)
+        terminal.PHASES.show("building the DeepSpeed engine")  # in train(), until its first callback
         stopper = CheckpointAndStop(stop, trainer.accelerator)
         trainer.add_callback(stopper)
         trainer.add_callback(CompleteCheckpoints(trainer.accelerator))

@@ -8,7 +8,6 @@ sequence classifier whose score head starts untrained, as TRL's PPO example did.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 PAD_TOKEN = "<|pad|>"
@@ -16,10 +15,11 @@ PAD_TOKEN = "<|pad|>"
 
 def say(message: str) -> None:
     """One line on stderr, from global rank 0 only."""
+    from rlhf_cli.rank import terminal
     from rlhf_cli.rank.watch import global_rank
 
     if global_rank() == 0:
-        print(f"rlhf: {message}", file=sys.stderr, flush=True)
+        print(f"rlhf: {message}", file=terminal.stderr(), flush=True)
 
 
 def add_pad_token(tokenizer: Any) -> bool:
