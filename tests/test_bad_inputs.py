@@ -384,6 +384,23 @@ CASES = [
     env({**SLURM, "SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_GPUS_ON_NODE": "3"}, "--num-processes 5 is not a "
         "multiple of SLURM_NNODES=2", "--num-processes", "5"),
 
+    # -- an output dir that would overwrite what the user wrote -------------------------------------------------
+    flags("conflict: output dir", "-o", f"{RECIPES}/smoke/policy", message=f"output dir {RECIPES}/smoke/policy "
+          "is the run's `model_name_or_path`"),
+    flags("conflict: output dir", "-o", f"{RECIPES}/smoke/reward/out", message="lies inside the run's "
+          f"`reward_model_name_or_path` {RECIPES}/smoke/reward; choose an --output-dir outside it"),
+    flags("conflict: output dir", "-o", f"{RECIPES}/smoke", message=f"contains the run's `model_name_or_path` "
+          f"{RECIPES}/smoke/policy"),
+    recipe("conflict: output dir", "", "contains the run's recipe {tmp}/r.yaml", "-o", "{tmp}"),
+    Bad("conflict: output dir", ("-r", "rloo/smoke", "-o", "{tmp}/mine", "--resume", "auto"), "output dir "
+        "{tmp}/mine holds files rlhf did not write (recipe.yaml), which the run would overwrite",
+        files={"mine/recipe.yaml": "# mine\nmax_steps: 2\n"}),
+    Bad("conflict: output dir", ("-r", "rloo/smoke", "-o", "{tmp}/mine", "--overwrite"), "holds files rlhf did not "
+        "write (recipe.yaml)", files={"mine/recipe.yaml": "max_steps: 2\n"}),
+    Bad("conflict: output dir", ("-r", "rloo/smoke", "-o", "{tmp}/run", "--overwrite", "--resume", "auto"),
+        "--overwrite removes the earlier run in {tmp}/run, and --resume auto continues it; keep one",
+        files={"run/rlhf-files.json": '{"entries": ["rlhf-files.json"], "running": false}'}),
+
     # -- messages ------------------------------------------------------------------------------------------------
     recipe("message", "vf_coef: 0.1\n", "`vf_coef` is a ppo key, not one of rloo; remove it or run `rlhf ppo`"),
     recipe("message", "num_mini_batches: 2\n", "`num_mini_batches` (a ppo key) has no counterpart in today's rloo"),

@@ -10,6 +10,8 @@ from conftest import RECIPES, write
 from rlhf_cli.checkpoints import incomplete_reason, newest_complete_checkpoint, write_manifest
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
+from rlhf_cli.ownership import record_end
+from rlhf_cli.run_dir import RunDir
 
 
 def checkpoint(run_dir: Path, step: int, complete: bool = True) -> Path:
@@ -53,7 +55,8 @@ def test_resume_auto_skips_a_broken_checkpoint_with_a_warning(tmp_path: Path) ->
     checkpoint(run_dir, 2)
     broken = checkpoint(run_dir, 4)
     (broken / "model.safetensors").unlink()
-    write(run_dir / "recipe.yaml", "{}\n")  # the run already started here: resuming it is no overwrite
+    write(run_dir / "recipe.yaml", "{}\n")
+    record_end(RunDir(run_dir))  # the run already started here, its files its own: resuming it is no overwrite
     run = resume_auto(run_dir, tmp_path)
     assert run.value("resume_from_checkpoint") == str(run_dir / "checkpoint-2")
     assert "warning: --resume auto: skipping checkpoint-4: model.safetensors is missing" in run.notes

@@ -10,6 +10,8 @@ import pytest
 from conftest import RECIPES, write
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
+from rlhf_cli.ownership import record_end
+from rlhf_cli.run_dir import RunDir
 
 SMOKE_MODELS = f"""
 model_name_or_path: {RECIPES}/smoke/policy
@@ -161,9 +163,12 @@ def test_flag_and_set_for_the_same_key_is_an_error(tmp_path: Path) -> None:
 
 def test_an_existing_run_is_not_overwritten(tmp_path: Path) -> None:
     write(tmp_path / "out" / "recipe.yaml", "")
+    record_end(RunDir(tmp_path / "out"))  # what an earlier run leaves: its files, recorded as its own
     path = recipe(tmp_path, "output_dir: out\n")
     assert problems(RunRequest("rloo", path), tmp_path) == [
-        f"output dir {tmp_path / 'out'} already holds a run; choose another --output-dir or pass --overwrite"]
+        f"{path}:5: output dir {tmp_path / 'out'} already holds a run (recipe.yaml, rlhf-files.json; unfinished); "
+        "continue it with --resume auto, start it again with --overwrite (removes only what rlhf wrote there), or "
+        "choose another --output-dir"]
     assert resolve(RunRequest("rloo", path, overwrite=True), cwd=tmp_path, cuda=False).output_dir == tmp_path / "out"
 
 

@@ -113,7 +113,9 @@ QuietOpt = Annotated[bool, typer.Option(
     "--quiet", "-q", help="Errors only: no header, progress or summary; other ranks silent.")]
 VerboseOpt = Annotated[bool, typer.Option(
     "--verbose", "-v", help="Everything every rank and library prints, as well as rlhf's own output.")]
-OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Reuse an output dir that already holds a run.")]
+OverwriteOpt = Annotated[bool, typer.Option(
+    "--overwrite", help="Start again in an output dir that holds a run: first removes what rlhf wrote there, and "
+                        "only that.")]
 ResumeOpt = Annotated[Optional[str], typer.Option(
     "--resume", metavar="CHECKPOINT|auto", rich_help_panel=SHORTCUTS,
     help="Continue from a checkpoint directory, or `auto`: the newest complete one in --output-dir, if any.")]
@@ -191,7 +193,8 @@ def train(
     from rlhf_cli.launch.runner import launch
 
     needs = PlanNeeds(plan.chosen.cpu_per_machine if plan.chosen else None, plan.checkpoint_bytes)
-    outcome = launch(run, verbosity="quiet" if quiet else "verbose" if verbose else "normal", needs=needs)
+    outcome = launch(run, verbosity="quiet" if quiet else "verbose" if verbose else "normal", needs=needs,
+                     overwrite=overwrite)
     print_outcome(outcome, run, quiet)
     raise typer.Exit(outcome.exit_code)
 

@@ -28,12 +28,13 @@ from rlhf_cli.config.data_files import READERS, DataFileError, check_prompts
 from rlhf_cli.config.fields import (Field, FieldTypeError, catalogue, coerce, generation_fields, snapshot_list,
                                     trl_reward_functions)
 from rlhf_cli.config.lora import lora_problems
+from rlhf_cli.config.output_dir import Input, OutputDirCheck
 from rlhf_cli.config.paths import PathState, describe, path_state, writable_dir_problem
 from rlhf_cli.config.recipe import Recipe, load_recipe
 from rlhf_cli.config.rewards import RewardSpecError, locate_reward
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.gather_budget import BudgetError, parse_budget
-from rlhf_cli.run_dir import MANIFEST, RunDir
+from rlhf_cli.run_dir import MANIFEST
 from rlhf_cli.sizes import SizeError, parse_size
 
 # The flag that sets each key the environment may fill in.
@@ -141,6 +142,8 @@ class _Resolver:
         self.problems: list[str] = list(request.problems)
         self.notes: list[str] = []
         self.refused: set[str] = set()  # keys given a value that was refused
+        self.recipe_path: Path | None = None
+        self.resume_asked: str | None = None  # `--resume` as given (`auto`, a path), before `auto` is looked up
 
     # -- keys ---------------------------------------------------------------------------
     def canonical(self, key: str, where: str) -> str | None:
@@ -334,6 +337,7 @@ class _Resolver:
 
     # -- layers -------------------------------------------------------------------------
     def apply_recipe(self, recipe: Recipe) -> None:
+        self.recipe_path = recipe.path
         bases = (recipe.path.parent, self.cwd)
         for key, value in recipe.values.items():
             self.put(key, value, "recipe", recipe.where(key), bases)
@@ -465,6 +469,7 @@ class _Resolver:
         setting = self.settings.get("resume_from_checkpoint")
         if setting is None or setting.value is None or {"resume_from_checkpoint", "output_dir"} & self.refused:
             return
+        self.resume_asked = setting.value
         if setting.value != RESUME_AUTO:
             checkpoint = Path(setting.value)
             reason = incomplete_reason(checkpoint)
@@ -496,13 +501,31 @@ class _Resolver:
         if problem:
             self.problems.append(f"{flag}: output dir {problem}")
             return
-        resuming = "resume_from_checkpoint" in self.settings  # also `--resume auto` with nothing to resume yet
-        if (self.value("machine_rank") or 0) > 0:
+        if (self.value("machine_rank") or 0) > 0 or "resume_from_checkpoint" in self.refused:
             return  # machine rank 0 owns the output dir; the others join its run
-        output_dir = Path(setting.value)
-        if path_state(RunDir(output_dir).recipe).exists and not (self.request.overwrite or resuming):
-            self.problems.append(
-                f"output dir {output_dir} already holds a run; choose another --output-dir or pass --overwrite")
+        resume = self.settings.get("resume_from_checkpoint")
+        check = OutputDirCheck(Path(setting.value), flag, self.request.overwrite, self.resume_asked)
+        self.problems += check.check(self.inputs(), resume is not None and resume.value is not None)
+
+    def inputs(self) -> list[Input]:
+        """The local files and directories the run reads, for the output dir to keep clear of."""
+        found = [Input("recipe", self.recipe_path, read_by_ranks=False)] if self.recipe_path else []
+        for name in (*MODEL_FIELDS, "reward_model_path", "dataset_name"):
+            value = self.value(name) if name in self.fields and name not in self.refused else None
+            if isinstance(value, str) and Path(value).is_absolute():
+                found.append(Input(f"`{name}`", Path(value)))
+        if "accelerate_config" not in self.refused and isinstance(self.value("accelerate_config"), str):
+            found.append(Input("`accelerate_config`", Path(self.value("accelerate_config")), read_by_ranks=False))
+        for spec in self.value("reward_funcs") or [] if "reward_funcs" not in self.refused else []:
+            target = str(spec).rpartition(":")[0]
+            if target.endswith(".py") and Path(target).is_absolute():
+                found.append(Input("`reward_funcs` file", Path(target)))
+        for index, entry in enumerate(self.value("datasets") or [] if "datasets" not in self.refused else []):
+            if isinstance(entry, dict) and isinstance(entry.get("path"), str) and Path(entry["path"]).is_absolute():
+                found.append(Input(f"`datasets[{index}]`", Path(entry["path"])))
+            if isinstance(entry, dict):
+                found += [Input(f"`datasets[{index}]` file", path) for path in _entry_files(entry)]
+        return found
 
     def check_nvme_path(self) -> None:
         """DeepSpeed swaps into it: a directory it can write."""
