@@ -384,6 +384,15 @@ CASES = [
     env({**SLURM, "SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_GPUS_ON_NODE": "3"}, "--num-processes 5 is not a "
         "multiple of SLURM_NNODES=2", "--num-processes", "5"),
 
+    # -- TRL `str` fields whose values only its trainers check (rlhf_cli/schema/choices.yaml) --------------------
+    sets("range", "loss_type=dr_grp", "`loss_type`: expected one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, "
+         "vespo, got 'dr_grp'; did you mean dr_grpo?", command="grpo"),
+    sets("range", "scale_rewards=grup", "`scale_rewards`: expected one of group, batch, none, got 'grup'",
+         command="grpo"),
+    sets("range", "importance_sampling_level=sequense", "`importance_sampling_level`: expected one of token, "
+         "sequence, got 'sequense'; did you mean sequence?", command="grpo"),
+    sets("range", "vllm_mode=remote", "`vllm_mode`: expected one of server, colocate, got 'remote'"),
+
     # -- an output dir that would overwrite what the user wrote -------------------------------------------------
     flags("conflict: output dir", "-o", f"{RECIPES}/smoke/policy", message=f"output dir {RECIPES}/smoke/policy "
           "is the run's `model_name_or_path`"),
