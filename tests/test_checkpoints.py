@@ -17,6 +17,7 @@ from rlhf_cli.run_dir import RunDir
 def checkpoint(run_dir: Path, step: int, complete: bool = True) -> Path:
     path = run_dir / f"checkpoint-{step}"
     write(path / "model.safetensors", "w" * 100)
+    write(path / "trainer_state.json", "{}")
     write(path / "global_step" / "zero_pp_rank_0_mp_rank_00_optim_states.pt", "o" * 50)
     if complete:
         write_manifest(path)

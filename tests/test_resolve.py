@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -251,7 +252,8 @@ def test_ppo_batch_sizes_must_tile(tmp_path: Path) -> None:
 
 def test_reward_model_is_a_sequence_classifier_or_a_causal_lm(tmp_path: Path) -> None:
     """The seed's reward model, pythia-70m, is a GPTNeoXForCausalLM: the ranks give it a new score head."""
-    gpt2 = write(tmp_path / "gpt2" / "config.json", '{"architectures": ["GPT2LMHeadModel"]}').parent
+    gpt2 = Path(shutil.copytree(RECIPES / "smoke" / "reward", tmp_path / "gpt2"))  # weights and tokenizer
+    write(gpt2 / "config.json", '{"architectures": ["GPT2LMHeadModel"]}')
     for algorithm in ("ppo", "rloo", "online_dpo"):
         smoke = str(RECIPES / algorithm / "smoke.yaml")
         for causal_lm in (RECIPES / "smoke" / "policy", gpt2):

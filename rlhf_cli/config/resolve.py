@@ -29,6 +29,7 @@ from rlhf_cli.config.fields import (Field, FieldTypeError, catalogue, coerce, ge
                                     trl_reward_functions)
 from rlhf_cli.config.lora import lora_problems
 from rlhf_cli.config.output_dir import Input, OutputDirCheck
+from rlhf_cli.config.prelaunch import run_problems
 from rlhf_cli.config.paths import PathState, describe, path_state, writable_dir_problem
 from rlhf_cli.config.recipe import Recipe, load_recipe
 from rlhf_cli.config.rewards import RewardSpecError, locate_reward
@@ -214,6 +215,9 @@ class _Resolver:
             return str(named)
         if field.name in EXISTING_PATHS:
             kind, must_be_dir = EXISTING_PATHS[field.name]
+            if isinstance(value, str) and not value.strip():  # Path('') is the working directory
+                self.problems.append(f"{where}: `{field.name}` is empty; give a {kind}")
+                return value
             path, state = self._find(value, base_dirs)
             if state.kind != ("dir" if must_be_dir else "file"):
                 self.problems.append(f"{where}: `{field.name}`: {describe(value, state, kind)}")
@@ -537,10 +541,13 @@ class _Resolver:
 
     def check_models(self) -> None:
         for name in MODEL_FIELDS:
+            found = len(self.problems)
             if name in self.fields and name not in self.refused:
                 check_model_config(name, self.value(name), self.layers.get(name, ("", ""))[1], self.problems)
-        if "reward_model_name_or_path" not in self.refused:
-            check_reward_model(self.value("reward_model_name_or_path"), self.problems)
+            if name == "reward_model_name_or_path" and name not in self.refused:
+                check_reward_model(self.value(name), self.problems)
+            if len(self.problems) > found:  # its files are not judged as well
+                self.refused.add(name)
 
     def check_data(self) -> None:
         """The first rows of each local prompt file parse and hold the prompt column."""
@@ -590,6 +597,24 @@ class _Resolver:
             self.problems.append(f"{where}: `deepspeed` asks for ZeRO stage {stage}, the accelerate config for "
                                  f"{said}; remove `deepspeed` (rlhf sets DeepSpeed up from the accelerate config "
                                  "and the offload flags)")
+
+
+@dataclass(frozen=True)
+class _Given:
+    """The resolver as rlhf_cli/config/prelaunch.py reads it: keys that were refused read as absent."""
+
+    resolver: _Resolver
+
+    @property
+    def algorithm(self) -> str:
+        return self.resolver.request.algorithm
+
+    def value(self, name: str) -> Any:
+        known = name in self.resolver.fields and name not in self.resolver.refused
+        return self.resolver.value(name) if known else None
+
+    def where(self, name: str) -> str:
+        return self.resolver.layers.get(name, ("", f"`{name}`"))[1]
 
 
 def _entry_files(entry: dict[str, Any]) -> list[Path]:
@@ -675,6 +700,8 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         resolver.problems,
     )
     resolver.check_deepspeed_field(accelerate)
+    if not request.planning:  # the plan reads config.json alone: it plans a model before its weights are there
+        resolver.problems += run_problems(_Given(resolver), cuda=not cpu_only, environ=environ)
     if cpu_only and resolver.value("fp16") is True and resolver.value("bf16") is not True:  # both: said above
         said = (resolver.said("fp16") or "`fp16: {value}`").format(value="true")
         resolver.problems.append(f"{said}: fp16 needs a GPU and this machine has none; set bf16: true (the CPU "
