@@ -442,6 +442,15 @@ CASES = [
     flags("range", "--stall-timeout", "1e20", message="--stall-timeout: `stall_timeout`: must be at least 5 and at "
           "most 604800, got 1e+20"),
 
+    # -- what used to be an internal error ----------------------------------------------------------------------
+    Bad("traceback: control character", ("-r", "{tmp}/r.yaml"), "r.yaml:2: a control character (U+0001) YAML does "
+        "not allow; remove it (is the recipe a text file?)", files={"r.yaml": b"max_steps: 4\nseed: 1\x01\n"}),
+    flags("traceback: control character", "--accelerate-config", "{tmp}/a.yaml", message="a.yaml:1: a control "
+          "character (U+0007) YAML does not allow", files={"a.yaml": b"num_processes: 2\x07\n"}),
+    flags("traceback: lora_target_modules", "--lora", "--set", "lora_target_modules=5",
+          message="`lora_target_modules`: 5 is not a module name; give names like [q_proj, v_proj], a pattern, or "
+          "all-linear"),
+
     # -- an output dir that would overwrite what the user wrote -------------------------------------------------
     flags("conflict: output dir", "-o", f"{RECIPES}/smoke/policy", message=f"output dir {RECIPES}/smoke/policy "
           "is the run's `model_name_or_path`"),

@@ -142,3 +142,22 @@ def test_no_combination_of_output_resume_and_overwrite_changes_an_input(output: 
         assert contents(tmp_path) == before, (output, resume, overwrite, result.output)
         if output in ("new", "earlier run") and result.exit_code == 0:
             assert (targets[output] / "model.safetensors").read_text() == "trained"
+
+
+def test_an_output_dir_in_a_symlink_loop_is_one_line(cli, nothing_launches, tmp_path: Path) -> None:
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    result = cli("rloo", "-r", "rloo/smoke", "-o", tmp_path / "a")
+    assert result.exit_code == 2 and result.output.count("Error:") == 1, result.output
+    assert "Symlink loop" in result.output and nothing_launches == []
+
+
+def test_a_path_the_terminal_cannot_encode_is_printed_escaped(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    result = subprocess.run([sys.executable, "-m", "rlhf_cli", "rloo", "-r", "rloo/smoke", "-o", str(tmp_path / "über"),
+                             "--dry-run"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "\\xfcber" in result.stdout and "Traceback" not in result.stderr

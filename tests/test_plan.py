@@ -534,3 +534,18 @@ def test_ppo_rollouts_per_process_are_per_device_times_accumulation() -> None:
     assert not planned.gradient_checkpointing
     for name in ("gradient_checkpointing", "activation_checkpointing"):  # PPO honours both names
         assert workload("ppo", {**values, name: True}.get, num_processes=4).gradient_checkpointing
+
+
+def test_the_plan_of_any_depth_handles_alike_layers_once() -> None:
+    """100,000 decoder layers adapted alike are one group (the plan stays under a second: benchmarks/plan_depth.py);
+    a pattern naming one layer splits them, with the same totals as counting layer by layer."""
+    from rlhf_cli.plan.models import LoraSettings, adapter_size
+
+    config = {**json.loads((RECIPES / "smoke" / "policy" / "config.json").read_text()), "num_hidden_layers": 100_000}
+    deep = adapter_size(config, LoraSettings(rank=8, targets=["q_proj", "v_proj"]))
+    assert [(tuple(m.name for m in modules), count) for modules, count in deep.layers] == \
+        [(("q_proj", "v_proj"), 100_000)]
+    one = adapter_size({**config, "num_hidden_layers": 3},
+                       LoraSettings(rank=8, targets=r"model\.layers\.1\.self_attn\.(q|v)_proj"))
+    assert sorted((len(modules), count) for modules, count in one.layers) == [(0, 2), (2, 1)]
+    assert one.params * 100_000 == deep.params  # two adapters in one layer, against two in each of 100,000

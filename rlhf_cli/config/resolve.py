@@ -224,7 +224,11 @@ class _Resolver:
                 return value
             return str(path)
         if field.name == "output_dir":
-            return str((self.cwd / Path(value).expanduser()).resolve()) if value.strip() else value
+            try:
+                return str((self.cwd / Path(value).expanduser()).resolve()) if value.strip() else value
+            except (RuntimeError, OSError) as error:  # a symlink loop: RuntimeError before Python 3.13
+                self.problems.append(f"{where}: output dir {value}: {error}; give a directory")
+                return value
         if field.name == "reward_funcs":
             return [self._reward_func(spec, where, base_dirs) for spec in value]
         if field.name == "env":
@@ -498,6 +502,8 @@ class _Resolver:
 
     def check_output_dir(self) -> None:
         """A directory this machine can write (made if missing); machine rank 0's must not hold a run already."""
+        if "output_dir" in self.refused:
+            return
         setting = self.settings["output_dir"]
         flag = self.layers.get("output_dir", ("", "`output_dir`"))[1]
         problem = writable_dir_problem(Path(setting.value), may_create=True) if setting.value.strip() \
