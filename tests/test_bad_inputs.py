@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES
+from helpers import RECIPES
 
 LONG = "x" * 300  # longer than any file name the system allows (255)
 SMOKE = f"""model_name_or_path: {RECIPES}/smoke/policy

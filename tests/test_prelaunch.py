@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES
+from helpers import RECIPES
 from rlhf_cli.config import prelaunch
 
 
