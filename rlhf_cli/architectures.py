@@ -139,13 +139,35 @@ def selects(target: str | Sequence[str], path: str) -> bool:
 def targeted(arch: Architecture, targets: str | Sequence[str]) -> list[tuple[Module, int | None]]:
     """(module, layer index or None outside the layers) of every module `targets` selects; `all-linear` selects
     every linear module but the output layer, as PEFT does."""
-    found = []
+    return [(module, index) for module, layers in selection(arch, targets)
+            for index in (layers if layers is not None else (None,))]
+
+
+def selection(arch: Architecture, targets: str | Sequence[str]) -> list[tuple[Module, Sequence[int] | None]]:
+    """`targeted`, with the layers of each module as a range or list of indices (None: outside the layers): a
+    module selected in every layer is one entry, so that the plan of any depth takes no longer than of one."""
+    found: list[tuple[Module, Sequence[int] | None]] = []
     for module in arch.modules:
-        for index, path in enumerate(module.paths(arch.layers)):
-            if isinstance(targets, str) and targets.lower() == ALL_LINEAR:
-                chosen = not module.embedding and path != arch.output_layer
-            else:
-                chosen = selects(targets, path)
-            if chosen:
-                found.append((module, index if LAYER in module.path else None))
+        every_layer = _selects_every_layer(module, targets)
+        if every_layer is not None:  # decided once for all layers
+            found += [(module, range(arch.layers))] if every_layer and arch.layers else []
+            continue
+        chosen = [index for index, path in enumerate(module.paths(arch.layers))
+                  if (not module.embedding and path != arch.output_layer if isinstance(targets, str)
+                      and targets.lower() == ALL_LINEAR else selects(targets, path))]
+        if chosen:
+            found.append((module, chosen if LAYER in module.path else None))
     return found
+
+
+def _selects_every_layer(module: Module, targets: str | Sequence[str]) -> bool | None:
+    """Whether `targets` selects a layer module in every layer or in none, when its path after the layer index
+    decides that alone (`all-linear`, or names no longer than that part); None: it depends on the index."""
+    if LAYER not in module.path:
+        return None
+    tail = module.path.split(LAYER, 1)[1]  # `.self_attn.q_proj`
+    if isinstance(targets, str):
+        return not module.embedding if targets.lower() == ALL_LINEAR else None
+    if any(len(name) + 1 > len(tail) for name in targets):
+        return None  # a name as long as the path may name one layer's module (`layers.3.self_attn.q_proj`)
+    return any(tail.endswith(f".{name}") for name in targets)

@@ -63,6 +63,11 @@ class RunDir:
         return self.path / "launch.sh"
 
     @property
+    def written(self) -> Path:
+        """The top-level entries rlhf's runs wrote here (rlhf_cli/ownership.py): all that `--overwrite` removes."""
+        return self.path / "rlhf-files.json"
+
+    @property
     def run_record(self) -> Path:
         """Command, versions and layout; at the end how it ended (machine 0 only)."""
         return self.path / "run.json"

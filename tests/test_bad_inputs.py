@@ -30,6 +30,9 @@ report_to: none
 ZERO3 = "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 3\n"
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
          "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 500}
+# A whole safetensors file of one float: 8 bytes of header length, the header, 4 bytes of data (73 bytes).
+_HEADER = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+SAFETENSORS = len(_HEADER).to_bytes(8, "little") + _HEADER + b"\0" * 4
 SLURM = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "node[1-2]"}
 
 
@@ -408,6 +411,87 @@ CASES = [
     env({"MASTER_ADDR": "10.0.0.1", "NNODES": "2", "NODE_RANK": "5"}, "NODE_RANK=5 is outside 0..1: NNODES=2"),
     env({**SLURM, "SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_GPUS_ON_NODE": "3"}, "--num-processes 5 is not a "
         "multiple of SLURM_NNODES=2", "--num-processes", "5"),
+
+    # -- TRL `str` fields whose values only its trainers check (rlhf_cli/schema/choices.yaml) --------------------
+    sets("range", "loss_type=dr_grp", "`loss_type`: expected one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, "
+         "vespo, got 'dr_grp'; did you mean dr_grpo?", command="grpo"),
+    sets("range", "scale_rewards=grup", "`scale_rewards`: expected one of group, batch, none, got 'grup'",
+         command="grpo"),
+    sets("range", "importance_sampling_level=sequense", "`importance_sampling_level`: expected one of token, "
+         "sequence, got 'sequense'; did you mean sequence?", command="grpo"),
+    sets("range", "vllm_mode=remote", "`vllm_mode`: expected one of server, colocate, got 'remote'"),
+
+    # -- what every rank would die of after loading (rlhf_cli/config/prelaunch.py) ------------------------------
+    flags("bad file: model files", "--model", "{tmp}/m", message="--model: `model_name_or_path`: {tmp}/m has no "
+          "weights (model.safetensors or pytorch_model.bin); save the model again",
+          files={"m/config.json": json.dumps(LLAMA), "m/tokenizer.json": "{}"}),
+    flags("bad file: model files", "--model", "{tmp}/m", message="{tmp}/m has no tokenizer (tokenizer.json",
+          files={"m/config.json": json.dumps(LLAMA), "m/model.safetensors": SAFETENSORS}),
+    flags("bad file: model files", "--reward-model", "{tmp}/m", message="`reward_model_name_or_path`: "
+          "{tmp}/m/model.safetensors is truncated (71 of 73 bytes)",
+          files={"m/config.json": json.dumps(LLAMA), "m/model.safetensors": SAFETENSORS[:-2],
+                 "m/tokenizer.json": "{}"}),
+    flags("bad file: model files", "--model", "{tmp}/m", message="{tmp}/m/model-2.safetensors is missing (listed in "
+          "model.safetensors.index.json)", files={"m/config.json": json.dumps(LLAMA), "m/tokenizer.json": "{}",
+                                                  "m/model.safetensors.index.json": json.dumps(
+                                                      {"weight_map": {"a": "model-1.safetensors",
+                                                                      "b": "model-2.safetensors"}}),
+                                                  "m/model-1.safetensors": SAFETENSORS}),
+    sets("range", "reward_weights=[1, 2]", "--set reward_weights: `reward_weights` has 2 weights and the run 1 rewards "
+         "(the reward model, then each of reward_funcs)", command="grpo"),
+    sets("range", "reward_weights=[]", "`reward_weights` has 0 weights and the run 1 rewards", command="grpo"),
+    sets("range", "reward_weights=[heavy]", "`reward_weights`: 'heavy' is not a number", command="grpo"),
+    flags("bad path: resume", "--resume", "", message="--resume: `resume_from_checkpoint` is empty; give a "
+          "checkpoint directory"),
+    flags("bad path: resume", "--resume", "{tmp}/ck", message="--resume {tmp}/ck: {tmp}/ck is not a trainer "
+          "checkpoint (no trainer_state.json); pass a checkpoint-N directory", files={"ck/notes.txt": "x"}),
+    flags("bad path: resume", "--resume", "{tmp}/ck", message="{tmp}/ck holds LoRA adapters and this run fine-tunes "
+          "the whole model; add --lora", files={"ck/trainer_state.json": "{}", "ck/adapter_config.json": "{}"}),
+    flags("bad path: resume", "--lora", "--resume", "{tmp}/ck", message="{tmp}/ck holds a fully fine-tuned model and "
+          "this run trains LoRA adapters; drop --lora", files={"ck/trainer_state.json": "{}",
+                                                               "ck/config.json": json.dumps(LLAMA)}),
+    flags("bad path: resume", "--resume", "{tmp}/run/checkpoint-2", message="is a checkpoint of an `rlhf ppo` run, not "
+          "of rloo; resume it with `rlhf ppo`", files={"run/checkpoint-2/trainer_state.json": "{}",
+                                                       "run/recipe.yaml": "# Resolved by rlhf from flags; a valid "
+                                                                          "recipe for `rlhf ppo`.\n"}),
+    flags("bad path: resume", "--resume", "{tmp}/ck", message="{tmp}/ck is of a model with hidden_size 128, the "
+          f"policy {RECIPES}/smoke/policy has 64; resume a checkpoint of this model",
+          files={"ck/trainer_state.json": "{}", "ck/config.json": json.dumps({**LLAMA, "hidden_size": 128})}),
+    recipe("environment", "env:\n  PATH: /nowhere\n", "`env.PATH` hides ninja"),
+    recipe("environment", "env:\n  DS_ACCELERATOR: cuda\n", "`env.DS_ACCELERATOR` is cuda and this machine has no "
+           "CUDA; remove it"),
+    recipe("environment", "env:\n  MASTER_PORT: 80\n", "`env.MASTER_PORT` '80': the rendezvous needs a port from "
+           "1024 to 65535 (lower ones are privileged)"),
+    recipe("environment", "env:\n  HF_HOME: {tmp}/r.yaml\n", "`env.HF_HOME` {tmp}/r.yaml is not a directory"),
+    env({"HF_HOME": "/etc/hostname"}, "HF_HOME=/etc/hostname is not a directory; point it at a directory"),
+    flags("range", "--stall-timeout", "1e20", message="--stall-timeout: `stall_timeout`: must be at least 5 and at "
+          "most 604800, got 1e+20"),
+
+    # -- what used to be an internal error ----------------------------------------------------------------------
+    Bad("traceback: control character", ("-r", "{tmp}/r.yaml"), "r.yaml:2: a control character (U+0001) YAML does "
+        "not allow; remove it (is the recipe a text file?)", files={"r.yaml": b"max_steps: 4\nseed: 1\x01\n"}),
+    flags("traceback: control character", "--accelerate-config", "{tmp}/a.yaml", message="a.yaml:1: a control "
+          "character (U+0007) YAML does not allow", files={"a.yaml": b"num_processes: 2\x07\n"}),
+    flags("traceback: lora_target_modules", "--lora", "--set", "lora_target_modules=5",
+          message="`lora_target_modules`: 5 is not a module name; give names like [q_proj, v_proj], a pattern, or "
+          "all-linear"),
+
+    # -- an output dir that would overwrite what the user wrote -------------------------------------------------
+    flags("conflict: output dir", "-o", f"{RECIPES}/smoke/policy", message=f"output dir {RECIPES}/smoke/policy "
+          "is the run's `model_name_or_path`"),
+    flags("conflict: output dir", "-o", f"{RECIPES}/smoke/reward/out", message="lies inside the run's "
+          f"`reward_model_name_or_path` {RECIPES}/smoke/reward; choose an --output-dir outside it"),
+    flags("conflict: output dir", "-o", f"{RECIPES}/smoke", message=f"contains the run's `model_name_or_path` "
+          f"{RECIPES}/smoke/policy"),
+    recipe("conflict: output dir", "", "contains the run's recipe {tmp}/r.yaml", "-o", "{tmp}"),
+    Bad("conflict: output dir", ("-r", "rloo/smoke", "-o", "{tmp}/mine", "--resume", "auto"), "output dir "
+        "{tmp}/mine holds files rlhf did not write (recipe.yaml), which the run would overwrite",
+        files={"mine/recipe.yaml": "# mine\nmax_steps: 2\n"}),
+    Bad("conflict: output dir", ("-r", "rloo/smoke", "-o", "{tmp}/mine", "--overwrite"), "holds files rlhf did not "
+        "write (recipe.yaml)", files={"mine/recipe.yaml": "max_steps: 2\n"}),
+    Bad("conflict: output dir", ("-r", "rloo/smoke", "-o", "{tmp}/run", "--overwrite", "--resume", "auto"),
+        "--overwrite removes the earlier run in {tmp}/run, and --resume auto continues it; keep one",
+        files={"run/rlhf-files.json": '{"entries": ["rlhf-files.json"], "running": false}'}),
 
     # -- messages ------------------------------------------------------------------------------------------------
     recipe("message", "vf_coef: 0.1\n", "`vf_coef` is a ppo key, not one of rloo; remove it or run `rlhf ppo`"),

@@ -10,11 +10,14 @@ from helpers import RECIPES, write
 from rlhf_cli.checkpoints import incomplete_reason, newest_complete_checkpoint, write_manifest
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
+from rlhf_cli.ownership import record_end
+from rlhf_cli.run_dir import RunDir
 
 
 def checkpoint(run_dir: Path, step: int, complete: bool = True) -> Path:
     path = run_dir / f"checkpoint-{step}"
     write(path / "model.safetensors", "w" * 100)
+    write(path / "trainer_state.json", "{}")
     write(path / "global_step" / "zero_pp_rank_0_mp_rank_00_optim_states.pt", "o" * 50)
     if complete:
         write_manifest(path)
@@ -53,7 +56,8 @@ def test_resume_auto_skips_a_broken_checkpoint_with_a_warning(tmp_path: Path) ->
     checkpoint(run_dir, 2)
     broken = checkpoint(run_dir, 4)
     (broken / "model.safetensors").unlink()
-    write(run_dir / "recipe.yaml", "{}\n")  # the run already started here: resuming it is no overwrite
+    write(run_dir / "recipe.yaml", "{}\n")
+    record_end(RunDir(run_dir))  # the run already started here, its files its own: resuming it is no overwrite
     run = resume_auto(run_dir, tmp_path)
     assert run.value("resume_from_checkpoint") == str(run_dir / "checkpoint-2")
     assert "warning: --resume auto: skipping checkpoint-4: model.safetensors is missing" in run.notes

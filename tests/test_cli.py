@@ -94,7 +94,8 @@ BAD_INPUT = [
      "Error: --offload-optimizer: `offload_optimizer`: expected one of none, cpu, nvme, got 'disk'"),
     (["-r", "rloo/smoke", "--json"], "--json goes with --dry-run"),
     (["-r", "rloo/smoke", "--stall-timeout", "2"],
-     "Error: --stall-timeout: `stall_timeout`: must be at least 5, got 2.0: heartbeats come every 2 s"),
+     "Error: --stall-timeout: `stall_timeout`: must be at least 5 and at most 604800, got 2.0: heartbeats come "
+     "every 2 s"),
 ]
 
 

@@ -12,9 +12,11 @@ PACKAGE = REPO / "rlhf_cli"
 # the leaves and the layers listed for it, never one above it.
 # gather_budget is one: the config layer checks a budget, the plan and the ranks choose its units with it.
 # `records` is one: the launcher, the launch agent and the ranks all write and read the output dir's small files.
+# `ownership` is one: the config layer reads which files of an output dir a run wrote, the launcher records them.
 # `architectures` (the modules LoRA adapts, from config.json) is read by resolution's checks, the plan and the ranks.
 LEAVES = {"rlhf_cli", "rlhf_cli.errors", "rlhf_cli.sizes", "rlhf_cli.run_dir", "rlhf_cli.checkpoints",
-          "rlhf_cli.hub", "rlhf_cli.gather_budget", "rlhf_cli.records", "rlhf_cli.architectures"}
+          "rlhf_cli.hub", "rlhf_cli.gather_budget", "rlhf_cli.records", "rlhf_cli.architectures",
+          "rlhf_cli.ownership"}
 MAY_IMPORT = {
     "algorithms": {"algorithms"},
     "config": {"algorithms", "config"},

@@ -219,7 +219,7 @@ def test_lora_layer_activations_are_what_autograd_keeps(name: str, attention: st
                 lora = LoraSettings(8, peft_targets(targets), dropout=dropout > 0)
                 adapter = adapter_size(LAYERS[name], lora)
                 expected = (memory.layer_activations(size, 64, element_bytes, attention, liger=False, frozen=True)
-                            + memory.adapter_activations(size, adapter.layers[0], 8, element_bytes, attention,
+                            + memory.adapter_activations(size, adapter.layers[0][0], 8, element_bytes, attention,
                                                          dropout > 0, mask_bytes=element_bytes))
                 measured = saved_by_one_layer(LAYERS[name], attention, dtype_name,
                                               lora={"r": 8, "target_modules": peft_targets(targets),

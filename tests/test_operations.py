@@ -60,6 +60,8 @@ def test_a_preemption_signal_checkpoints_and_resume_auto_finishes_the_same_steps
     assert 2 <= stopped < 12 and preempted["signal"] == PREEMPTION_SIGNAL[command].name
     assert incomplete_reason(Path(preempted["checkpoint"])) is None  # whole: every file at its recorded size
     assert "--resume auto" in stderr
+    written = json.loads((out / "rlhf-files.json").read_text())  # all the run's, for --overwrite to remove
+    assert not written["running"] and {"ranks", "preempted.json", f"checkpoint-{stopped}"} <= set(written["entries"])
 
     code, stdout, stderr = finish(subprocess.Popen(argv + ["--resume", "auto"], stdout=subprocess.PIPE,
                                                    stderr=subprocess.PIPE, text=True), [])

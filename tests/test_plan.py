@@ -692,3 +692,17 @@ def test_a_run_with_tools_is_planned_as_prompt_plus_completion_and_says_so() -> 
     assert any("the default: set plan_prompt_length to the prompt as rendered" in note for note in unset.notes)
     plain = plan_run(resolve(RunRequest("grpo", "grpo/smoke", {"gpu_memory": ("--gpu-memory", "8GiB")}), cuda=False))
     assert not any(note.startswith("tools:") for note in plain.notes)
+
+def test_the_plan_of_any_depth_handles_alike_layers_once() -> None:
+    """100,000 decoder layers adapted alike are one group (the plan stays under a second: benchmarks/plan_depth.py);
+    a pattern naming one layer splits them, with the same totals as counting layer by layer."""
+    from rlhf_cli.plan.models import LoraSettings, adapter_size
+
+    config = {**json.loads((RECIPES / "smoke" / "policy" / "config.json").read_text()), "num_hidden_layers": 100_000}
+    deep = adapter_size(config, LoraSettings(rank=8, targets=["q_proj", "v_proj"]))
+    assert [(tuple(m.name for m in modules), count) for modules, count in deep.layers] == \
+        [(("q_proj", "v_proj"), 100_000)]
+    one = adapter_size({**config, "num_hidden_layers": 3},
+                       LoraSettings(rank=8, targets=r"model\.layers\.1\.self_attn\.(q|v)_proj"))
+    assert sorted((len(modules), count) for modules, count in one.layers) == [(0, 2), (2, 1)]
+    assert one.params * 100_000 == deep.params  # two adapters in one layer, against two in each of 100,000

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ import pytest
 from helpers import RECIPES, write
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
+from rlhf_cli.ownership import record_end
+from rlhf_cli.run_dir import RunDir
 
 SMOKE_MODELS = f"""
 model_name_or_path: {RECIPES}/smoke/policy
@@ -181,9 +184,12 @@ def test_flag_and_set_for_the_same_key_is_an_error(tmp_path: Path) -> None:
 
 def test_an_existing_run_is_not_overwritten(tmp_path: Path) -> None:
     write(tmp_path / "out" / "recipe.yaml", "")
+    record_end(RunDir(tmp_path / "out"))  # what an earlier run leaves: its files, recorded as its own
     path = recipe(tmp_path, "output_dir: out\n")
     assert problems(RunRequest("rloo", path), tmp_path) == [
-        f"output dir {tmp_path / 'out'} already holds a run; choose another --output-dir or pass --overwrite"]
+        f"{path}:5: output dir {tmp_path / 'out'} already holds a run (recipe.yaml, rlhf-files.json; unfinished); "
+        "continue it with --resume auto, start it again with --overwrite (removes only what rlhf wrote there), or "
+        "choose another --output-dir"]
     assert resolve(RunRequest("rloo", path, overwrite=True), cwd=tmp_path, cuda=False).output_dir == tmp_path / "out"
 
 
@@ -284,7 +290,8 @@ def test_ppo_batch_sizes_must_tile(tmp_path: Path) -> None:
 
 def test_reward_model_is_a_sequence_classifier_or_a_causal_lm(tmp_path: Path) -> None:
     """The seed's reward model, pythia-70m, is a GPTNeoXForCausalLM: the ranks give it a new score head."""
-    gpt2 = write(tmp_path / "gpt2" / "config.json", '{"architectures": ["GPT2LMHeadModel"]}').parent
+    gpt2 = Path(shutil.copytree(RECIPES / "smoke" / "reward", tmp_path / "gpt2"))  # weights and tokenizer
+    write(gpt2 / "config.json", '{"architectures": ["GPT2LMHeadModel"]}')
     for algorithm in ("ppo", "rloo", "online_dpo"):
         smoke = str(RECIPES / algorithm / "smoke.yaml")
         for causal_lm in (RECIPES / "smoke" / "policy", gpt2):

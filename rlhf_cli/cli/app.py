@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -59,6 +60,9 @@ for _command, _example in ((recipes.recipes, recipes.EXAMPLE), (init.init, init.
 def main(argv: list[str] | None = None) -> int:
     """`rlhf`: run the command; any error becomes one line per problem and an exit code (cli/errors.py), which
     is imported only then: it prints through the output layer, which a `--help` never needs."""
+    for stream in (sys.stdout, sys.stderr):  # a path the terminal's encoding lacks is printed escaped, not fatal
+        if callable(getattr(stream, "reconfigure", None)):
+            stream.reconfigure(errors="backslashreplace")
     try:
         return typer.main.get_command(app).main(args=argv, prog_name="rlhf", standalone_mode=False) or 0
     except (Exception, KeyboardInterrupt) as error:  # noqa: BLE001 - the one boundary: cli/errors.py decides

@@ -129,7 +129,7 @@ TABLE: tuple[Flag, ...] = (
     Flag("json_", ("--json",), kind=bool, default=False,
          help="With --dry-run or rlhf plan: print it as one JSON object."),
     Flag("overwrite", ("--overwrite",), kind=bool, default=False,
-         help="Reuse an output dir that already holds a run."),
+         help="Start again in an output dir that holds a run: first removes what rlhf wrote there, and only that."),
     Flag("quiet", ("--quiet", "-q"), kind=bool, default=False,
          help="Errors only: no header, progress or summary; other ranks silent."),
     Flag("verbose", ("--verbose", "-v"), kind=bool, default=False,

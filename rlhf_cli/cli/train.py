@@ -38,7 +38,8 @@ def train(ctx: typer.Context, **options: Any) -> None:
     from rlhf_cli.launch.runner import launch
 
     needs = PlanNeeds(plan.chosen.cpu_per_machine if plan.chosen else None, plan.checkpoint_bytes)
-    outcome = launch(run, verbosity="quiet" if quiet else "verbose" if options["verbose"] else "normal", needs=needs)
+    outcome = launch(run, verbosity="quiet" if quiet else "verbose" if options["verbose"] else "normal", needs=needs,
+                     overwrite=options["overwrite"])
     print_outcome(outcome, run, quiet)
     raise typer.Exit(outcome.exit_code)
 

@@ -17,6 +17,7 @@ from typing import Any
 ROWS_READ = 20
 WHOLE_JSON_LIMIT = 64 * 2**20  # a JSON file that is one document is parsed whole up to this size
 CHUNK = 2**20
+HEAD_LIMIT = 64 * 2**20  # the most read to find the first whole row
 # The `datasets` builder that reads each local data file a recipe may name.
 DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
@@ -25,14 +26,21 @@ class DataFileError(ValueError):
     """What is wrong with a data file, in a line that names it (and the row, where there is one)."""
 
 
-def _head(path: Path) -> str:
-    """The file's first MiB as text, cut after its last whole line."""
+def _head(path: Path) -> str | None:
+    """The file's first MiB as text, cut after its last whole line, and at least its first line whole (up to
+    HEAD_LIMIT: a first line longer than that is `datasets`' to read, None). A UTF-8 byte-order mark is not text."""
     with path.open("rb") as handle:
         head = handle.read(CHUNK)
-    if len(head) == CHUNK:
-        head = head[:head.rfind(b"\n") + 1]
+        while b"\n" not in head.lstrip() and len(head) < HEAD_LIMIT and (more := handle.read(CHUNK)):
+            head += more
+        whole = not handle.read(1)
+    if not whole:
+        cut = head.rfind(b"\n")
+        if cut < 0 or not head[:cut].strip():
+            return None
+        head = head[:cut + 1]
     try:
-        return head.decode("utf-8")
+        return head.decode("utf-8-sig")
     except UnicodeDecodeError as error:
         line = head.count(b"\n", 0, error.start) + 1
         raise DataFileError(f"{path}:{line}: not UTF-8 text; save the file as UTF-8") from None
@@ -41,6 +49,8 @@ def _head(path: Path) -> str:
 def _json_rows(path: Path) -> tuple[list[str], list[tuple[int, Any]]]:
     """(columns, [(line, row)]) of a JSON Lines file, or of a JSON document holding rows or columns."""
     text = _head(path)
+    if text is None:
+        return [], []  # a first row longer than HEAD_LIMIT: `datasets` reads it
     if not text.strip():
         raise DataFileError(f"{path} is empty")
     if text.lstrip().startswith("["):
@@ -91,7 +101,10 @@ def _columns(path: Path, rows: list[tuple[int, Any]]) -> list[str]:
 
 
 def _csv_rows(path: Path) -> tuple[list[str], list[tuple[int, Any]]]:
-    reader = csv.reader(io.StringIO(_head(path)))
+    text = _head(path)
+    if text is None:
+        return [], []
+    reader = csv.reader(io.StringIO(text))
     header = next(reader, None)
     if not header:
         raise DataFileError(f"{path} is empty")

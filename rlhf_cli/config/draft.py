@@ -35,6 +35,8 @@ class Draft:
         self.problems: list[str] = list(request.problems)
         self.notes: list[str] = []
         self.refused: set[str] = set()  # keys given a value that was refused
+        self.recipe_path: Path | None = None
+        self.resume_asked: str | None = None  # `--resume` as given (`auto`, a path), before `auto` is looked up
 
     def value(self, name: str) -> Any:
         setting = self.settings.get(name)

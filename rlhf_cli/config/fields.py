@@ -188,7 +188,16 @@ def catalogue(algorithm: str) -> dict[str, Field]:
     for name, spec in ranges()["fields"].items():
         if name in fields:
             fields[name] = replace(fields[name], limits=_limits(spec))
+    for name, values in fixed_choices().items():
+        if name in fields and fields[name].choices is None:
+            fields[name] = replace(fields[name], choices=tuple(values))
     return fields
+
+
+@cache
+def fixed_choices() -> dict[str, list[str]]:
+    """rlhf_cli/schema/choices.yaml: the values of TRL's `str` fields that only its trainers check."""
+    return yaml.safe_load(resources.files("rlhf_cli.schema").joinpath("choices.yaml").read_text())
 
 
 @cache

@@ -105,6 +105,7 @@ def _same_value(draft: Draft, name: str, raw: Any, where: str, base_dirs: tuple[
 
 
 def apply_recipe(draft: Draft, recipe: Recipe) -> None:
+    draft.recipe_path = recipe.path
     bases = (recipe.path.parent, draft.cwd)
     for key, value in recipe.values.items():
         put(draft, key, value, "recipe", recipe.where(key), bases)

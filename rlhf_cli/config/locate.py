@@ -52,13 +52,20 @@ def locate(draft: Draft, field: Field, value: Any, where: str, base_dirs: tuple[
         return str(named)
     if field.name in EXISTING_PATHS:
         kind, must_be_dir = EXISTING_PATHS[field.name]
+        if isinstance(value, str) and not value.strip():  # Path('') is the working directory
+            draft.problems.append(f"{where}: `{field.name}` is empty; give a {kind}")
+            return value
         path, state = _find(value, base_dirs)
         if state.kind != ("dir" if must_be_dir else "file"):
             draft.problems.append(f"{where}: `{field.name}`: {describe(value, state, kind)}")
             return value
         return str(path)
     if field.name == "output_dir":
-        return str((draft.cwd / Path(value).expanduser()).resolve()) if value.strip() else value
+        try:
+            return str((draft.cwd / Path(value).expanduser()).resolve()) if value.strip() else value
+        except (RuntimeError, OSError) as error:  # a symlink loop: RuntimeError before Python 3.13
+            draft.problems.append(f"{where}: output dir {value}: {error}; give a directory")
+            return value
     if field.name == "reward_funcs":
         return [_reward_func(draft, spec, where, base_dirs) for spec in value]
     if field.name in AGENT_CODE_FIELDS:

@@ -40,7 +40,12 @@ def lora_problems(values: Values, entry: Algorithm, zero3: bool) -> list[str]:
     if values("lora_task_type") != "CAUSAL_LM":
         problems.append(f"`lora_task_type`: the policy is a causal LM, so CAUSAL_LM, got {values('lora_task_type')} "
                         "(PPO's value model gets SEQ_CLS by itself)")
-    targets = peft_targets(values("lora_target_modules"))
+    given = values("lora_target_modules")
+    if isinstance(given, list) and (wrong := next((item for item in given if not isinstance(item, str)), None)) \
+            is not None:
+        return [*problems, f"`lora_target_modules`: {wrong!r} is not a module name; give names like [q_proj, v_proj], "
+                           f"a pattern, or {ALL_LINEAR}"]
+    targets = peft_targets(given)
     if isinstance(targets, str) and targets.lower() != ALL_LINEAR:
         try:
             re.compile(targets)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from rlhf_cli.config.accelerate import LAYOUT_KEYS, AccelerateChoices, build_acc
 from rlhf_cli.config.draft import Draft
 from rlhf_cli.config.generation import Generation
 from rlhf_cli.config.layers import apply_command_line, apply_environment, apply_recipe
+from rlhf_cli.config.prelaunch import run_problems
 from rlhf_cli.config.recipe import Recipe, load_recipe
 from rlhf_cli.config.run import RESUME_AUTO, ResolvedRun, RunRequest, Setting
 from rlhf_cli.errors import ConfigError
@@ -60,6 +62,8 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     cpu_only = not (_cuda_present() if cuda is None else cuda) or environ.get("DS_ACCELERATOR") == "cpu"
     accelerate, accelerate_notes = build_accelerate_config(_accelerate_choices(draft, cpu_only), draft.problems)
     run_checks.check_deepspeed_field(draft, accelerate)
+    if not request.planning:  # the plan reads config.json alone: it plans a model before its weights are there
+        draft.problems += run_problems(_Given(draft), cuda=not cpu_only, environ=environ)
     run_checks.check_cpu_and_lora(draft, cpu_only)
     run_checks.check_across_fields(draft, accelerate)
     if draft.problems:
@@ -68,6 +72,24 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     generation = Generation.from_values(lambda name: settings[name].value if name in settings else None)
     return ResolvedRun(request.algorithm, recipe.path if recipe else None, settings, accelerate, cpu_only,
                        generation, tuple(draft.notes + accelerate_notes))
+
+
+@dataclass(frozen=True)
+class _Given:
+    """The draft as rlhf_cli/config/prelaunch.py reads it: keys that were refused read as absent."""
+
+    draft: Draft
+
+    @property
+    def algorithm(self) -> str:
+        return self.draft.request.algorithm
+
+    def value(self, name: str) -> Any:
+        known = name in self.draft.fields and name not in self.draft.refused
+        return self.draft.value(name) if known else None
+
+    def where(self, name: str) -> str:
+        return self.draft.layers.get(name, ("", f"`{name}`"))[1]
 
 
 def _read_recipe(draft: Draft) -> Recipe | None:

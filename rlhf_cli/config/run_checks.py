@@ -17,11 +17,12 @@ from rlhf_cli.config.checks import check_model_config, check_reward_model, cross
 from rlhf_cli.config.data_files import READERS, DataFileError, check_prompts
 from rlhf_cli.config.draft import Draft, Refused
 from rlhf_cli.config.lora import lora_problems
+from rlhf_cli.config.output_dir import Input, OutputDirCheck
 from rlhf_cli.config.locate import DATA_BUILDERS, MODEL_FIELDS
 from rlhf_cli.config.paths import path_state, writable_dir_problem
 from rlhf_cli.config.run import RESUME_AUTO, Setting
 from rlhf_cli.gather_budget import BudgetError, parse_budget
-from rlhf_cli.run_dir import MANIFEST, RunDir
+from rlhf_cli.run_dir import MANIFEST
 from rlhf_cli.sizes import SizeError, parse_size
 
 # The trainers' collective timeout, unless the recipe sets one: a backstop for what the stall watch does not judge
@@ -98,6 +99,7 @@ def find_resume_point(draft: Draft) -> None:
     setting = draft.settings.get("resume_from_checkpoint")
     if setting is None or setting.value is None or {"resume_from_checkpoint", "output_dir"} & draft.refused:
         return
+    draft.resume_asked = setting.value
     if setting.value != RESUME_AUTO:
         checkpoint = Path(setting.value)
         reason = incomplete_reason(checkpoint)
@@ -123,6 +125,8 @@ def find_resume_point(draft: Draft) -> None:
 
 def check_output_dir(draft: Draft) -> None:
     """A directory this machine can write (made if missing); machine rank 0's must not hold a run already."""
+    if "output_dir" in draft.refused:
+        return
     setting = draft.settings["output_dir"]
     flag = draft.layers.get("output_dir", ("", "`output_dir`"))[1]
     problem = writable_dir_problem(Path(setting.value), may_create=True) if setting.value.strip() \
@@ -130,13 +134,32 @@ def check_output_dir(draft: Draft) -> None:
     if problem:
         draft.problems.append(f"{flag}: output dir {problem}")
         return
-    resuming = "resume_from_checkpoint" in draft.settings  # also `--resume auto` with nothing to resume yet
-    if (draft.value("machine_rank") or 0) > 0:
+    if (draft.value("machine_rank") or 0) > 0 or "resume_from_checkpoint" in draft.refused:
         return  # machine rank 0 owns the output dir; the others join its run
-    output_dir = Path(setting.value)
-    if path_state(RunDir(output_dir).recipe).exists and not (draft.request.overwrite or resuming):
-        draft.problems.append(
-             f"output dir {output_dir} already holds a run; choose another --output-dir or pass --overwrite")
+    resume = draft.settings.get("resume_from_checkpoint")
+    check = OutputDirCheck(Path(setting.value), flag, draft.request.overwrite, draft.resume_asked)
+    draft.problems += check.check(_inputs(draft), resume is not None and resume.value is not None)
+
+
+def _inputs(draft: Draft) -> list[Input]:
+    """The local files and directories the run reads, for the output dir to keep clear of."""
+    found = [Input("recipe", draft.recipe_path, read_by_ranks=False)] if draft.recipe_path else []
+    for name in (*MODEL_FIELDS, "reward_model_path", "dataset_name"):
+        value = draft.value(name) if name in draft.fields and name not in draft.refused else None
+        if isinstance(value, str) and Path(value).is_absolute():
+            found.append(Input(f"`{name}`", Path(value)))
+    if "accelerate_config" not in draft.refused and isinstance(draft.value("accelerate_config"), str):
+        found.append(Input("`accelerate_config`", Path(draft.value("accelerate_config")), read_by_ranks=False))
+    for spec in draft.value("reward_funcs") or [] if "reward_funcs" not in draft.refused else []:
+        target = str(spec).rpartition(":")[0]
+        if target.endswith(".py") and Path(target).is_absolute():
+            found.append(Input("`reward_funcs` file", Path(target)))
+    for index, entry in enumerate(draft.value("datasets") or [] if "datasets" not in draft.refused else []):
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str) and Path(entry["path"]).is_absolute():
+            found.append(Input(f"`datasets[{index}]`", Path(entry["path"])))
+        if isinstance(entry, dict):
+            found += [Input(f"`datasets[{index}]` file", path) for path in _entry_files(entry)]
+    return found
 
 
 def check_nvme_path(draft: Draft) -> None:
@@ -150,10 +173,13 @@ def check_nvme_path(draft: Draft) -> None:
 
 def check_models(draft: Draft) -> None:
     for name in MODEL_FIELDS:
+        found = len(draft.problems)
         if name in draft.fields and name not in draft.refused:
             check_model_config(name, draft.value(name), draft.layers.get(name, ("", ""))[1], draft.problems)
-    if "reward_model_name_or_path" not in draft.refused:
-        check_reward_model(draft.value("reward_model_name_or_path"), draft.problems)
+        if name == "reward_model_name_or_path" and name not in draft.refused:
+            check_reward_model(draft.value(name), draft.problems)
+        if len(draft.problems) > found:  # its files are not judged as well
+            draft.refused.add(name)
 
 
 def check_data(draft: Draft) -> None:

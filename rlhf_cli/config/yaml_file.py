@@ -97,7 +97,12 @@ def _text(path: Path, what: str) -> str:
 def read_yaml(path: Path, what: str) -> YamlFile:
     """The values of a YAML file, or ConfigError with every problem found in it."""
     text = _text(path, what)
-    loader = _LOADER(text)
+    try:
+        loader = _LOADER(text)  # it checks every character first
+    except yaml.reader.ReaderError as error:
+        line = text.count("\n", 0, error.position) + 1
+        raise ConfigError(f"{path}:{line}: a control character (U+{error.character:04X}) YAML does not allow; remove it "
+                          f"(is the {what} a text file?)") from None
     try:
         node = loader.get_single_node()
         problems = check_nodes(node, path) if node is not None else []

@@ -20,6 +20,7 @@ from rlhf_cli.launch.command import launch_command, launch_script, machine_rank,
 from rlhf_cli.launch.faults import Failure, PlanNeeds, explain, free_space
 from rlhf_cli.launch.preflight import PendingCheck
 from rlhf_cli.launch.versions import installed_versions
+from rlhf_cli.ownership import record_end, record_start, remove_owned
 from rlhf_cli.records import read_json, try_write_json, write_atomic
 from rlhf_cli.run_dir import EXIT_PREEMPTED, START_GATE, START_GATE_ENV, RunDir
 from rlhf_cli.sizes import readable
@@ -52,6 +53,9 @@ def write_run_files(run: ResolvedRun, accelerate: dict[str, Any], verbosity: str
     header = f"# Resolved by rlhf from {run.recipe or 'flags'}; a valid recipe for `rlhf {run.algorithm}`.\n"
     shared = {key: value for key, value in accelerate.items() if key != "machine_rank"}
     try:
+        if machine_rank(run) == 0:  # before anything else: whatever appears from now on is the run's
+            record_start(files, [files.recipe, files.accelerate_config, files.launch_script, files.run_record,
+                                 files.path / "machines"])
         write_atomic(files.recipe, header + yaml.safe_dump(run.recipe_values(), sort_keys=True))
         write_atomic(files.accelerate_config, yaml.safe_dump(shared, sort_keys=True))
         write_atomic(files.launch_script, launch_script(launch_command(run, verbosity=verbosity), Path.cwd()))
@@ -61,6 +65,16 @@ def write_run_files(run: ResolvedRun, accelerate: dict[str, Any], verbosity: str
         raise OutputDirError(f"cannot write to the output dir {files.path}: {(error.strerror or str(error)).lower()} "
                              f"({readable(free) if free is not None else 'unknown'} free); choose another "
                              "--output-dir, or make room") from None
+
+
+def _remove_earlier_run(run_dir: RunDir) -> None:
+    """`--overwrite`: what earlier runs wrote goes, before this run writes anything."""
+    try:
+        remove_owned(run_dir)
+    except OSError as error:
+        raise OutputDirError(f"--overwrite: cannot remove the earlier run's files in {run_dir.path}: "
+                             f"{(error.strerror or str(error)).lower()}; remove them yourself or choose another "
+                             "--output-dir") from None
 
 
 def _run_record(run: ResolvedRun, accelerate: dict[str, Any]) -> dict[str, Any]:
@@ -95,9 +109,9 @@ def outcome(run_dir: RunDir, code: int, signals: list[int], wall_seconds: float,
     return Outcome(code, "failed", summary, failure, None, wall_seconds)
 
 
-def launch(run: ResolvedRun, verbosity: str = "normal", needs: PlanNeeds = UNKNOWN) -> Outcome:
+def launch(run: ResolvedRun, verbosity: str = "normal", needs: PlanNeeds = UNKNOWN, overwrite: bool = False) -> Outcome:
     """Run this machine's ranks to the end; signals are passed on to them. Says how they ended; `needs` (from the
-    plan) makes a failure's explanation more precise."""
+    plan) makes a failure's explanation more precise; `overwrite` first removes what earlier runs wrote there."""
     accelerate = dict(run.accelerate)
     if int(accelerate.get("num_machines") or 1) == 1 and not accelerate.get("main_process_port"):
         accelerate["main_process_port"] = _free_port()  # two runs on one node must not collide
@@ -128,6 +142,8 @@ def launch(run: ResolvedRun, verbosity: str = "normal", needs: PlanNeeds = UNKNO
     try:
         try:
             checking.wait()
+            if overwrite and machine_rank(run) == 0:
+                _remove_earlier_run(run_dir)
             write_run_files(run, accelerate, verbosity)
             if machine_rank(run) == 0:
                 _clear_previous_outcome(run_dir)
@@ -154,4 +170,8 @@ def launch(run: ResolvedRun, verbosity: str = "normal", needs: PlanNeeds = UNKNO
                       exit_code=result.exit_code, wall_seconds=round(result.wall_seconds, 1),
                       ranks=[read_json(path) for path in run_dir.rank_records()])
         try_write_json(run_dir.run_record, record)  # on a full disk the error line says it all
+        try:
+            record_end(run_dir)
+        except OSError:
+            pass  # the record still says `running`: every entry counts as the run's, which they are
     return result

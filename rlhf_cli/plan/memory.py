@@ -292,15 +292,17 @@ def activations(model: ModelSize, batch: int, sequence: int, element_bytes: int,
     liger = liger and model.gated_mlp  # Liger patches llama-like blocks only
     b = element_bytes
     if adapter is None:
-        layers = [layer_activations(model, sequence, b, attention, liger)] * model.layers
+        layers = [(layer_activations(model, sequence, b, attention, liger), model.layers)]
         final = _norm(model, b, liger)
     else:
         frozen = layer_activations(model, sequence, b, attention, liger, frozen=True)
-        layers = [frozen + adapter_activations(model, modules, adapter.rank, b, attention, adapter.dropout,
-                                               mask_bytes) for modules in adapter.layers]
+        layers = [(frozen + adapter_activations(model, modules, adapter.rank, b, attention, adapter.dropout,
+                                                mask_bytes), count) for modules, count in adapter.layers]
         final = _frozen_norm(model, b, liger) + adapter_activations(
             model, adapter.outside, adapter.rank, b, attention, adapter.dropout, mask_bytes, adapter.copies)
-    stored = model.layers * b * model.hidden + max(layers) if checkpointing else sum(layers)
+    layers = [(per_layer, count) for per_layer, count in layers if count]  # (bytes per token of a layer, layers)
+    stored = model.layers * b * model.hidden + max((per_layer for per_layer, _ in layers), default=0) \
+        if checkpointing else sum(per_layer * count for per_layer, count in layers)
     per_token = (stored + final + _shared_mask(sequence, b, attention) + _backward_transient(model, b, liger))
     return batch * sequence * per_token
 

@@ -9,10 +9,12 @@ one module owns directly), which `tests/test_plan.py` checks against transformer
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_cli.architectures import LAYER, Module, architecture, default_targets, targeted
+from rlhf_cli.architectures import LAYER, Module, architecture, default_targets, selection
 from rlhf_cli.gather_budget import Unit
 from rlhf_cli.hub import ModelConfigUnavailable
 
@@ -147,7 +149,7 @@ class Adapter:
     largest: int  # most trained parameters one module owns: its gradient is materialised whole (lora_A, lora_B...)
     rank: int
     dropout: bool
-    layers: tuple[tuple[Module, ...], ...]  # the adapted modules of each decoder layer
+    layers: tuple[tuple[tuple[Module, ...], int], ...]  # (the adapted modules of a decoder layer, how many layers)
     outside: tuple[Module, ...] = ()  # adapted modules outside the layers (embeddings, the output layer)
     copies: tuple[Module, ...] = ()  # modules_to_save outside the layers, trained whole (a classifier's score head)
     head_trained: bool = False  # the output layer's weight gets a gradient (a modules_to_save copy of it)
@@ -164,19 +166,32 @@ def adapter_size(config: dict[str, Any], lora: LoraSettings, *, sequence_classif
         assert arch is not None
     saved = set(lora.modules_to_save) | ({"classifier", "score"} if sequence_classifier else set())
     targets = lora.targets if lora.targets is not None else default_targets(arch.model_type) or ("q_proj", "v_proj")
-    chosen = [(module, layer) for module, layer in targeted(arch, targets) if module.name not in saved]
+    chosen = [(module, layers) for module, layers in selection(arch, targets) if module.name not in saved]
     copies = [module for module in arch.modules if module.name in saved]
-    per_module = [lora.rank * (module.in_features + module.out_features)
-                  + (module.out_features if lora.dora else 0) for module, _ in chosen]
-    copied = [module.in_features * module.out_features * len(module.paths(arch.layers)) for module in copies]
+    per_module = [(lora.rank * (module.in_features + module.out_features) + (module.out_features if lora.dora else 0))
+                  * (len(layers) if layers is not None else 1) for module, layers in chosen]
+    copied = [module.in_features * module.out_features * (arch.layers if LAYER in module.path else 1)
+              for module in copies]
     largest = max([lora.rank * max(module.in_features, module.out_features) for module, _ in chosen]
                   + [module.in_features * module.out_features for module in copies], default=0)
-    layers = tuple(tuple(module for module, layer in chosen if layer == index) for index in range(arch.layers))
+    layers = _layer_groups(arch.layers, [(module, layers) for module, layers in chosen if layers is not None])
     return Adapter(sum(per_module) + sum(copied), largest, lora.rank, lora.dropout, layers,
-                   outside=tuple(module for module, layer in chosen if layer is None),
+                   outside=tuple(module for module, layers in chosen if layers is None),
                    copies=tuple(module for module in copies if LAYER not in module.path),
                    head_trained=any(module.path == arch.output_layer for module in copies),
                    approximate=approximate)
+
+
+def _layer_groups(count: int, chosen: list[tuple[Module, Sequence[int]]]) -> tuple[tuple[tuple[Module, ...], int], ...]:
+    """(the modules adapted in a layer, how many layers have just those): one group when every layer is alike."""
+    if all(isinstance(layers, range) and len(layers) == count for _, layers in chosen):
+        return ((tuple(module for module, _ in chosen), count),) if count else ()
+    per_layer: list[list[Module]] = [[] for _ in range(count)]
+    for module, layers in chosen:
+        for index in layers:
+            per_layer[index].append(module)
+    groups = Counter(tuple(modules) for modules in per_layer)
+    return tuple(groups.items())
 
 
 def _units(layout: _Layout, layers: int, parameterless: int) -> tuple[Unit, ...]:

@@ -1,0 +1,87 @@
+"""Which entries of an output directory a run wrote, so that nothing rlhf did not write is ever replaced.
+
+The launcher writes `rlhf-files.json` (RunDir.written) before any rank starts, marking the attempt as running,
+and once the ranks have ended it records every top-level entry the directory then holds as the run's: a run only
+starts in a directory that holds nothing but an earlier run's files, so whatever appeared since is its own. An
+attempt that never recorded its end (the launcher was killed) leaves `running`, and every entry counts as the
+run's. `--overwrite` removes exactly the recorded entries; anything else makes the directory one a run refuses.
+Pure Python: the config layer reads it, the launcher writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlhf_cli.records import read_json, write_atomic
+from rlhf_cli.run_dir import RunDir
+
+LISTED = 4  # entries a message names before "and N more"
+
+
+@dataclass(frozen=True)
+class Holdings:
+    """What an output directory holds now, and whose it is."""
+
+    entries: tuple[str, ...]  # top-level names, sorted
+    owned: frozenset[str]  # written by an earlier run of rlhf
+    running: bool  # an attempt started and never recorded its end
+    status: str | None  # how the last attempt ended (run.json): finished, failed, preempted, ...
+
+    @property
+    def foreign(self) -> tuple[str, ...]:
+        """Entries no run wrote: the user's own files, which a run must never replace."""
+        return () if self.running else tuple(name for name in self.entries if name not in self.owned)
+
+    @property
+    def holds_run(self) -> bool:
+        return bool(self.owned) or self.running
+
+
+def listing(names: tuple[str, ...] | list[str]) -> str:
+    """`a, b, c and 2 more`: enough to recognise a directory's contents in one line."""
+    shown = ", ".join(names[:LISTED])
+    return f"{shown} and {len(names) - LISTED} more" if len(names) > LISTED else shown
+
+
+def holdings(path: Path) -> Holdings:
+    """What `path` holds (nothing when it is missing or unreadable: the writability check says why)."""
+    try:
+        entries = tuple(sorted(entry.name for entry in path.iterdir()))
+    except OSError:
+        return Holdings((), frozenset(), False, None)
+    run_dir = RunDir(path)
+    record = read_json(run_dir.written) or {}
+    owned = record.get("entries")
+    owned = frozenset(name for name in owned if isinstance(name, str)) if isinstance(owned, list) else frozenset()
+    status = (read_json(run_dir.run_record) or {}).get("status") if owned else None
+    return Holdings(entries, owned, bool(record.get("running")) and bool(owned), status
+                    if isinstance(status, str) else None)
+
+
+def record_start(run_dir: RunDir, launcher_files: list[Path]) -> None:
+    """Before any rank starts: the earlier runs' entries, the launcher's own files, and `running`."""
+    before = holdings(run_dir.path)
+    names = set(before.owned) | {path.relative_to(run_dir.path).parts[0] for path in launcher_files}
+    _write(run_dir, names | {run_dir.written.name}, running=True)
+
+
+def record_end(run_dir: RunDir) -> None:
+    """After the ranks ended: every entry is the run's (it started with nothing foreign there)."""
+    _write(run_dir, set(holdings(run_dir.path).entries) | {run_dir.written.name}, running=False)
+
+
+def remove_owned(run_dir: RunDir, keep: tuple[str, ...] = ()) -> None:
+    """`--overwrite`: remove what earlier runs wrote, and nothing else."""
+    for name in sorted(holdings(run_dir.path).owned - {run_dir.written.name, *keep}):
+        path = run_dir.path / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
+def _write(run_dir: RunDir, names: set[str], running: bool) -> None:
+    write_atomic(run_dir.written, json.dumps({"entries": sorted(names), "running": running}, indent=1) + "\n")

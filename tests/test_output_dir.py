@@ -1,0 +1,153 @@
+"""Nothing a user wrote is ever replaced: not the run's inputs, not the files of an output dir rlhf did not write.
+
+Runs go through the real CLI and launcher, with a stand-in for the ranks that writes what ranks write (the model,
+a checkpoint, the trainer state) into the output dir; every input is compared byte for byte afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import RECIPES
+from rlhf_cli.launch import runner
+from rlhf_cli.launch.command import Launch
+from rlhf_cli.run_dir import RunDir
+
+USER_RECIPE = "# my own recipe, with comments\nmax_steps: 2\n"
+REWARD = "def score(prompts, completions, **kwargs):\n    return [0.0 for _ in completions]\n"
+# What the ranks write: the model (same names as the policy's own files), a checkpoint, the trainer state.
+RANK = """
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+for name in ("config.json", "model.safetensors", "tokenizer_config.json", "trainer_state.json"):
+    (out / name).write_text("trained")
+(out / "checkpoint-2").mkdir(exist_ok=True)
+(out / "checkpoint-2" / "model.safetensors").write_text("trained")
+(out / "checkpoint-2" / "rlhf-manifest.json").write_text(json.dumps({"files": {"model.safetensors": 7}}))
+"""
+
+
+@pytest.fixture
+def ranks_write_a_model(monkeypatch: pytest.MonkeyPatch, check_passes) -> None:
+    monkeypatch.setattr(runner, "launch_command",
+                        lambda run, verbosity="normal": Launch([sys.executable, "-c", RANK, str(run.output_dir)], {}))
+
+
+def inputs(root: Path) -> dict[str, Path]:
+    """Every kind of input a run reads, as a user keeps them: models, data, a reward file, the recipe."""
+    shutil.copytree(RECIPES / "smoke" / "policy", root / "policy")
+    shutil.copytree(RECIPES / "smoke" / "reward", root / "reward")
+    (root / "data").mkdir()
+    shutil.copy(RECIPES / "smoke" / "prompts.jsonl", root / "data" / "prompts.jsonl")
+    (root / "code").mkdir()
+    (root / "code" / "rewards.py").write_text(REWARD)
+    (root / "recipes").mkdir()
+    (root / "recipes" / "r.yaml").write_text(
+        f"# the user's recipe\nmodel_name_or_path: {root}/policy\nreward_model_name_or_path: {root}/reward\n"
+        f"dataset_name: {root}/data/prompts.jsonl\nreward_funcs: [{root}/code/rewards.py:score]\nnum_processes: 2\n"
+        "max_steps: 2\nper_device_train_batch_size: 2\nnum_generations: 2\nmax_completion_length: 8\n"
+        "report_to: none\n")
+    (root / "mine").mkdir()
+    (root / "mine" / "recipe.yaml").write_text(USER_RECIPE)  # a directory holding only the user's own recipe
+    return {"policy": root / "policy", "reward": root / "reward", "data": root / "data",
+            "dataset": root / "data" / "prompts.jsonl", "reward file": root / "code" / "rewards.py",
+            "recipe": root / "recipes" / "r.yaml", "mine": root / "mine"}
+
+
+def contents(root: Path) -> dict[str, str]:
+    """Every user file under `root`, by digest (the run dirs under runs/ are rlhf's)."""
+    return {str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(root.rglob("*")) if path.is_file() and "runs" not in path.relative_to(root).parts}
+
+
+def test_an_output_dir_that_is_an_input_is_refused_and_the_model_is_unchanged(cli, tmp_path, ranks_write_a_model):
+    paths = inputs(tmp_path)
+    before = contents(tmp_path)
+    result = cli("rloo", "-r", paths["recipe"], "-o", paths["policy"])
+    assert result.exit_code == 2, result.output
+    assert f"output dir {paths['policy']} is the run's `model_name_or_path`" in result.output
+    assert contents(tmp_path) == before
+
+
+def test_resume_auto_keeps_the_users_own_recipe_in_the_output_dir(cli, tmp_path, ranks_write_a_model):
+    paths = inputs(tmp_path)
+    for extra in ((), ("--resume", "auto"), ("--overwrite",), ("--resume", "auto", "--overwrite")):
+        result = cli("rloo", "-r", paths["recipe"], "-o", paths["mine"], *extra)
+        assert result.exit_code == 2, result.output
+        assert "holds files rlhf did not write (recipe.yaml)" in " ".join(result.output.split())
+        assert (paths["mine"] / "recipe.yaml").read_text() == USER_RECIPE
+
+
+def test_overwrite_removes_only_what_the_earlier_run_wrote(cli, tmp_path, ranks_write_a_model):
+    paths = inputs(tmp_path)
+    out = tmp_path / "runs" / "a"
+    assert cli("rloo", "-r", paths["recipe"], "-o", out).exit_code == 0
+    written = json.loads(RunDir(out).written.read_text())
+    assert written == {"entries": sorted(["accelerate_config.yaml", "checkpoint-2", "config.json", "launch.sh",
+                                          "model.safetensors", "recipe.yaml", "rlhf-files.json", "run.json",
+                                          "tokenizer_config.json", "trainer_state.json"]), "running": False}
+    again = cli("rloo", "-r", paths["recipe"], "-o", out)
+    assert again.exit_code == 2 and "already holds a run" in again.output and "finished" in again.output
+    (out / "stale.bin").write_text("from the earlier run")
+    (out / "checkpoint-9").mkdir()  # an earlier run's checkpoint; --overwrite must not leave it to be resumed
+    written["entries"] += ["checkpoint-9", "stale.bin"]
+    RunDir(out).written.write_text(json.dumps(written))
+    assert cli("rloo", "-r", paths["recipe"], "-o", out, "--overwrite").exit_code == 0
+    assert not (out / "stale.bin").exists() and not (out / "checkpoint-9").exists()
+    (out / "notes.txt").write_text("mine")  # the user's, added after the run
+    refused = cli("rloo", "-r", paths["recipe"], "-o", out, "--overwrite")
+    assert refused.exit_code == 2 and "holds files rlhf did not write (notes.txt)" in refused.output
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_resume_auto_does_not_train_a_finished_run_without_checkpoints_again(cli, tmp_path, ranks_write_a_model):
+    paths = inputs(tmp_path)
+    out = tmp_path / "runs" / "a"
+    assert cli("rloo", "-r", paths["recipe"], "-o", out).exit_code == 0
+    shutil.rmtree(out / "checkpoint-2")
+    result = cli("rloo", "-r", paths["recipe"], "-o", out, "--resume", "auto")
+    assert result.exit_code == 2, result.output
+    assert "finished and left no checkpoint to continue from" in " ".join(result.output.split())
+
+
+OUTPUT_DIRS = ("policy", "reward", "data", "dataset", "reward file", "recipe", "mine", "inside policy",
+               "parent", "recipes dir", "new", "earlier run")
+RESUMES = ("none", "auto", "checkpoint")
+
+
+@pytest.mark.parametrize("output", OUTPUT_DIRS)
+def test_no_combination_of_output_resume_and_overwrite_changes_an_input(output: str, cli, tmp_path,
+                                                                        ranks_write_a_model):
+    """Every -o a user might point at their inputs, with every --resume and --overwrite the CLI accepts."""
+    paths = inputs(tmp_path)
+    runs = tmp_path / "runs"
+    targets = {**paths, "inside policy": paths["policy"] / "out", "parent": tmp_path,
+               "recipes dir": paths["recipe"].parent, "new": runs / "new", "earlier run": runs / "earlier"}
+    before = contents(tmp_path)
+    for resume, overwrite in itertools.product(RESUMES, (False, True)):
+        shutil.rmtree(runs, ignore_errors=True)
+        assert cli("rloo", "-r", paths["recipe"], "-o", runs / "earlier").exit_code == 0
+        args = ["rloo", "-r", paths["recipe"], "-o", targets[output]]
+        args += {"none": [], "auto": ["--resume", "auto"],
+                 "checkpoint": ["--resume", runs / "earlier" / "checkpoint-2"]}[resume]
+        result = cli(*args, *(["--overwrite"] if overwrite else []))
+        assert result.exit_code in (0, 2), result.output
+        assert contents(tmp_path) == before, (output, resume, overwrite, result.output)
+        if output in ("new", "earlier run") and result.exit_code == 0:
+            assert (targets[output] / "model.safetensors").read_text() == "trained"
+
+
+def test_an_output_dir_in_a_symlink_loop_is_one_line(cli, nothing_launches, tmp_path: Path) -> None:
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    result = cli("rloo", "-r", "rloo/smoke", "-o", tmp_path / "a")
+    assert result.exit_code == 2 and result.output.count("Error:") == 1, result.output
+    assert "Symlink loop" in result.output and nothing_launches == []
+
