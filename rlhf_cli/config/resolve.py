@@ -671,7 +671,8 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     for check in (lambda values: cross_field_problems(values, resolver.fields),
                   lambda values: algorithm(request.algorithm).checks(values, processes),
                   lambda values: lora_problems(values, algorithm(request.algorithm), is_zero3(accelerate)),
-                  lambda values: vllm_problems(values, resolver.said, processes, cuda=not cpu_only),
+                  lambda values: vllm_problems(values, resolver.said, processes, cuda=not cpu_only,
+                                               planning=request.planning),
                   lambda values: length_problems(values, algorithm(request.algorithm).completion_field,
                                                  resolver.local_prompt_file(), resolver.value("dataset_prompt_column"))):
         try:
