@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES
+from helpers import SMALL_BUCKETS, launch_rlhf, sets
 
 pytestmark = pytest.mark.launch
 
-SMALL_BUCKETS = ("stage3_prefetch_bucket_size=2000", "stage3_param_persistence_threshold=0",
-                 "stage3_max_live_parameters=20000")
 PPO_METRICS = ("objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
                "objective/scores", "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg",
                "val/clipfrac_avg", "policy/entropy_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens", "lr",
@@ -26,13 +22,8 @@ LEARNABLE = ("reward_model_name_or_path=null", f"reward_funcs=[{Path(__file__).p
              "num_ppo_epochs=4", "kl_coef=0.0")
 
 
-def ppo(out: Path, *args: str, sets: tuple[str, ...] = SMALL_BUCKETS) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "rlhf_cli", "ppo", "-r", str(RECIPES / "ppo" / "smoke.yaml"), "-o", str(out), *args]
-    for pair in sets:
-        argv += ["--set", pair]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=480,
-                          env={**os.environ, "RLHF_PROBE_GENERATION": "1"})
-    print(done.stdout[-4000:], done.stderr[-8000:], sep="\n")  # shown by pytest when a later assertion fails
+def ppo(out: Path, *args: str, pairs: tuple[str, ...] = SMALL_BUCKETS) -> subprocess.CompletedProcess:
+    done = launch_rlhf("ppo", out, *args, *sets(*pairs), env={"RLHF_PROBE_GENERATION": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return done
 
@@ -50,7 +41,7 @@ def test_gather_and_no_gather_train_the_same(tmp_path: Path) -> None:
     runs = {}
     for mode in ("--gather", "--no-gather"):
         out = tmp_path / mode.strip("-")
-        ppo(out, mode, sets=(*SMALL_BUCKETS, *LEARNABLE[:2]))
+        ppo(out, mode, pairs=(*SMALL_BUCKETS, *LEARNABLE[:2]))
         steps = logged(out)
         assert len(steps) == 4 and all(set(PPO_METRICS) <= entry.keys() for entry in steps)
         assert [entry["episode"] for entry in steps] == [8, 16, 24, 32]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES
+from helpers import RECIPES
 
 COMMANDS = ("ppo", "rloo", "grpo", "online-dpo")
 
