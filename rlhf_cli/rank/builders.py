@@ -38,7 +38,7 @@ def _install_vllm(config: Any, inputs: RankInputs) -> None:
     saved = json.loads(config_file.read_text()) if config_file.is_file() else {}
     dtype = training_dtype(config.bf16, config.fp16, config.model_init_kwargs.get("dtype"),
                            saved.get("dtype") or saved.get("torch_dtype"))
-    install_vllm(gather=config.ds3_gather_for_generation, budget=inputs.gather_budget(), dtype=dtype)
+    install_vllm(gather=config.ds3_gather_for_generation, budget=inputs.generation().gather.budget, dtype=dtype)
 
 
 def _note_causal_lm_reward(inputs: RankInputs) -> None:
