@@ -72,6 +72,11 @@ TABLE: tuple[Flag, ...] = (
          show_default=False,
          help="Between the two: gather this share of the policy (0.5) or this much of it per GPU (2GiB) once per "
               "generation call, as whole layers, and fetch the rest per token. --gather is 1, --no-gather 0."),
+    Flag("vllm", ("--vllm",), panel=LAUNCH, metavar="colocate|server", show_default=False,
+         help="Generate with vLLM (use_vllm, vllm_mode): colocate runs it in every training process, refreshed from "
+              "the policy after each update within the gather choice's memory; server talks to a vLLM server."),
+    Flag("no_vllm", ("--no-vllm",), panel=LAUNCH, kind=bool, default=False, show_default=False,
+         help="Generate with the policy's own generate()."),
     Flag("offload_optimizer", ("--offload-optimizer",), key="offload_optimizer", panel=LAUNCH,
          metavar="none|cpu|nvme", show_default=False, complete=_offload_devices,
          help="Keep optimizer states on the GPU (none), in CPU memory or on NVMe."),

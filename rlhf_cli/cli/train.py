@@ -72,6 +72,13 @@ def _resolve(ctx: typer.Context, options: dict[str, Any], planning: bool) -> Res
     gather = _gather_flag(options["gather"], options["no_gather"], ctx.args, problems)
     if gather is not None:
         flags["ds3_gather_for_generation"] = gather
+    if options["vllm"] is not None and options["no_vllm"]:
+        problems.append("--vllm and --no-vllm contradict each other; keep one")
+    elif options["vllm"] is not None:
+        flags["use_vllm"] = ("--vllm", True)
+        flags["vllm_mode"] = ("--vllm", options["vllm"])
+    elif options["no_vllm"]:
+        flags["use_vllm"] = ("--no-vllm", False)
     if options["lora"] and options["no_lora"]:
         problems.append("--lora and --no-lora contradict each other; keep one")
     elif options["lora"] or options["no_lora"]:

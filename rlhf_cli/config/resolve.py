@@ -65,7 +65,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     if not request.planning:  # the plan reads config.json alone: it plans a model before its weights are there
         draft.problems += run_problems(_Given(draft), cuda=not cpu_only, environ=environ)
     run_checks.check_cpu_and_lora(draft, cpu_only)
-    run_checks.check_across_fields(draft, accelerate)
+    run_checks.check_across_fields(draft, accelerate, cpu_only)
     if draft.problems:
         raise ConfigError(*draft.problems)
     settings = run_checks.completed_settings(draft, accelerate, cpu_only)

@@ -16,11 +16,12 @@ from rlhf_cli.config.accelerate import is_zero3, zero_stage
 from rlhf_cli.config.checks import check_model_config, check_reward_model, cross_field_problems
 from rlhf_cli.config.data_files import READERS, DataFileError, check_prompts
 from rlhf_cli.config.draft import Draft, Refused
+from rlhf_cli.config.locate import DATA_BUILDERS, MODEL_FIELDS
 from rlhf_cli.config.lora import lora_problems
 from rlhf_cli.config.output_dir import Input, OutputDirCheck
-from rlhf_cli.config.locate import DATA_BUILDERS, MODEL_FIELDS
 from rlhf_cli.config.paths import path_state, writable_dir_problem
 from rlhf_cli.config.run import RESUME_AUTO, Setting
+from rlhf_cli.config.vllm import length_problems, vllm_problems
 from rlhf_cli.gather_budget import BudgetError, parse_budget
 from rlhf_cli.run_dir import MANIFEST
 from rlhf_cli.sizes import SizeError, parse_size
@@ -285,13 +286,19 @@ def check_cpu_and_lora(draft: Draft, cpu_only: bool) -> None:
                                   "it would change nothing; add --lora")
 
 
-def check_across_fields(draft: Draft, accelerate: dict[str, Any]) -> None:
-    """The rules between fields: the catalogue's, the algorithm's own (with the process count), LoRA's."""
+def check_across_fields(draft: Draft, accelerate: dict[str, Any], cpu_only: bool) -> None:
+    """The rules between fields: the catalogue's, the algorithm's own (with the process count), LoRA's, vLLM's."""
     entry = algorithm(draft.request.algorithm)
     processes = int(accelerate.get("num_processes") or 1)
+    name = draft.value("dataset_name")
+    prompt_file = Path(name) if isinstance(name, str) and Path(name).is_absolute() and Path(name).is_file() else None
     for check in (lambda values: cross_field_problems(values, draft.fields),
                   lambda values: entry.checks(values, processes),
-                  lambda values: lora_problems(values, entry, is_zero3(accelerate))):
+                  lambda values: lora_problems(values, entry, is_zero3(accelerate)),
+                  lambda values: vllm_problems(values, draft.said, processes, cuda=not cpu_only,
+                                               planning=draft.request.planning),
+                  lambda values: length_problems(values, entry.completion_field, prompt_file,
+                                                 draft.value("dataset_prompt_column"))):
         try:
             draft.problems += check(draft.given)
         except Refused:

@@ -14,6 +14,8 @@ from typing import Any
 from rlhf_cli.rank.inputs import RankInputs
 from rlhf_cli.run_dir import EXIT_PREEMPTED
 
+VLLM_CPU_KVCACHE_GIB = "1"  # a colocated vLLM's KV cache on CPU, unless VLLM_CPU_KVCACHE_SPACE says otherwise
+
 
 def main(argv: list[str]) -> int:
     started = time.monotonic()
@@ -55,6 +57,8 @@ def main(argv: list[str]) -> int:
         gather = inputs.generation().gather
         install_generation_context(required=gather.through_shards, budget=gather.budget)
         terminal.PHASES.show("loading the models")
+        if inputs.trainer.get("use_vllm"):
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KVCACHE_GIB)  # vLLM's CPU default: 4 GiB a rank
         trainer = load_object(algorithm(name).builder)(inputs)
         use_progress(trainer, name)
         terminal.PHASES.show("building the DeepSpeed engine")  # in train(), until its first callback
