@@ -304,3 +304,12 @@ def detached_config_class(config_class: type, processes: int) -> type:
     Detached.__name__ = Detached.__qualname__ = config_class.__name__
     return Detached
 
+
+
+# -- vLLM -------------------------------------------------------------------------------------------------------
+
+def vllm_model_runner(llm: Any) -> Any:
+    """The model runner inside a colocated `vllm.LLM` (TRL's external launcher keeps it in this process): its
+    `reload_weights` loads checkpoint-format tensors, where TRL's per-parameter `load_weights` fails on CPU (vLLM's
+    CPU linear layers repack their weight and drop the `weight_loader`). Until `LLM` reloads given weights itself."""
+    return llm.llm_engine.model_executor.driver_worker.model_runner

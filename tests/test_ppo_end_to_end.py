@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,12 +31,13 @@ LEARNABLE = ("reward_model_name_or_path=null", f"reward_funcs=[{Path(__file__).p
              "num_ppo_epochs=4", "kl_coef=0.0")
 
 
-def ppo(out: Path, *args: str, sets: tuple[str, ...] = SMALL_BUCKETS) -> subprocess.CompletedProcess:
+def ppo(out: Path, *args: str, sets: tuple[str, ...] = SMALL_BUCKETS,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     argv = [sys.executable, "-m", "rlhf_cli", "ppo", "-r", str(RECIPES / "ppo" / "smoke.yaml"), "-o", str(out), *args]
     for pair in sets:
         argv += ["--set", pair]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=480,
-                          env={**os.environ, "RLHF_PROBE_GENERATION": "1"})
+                          env={**os.environ, "RLHF_PROBE_GENERATION": "1", **(env or {})})
     print(done.stdout[-4000:], done.stderr[-8000:], sep="\n")  # shown by pytest when a later assertion fails
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return done
@@ -111,3 +117,106 @@ def test_ppo_trains_with_optimizer_and_parameters_offloaded_to_cpu(tmp_path: Pat
     accelerate = (out / "accelerate_config.yaml").read_text()
     assert "offload_optimizer_device: cpu" in accelerate and "offload_param_device: cpu" in accelerate
     assert len(logged(out)) == 4 and (out / "model.safetensors").is_file()
+
+
+# -- vLLM rollouts (rlhf_cli/rank/ppo/vllm_rollouts.py) ----------------------------------------------------------
+
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vLLM is not installed here (README: Installing vLLM)")
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+@needs_vllm
+@pytest.mark.parametrize("gather", [("--gather",), ("--gather-budget", "0.5"), ("--no-gather",)],
+                         ids=["gather", "budget", "no-gather"])
+def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path: Path, gather: tuple[str, ...]) -> None:
+    """2 updates from colocated vLLM rollouts; after each, the weights go to vLLM in buckets no larger than the
+    gather choice allows (measured on the parameters: with no persistent parameters every whole one is gathered)."""
+    out = tmp_path / "run"
+    done = ppo(out, *gather, "--max-steps", "2", "--set", "use_vllm=true", env=VLLM_ENV)
+    steps = logged(out)
+    assert len(steps) == 2 and all(set(PPO_METRICS) <= entry.keys() for entry in steps)
+    assert all(entry["vllm/sync_seconds"] > 0 for entry in steps)
+    assert " sync " in done.stdout and " MiB" in done.stdout  # the progress line
+    for rank in (0, 1):
+        record = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())
+        assert record["generation_probe"]["calls"] == 0  # HF's generate never ran
+        assert record["vllm"]["mode"] == "colocate" and len(record["vllm"]["generation_seconds"]) == 2
+        syncs = record["vllm"]["syncs"]
+        assert len(syncs) == 2
+        for sync in syncs:
+            share = sync["peak_bytes"] / sync["full_bytes"]
+            if gather == ("--gather",):
+                assert share == 1.0 and sync["buckets"] == 1
+            elif gather[0] == "--gather-budget":
+                assert 0 < share <= 0.5 and sync["buckets"] > 1
+            else:  # one unit a bucket: 2 layers, embedding, final norm, LM head; a layer is the largest
+                assert 0 < share < 0.3 and sync["buckets"] == 5
+
+
+def _wait_for_server(url: str, server: subprocess.Popen, log: Path, timeout: float = 600) -> None:
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert server.poll() is None, log.read_text()[-4000:]
+        try:
+            if requests.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(2)
+    raise AssertionError(f"no vLLM server at {url} after {timeout} s:\n{log.read_text()[-4000:]}")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _greedy_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> list[float]:
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
+    return logits.log_softmax(-1).gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1).tolist()
+
+
+@needs_vllm
+def test_vllm_server_rollouts_and_the_trained_weights_reach_the_server(tmp_path: Path) -> None:
+    """`rlhf vllm-serve` starts the run's server; PPO samples through it and, after every update, refreshes its
+    weights through a directory (the CPU transport). After the run the server's greedy log-probs are the saved
+    policy's (fp32) and not the starting policy's."""
+    import requests
+    from transformers import AutoModelForCausalLM
+
+    port, log = _free_port(), tmp_path / "server.log"
+    url = f"http://127.0.0.1:{port}"
+    recipe = str(RECIPES / "ppo" / "smoke.yaml")
+    with log.open("w") as sink:
+        server = subprocess.Popen([sys.executable, "-m", "rlhf_cli", "vllm-serve", "ppo", "-r", recipe,
+                                   "--port", str(port)], stdout=sink, stderr=subprocess.STDOUT,
+                                  env={**os.environ, **VLLM_ENV}, start_new_session=True)
+    try:
+        _wait_for_server(url, server, log)
+        out = tmp_path / "run"
+        ppo(out, "--max-steps", "2", "--set", "use_vllm=true", "--set", "vllm_mode=server",
+            "--set", f"vllm_server_base_url={url}", "--set", "learning_rate=1e-2")
+        for rank in (0, 1):
+            record = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())
+            assert record["vllm"]["mode"] == "server" and len(record["vllm"]["syncs"]) == 2
+        model_name = requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+        prompt = [1, 40, 41, 42, 43]
+        choice = requests.post(f"{url}/v1/completions", timeout=120, json={
+            "model": model_name, "prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 0,
+            "ignore_eos": True, "return_token_ids": True}).json()["choices"][0]
+        served = choice["logprobs"]["token_logprobs"]
+        trained = _greedy_logprobs(AutoModelForCausalLM.from_pretrained(out), prompt, choice["token_ids"])
+        initial = _greedy_logprobs(AutoModelForCausalLM.from_pretrained(RECIPES / "smoke" / "policy"), prompt,
+                                   choice["token_ids"])
+        assert served == pytest.approx(trained, abs=1e-3)
+        assert max(abs(a - b) for a, b in zip(served, initial, strict=True)) > 1e-2
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)

@@ -75,6 +75,9 @@ class TrainingProgress(TrainerCallback):
         self.logged_step = state.global_step
         if generating and steps > 0:
             metrics += f"  gen {generating / steps:.3g} s/step"
+        if "vllm/sync_seconds" in (logs or {}):
+            metrics += (f"  sync {logs['vllm/sync_seconds']:.3g} s "
+                        f"{logs['vllm/sync_peak_bytes'] / 2**20:.0f} MiB")
         if self.progress is not None:
             self.progress.update(self.task, completed=state.global_step, metrics=metrics)
             return

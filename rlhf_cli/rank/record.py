@@ -31,6 +31,8 @@ def write_rank_record(trainer: Any) -> Path:
             "per_call": calls,  # seconds, all_gathers, peak_bytes, rss_peak_bytes, ... of each call
         },
         "phase_memory": PhaseMemory.active.record() if PhaseMemory.active else None,  # RLHF_PROBE_CUDA_MEMORY
+        # PPO's vLLM rollouts: seconds of each generation call; seconds, peak bytes, buckets of each weight sync
+        "vllm": trainer.vllm.record() if getattr(trainer, "vllm", None) is not None else None,
     }
     path = RunDir(Path(trainer.args.output_dir)).rank_record(accelerator.process_index)
     path.parent.mkdir(parents=True, exist_ok=True)

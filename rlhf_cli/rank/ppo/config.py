@@ -40,6 +40,25 @@ class PPOConfig(TrainingArguments):
     lam: float = field(default=0.95, metadata={"help": "Lambda of GAE."})
     ds3_gather_for_generation: bool = field(
         default=True, metadata={"help": "Under ZeRO-3, gather the whole policy on every rank to generate."})
+    # vLLM rollouts (rlhf_cli/rank/ppo/vllm_rollouts.py): TRL's GRPOConfig names and defaults.
+    use_vllm: bool = field(default=False, metadata={"help": "Sample rollouts with vLLM instead of `generate`."})
+    vllm_mode: str = field(default="colocate", metadata={
+        "help": "`colocate`: a vLLM engine inside every process; `server`: a vLLM server (`rlhf vllm-serve`)."})
+    vllm_model_impl: str = field(default="vllm", metadata={"help": "vLLM's model implementation: vllm or transformers."})
+    vllm_enable_sleep_mode: bool = field(
+        default=False, metadata={"help": "Put colocated vLLM to sleep between rollouts, freeing its memory."})
+    vllm_server_base_url: str | None = field(
+        default=None, metadata={"help": "URL of the vLLM server; wins over vllm_server_host and vllm_server_port."})
+    vllm_server_host: str = field(default="0.0.0.0", metadata={"help": "Host of the vLLM server."})
+    vllm_server_port: int = field(default=8000, metadata={"help": "Port of the vLLM server."})
+    vllm_server_timeout: float = field(
+        default=240.0, metadata={"help": "Seconds to wait for the vLLM server to answer before failing."})
+    vllm_gpu_memory_utilization: float = field(
+        default=0.3, metadata={"help": "Share of each GPU's memory colocated vLLM takes (weights and KV cache)."})
+    vllm_max_model_length: int | None = field(
+        default=None, metadata={"help": "vLLM's context length; default: the model's."})
+    vllm_tensor_parallel_size: int = field(
+        default=1, metadata={"help": "Processes each colocated vLLM engine is split across; divides the processes."})
     model_init_kwargs: dict[str, Any] | None = field(
         default=None, metadata={"help": "Keyword arguments for `from_pretrained` of the models."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})
