@@ -129,7 +129,8 @@ VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 @needs_vllm
 @pytest.mark.parametrize("gather", [("--gather",), ("--gather-budget", "0.5"), ("--no-gather",)],
                          ids=["gather", "budget", "no-gather"])
-def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path: Path, gather: tuple[str, ...]) -> None:
+def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path: Path,
+                                                                        gather: tuple[str, ...]) -> None:
     """2 updates from colocated vLLM rollouts; after each, the weights go to vLLM in buckets no larger than the
     gather choice allows (measured on the parameters: with no persistent parameters every whole one is gathered)."""
     out = tmp_path / "run"

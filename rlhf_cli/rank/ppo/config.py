@@ -44,7 +44,8 @@ class PPOConfig(TrainingArguments):
     use_vllm: bool = field(default=False, metadata={"help": "Sample rollouts with vLLM instead of `generate`."})
     vllm_mode: str = field(default="colocate", metadata={
         "help": "`colocate`: a vLLM engine inside every process; `server`: a vLLM server (`rlhf vllm-serve`)."})
-    vllm_model_impl: str = field(default="vllm", metadata={"help": "vLLM's model implementation: vllm or transformers."})
+    vllm_model_impl: str = field(
+        default="vllm", metadata={"help": "vLLM's model implementation: vllm or transformers."})
     vllm_enable_sleep_mode: bool = field(
         default=False, metadata={"help": "Put colocated vLLM to sleep between rollouts, freeing its memory."})
     vllm_server_base_url: str | None = field(

@@ -83,8 +83,8 @@ class VLLMRollouts:
             gpu_memory_utilization=args.vllm_gpu_memory_utilization, max_model_length=args.vllm_max_model_length,
             max_num_seqs=args.local_rollout_forward_batch_size * args.vllm_tensor_parallel_size,
             enable_sleep_mode=args.vllm_enable_sleep_mode, model_impl=args.vllm_model_impl,
-            trust_remote_code=args.trust_remote_code, logprobs=None, generation_kwargs=self.settings["generation_kwargs"],
-            **settings)
+            trust_remote_code=args.trust_remote_code, logprobs=None,
+            generation_kwargs=self.settings["generation_kwargs"], **settings)
 
     @torch.no_grad()
     def generate(self, queries: torch.Tensor) -> torch.Tensor:
