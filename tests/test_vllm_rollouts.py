@@ -1,20 +1,20 @@
-"""PPO's vLLM rollouts without vLLM: prompts and responses as `generate` has them, the sync's buckets under each
-gather choice, and the server command `rlhf vllm-serve` starts."""
+"""PPO's vLLM rollouts without vLLM: prompts and responses as `generate` has them, the server-mode weight files,
+and the server command `rlhf vllm-serve` starts."""
 
 from __future__ import annotations
 
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import RECIPES
-from rlhf_cli.gather_budget import Budget
 from rlhf_cli.rank.ppo.vllm_rollouts import padded_responses, prompt_ids, sampling_settings
-from rlhf_cli.rank.ppo.weight_sync import buckets, sync_weights
+from rlhf_cli.rank.vllm_server import write_weight_files
 
 PAD = 0
 
@@ -35,48 +35,27 @@ def test_sampling_matches_generate_and_stops_only_at_the_stop_token() -> None:
     assert sampling_settings(12, 0.7, stop_token_id=None)["generation_kwargs"]["stop_token_ids"] is None
 
 
-class Recorder:
-    """A sync target that keeps what it was sent, bucket by bucket."""
+def test_server_weights_are_written_as_they_arrive_in_files_of_bounded_size(tmp_path: Path) -> None:
+    """The server-mode sync's files (rlhf_cli/rank/vllm_server.py): every weight once, under its own name, each
+    copied as it arrives (the tensor handed over is changed right after, as a released bucket would be)."""
+    from safetensors.torch import load_file
 
-    def __init__(self) -> None:
-        self.loads: list[dict[str, torch.Tensor]] = []
-        self.finished = 0
+    policy = AutoModelForCausalLM.from_pretrained(RECIPES / "smoke" / "policy")
+    state = {name: tensor.clone() for name, tensor in policy.state_dict().items()}
 
-    def load(self, weights: list[tuple[str, torch.Tensor]]) -> None:
-        self.loads.append({name: tensor.clone() for name, tensor in weights})
+    def released_after_reading():
+        for name, tensor in policy.state_dict().items():
+            yield name, tensor
+            tensor.zero_()
 
-    def finish(self) -> None:
-        self.finished += 1
-
-
-@pytest.fixture(scope="module")
-def policy() -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(RECIPES / "smoke" / "policy")
-
-
-def test_gather_sends_one_bucket_no_gather_one_unit_each(policy: torch.nn.Module) -> None:
-    state = policy.state_dict()
-    assert len(buckets(policy, gather=True, budget=None)) == 1
-    per_unit = buckets(policy, gather=False, budget=None)
-    assert all(len(group) == 1 for group in per_unit) and len(per_unit) == 5  # 2 layers, embedding, norm, head
-    for gather in (True, False):
-        target = Recorder()
-        measured = sync_weights(None, policy, target, gather, None)
-        sent = {name: tensor for bucket in target.loads for name, tensor in bucket.items()}
-        assert sent.keys() == state.keys() and all(sent[name].equal(state[name]) for name in state)
-        assert target.finished == 1 and measured["buckets"] == len(target.loads)
-        assert measured["seconds"] >= 0 and measured["peak_bytes"] == measured["full_bytes"]  # no ZeRO-3 here
-
-
-def test_a_budget_packs_whole_units_up_to_it(policy: torch.nn.Module) -> None:
-    total = sum(p.numel() for p in policy.parameters())
-    groups = buckets(policy, gather=False, budget=Budget(fraction=0.5))
-    assert 1 < len(groups) < 5
-    for group in groups:
-        size = sum(unit.unit.numel for unit in group)
-        assert size <= total // 2 or len(group) == 1  # a unit larger than the budget goes alone
-    assert sum(len(group) for group in groups) == 5
-    assert len(buckets(policy, gather=False, budget=Budget(fraction=1.0))) == 1
+    largest = max(t.numel() * t.element_size() for t in state.values())
+    stale = tmp_path / "weights" / "stale.safetensors"
+    stale.parent.mkdir()
+    stale.write_bytes(b"old")
+    files = write_weight_files(tmp_path / "weights", released_after_reading(), flush_bytes=largest)
+    assert sorted(tmp_path.joinpath("weights").iterdir()) == files and len(files) > 1
+    loaded = {name: tensor for path in files for name, tensor in load_file(path).items()}
+    assert loaded.keys() == state.keys() and all(loaded[name].equal(state[name]) for name in state)
 
 
 def test_vllm_serve_starts_the_runs_model_on_loopback_with_its_settings() -> None:

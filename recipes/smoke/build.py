@@ -41,8 +41,8 @@ def llama_config(tokenizer, **overrides):
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, intermediate_size=128, max_position_embeddings=256, tie_word_embeddings=False,
+        vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256, tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, **overrides)
 

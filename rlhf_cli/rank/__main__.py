@@ -5,12 +5,15 @@ It reads the resolved recipe the launcher wrote and never sees the user's comman
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
 
 from rlhf_cli.rank.inputs import RankInputs
 from rlhf_cli.run_dir import EXIT_PREEMPTED
+
+VLLM_CPU_KVCACHE_GIB = "1"  # a colocated vLLM's KV cache on CPU, unless VLLM_CPU_KVCACHE_SPACE says otherwise
 
 
 def main(argv: list[str]) -> int:
@@ -47,6 +50,12 @@ def main(argv: list[str]) -> int:
 
         install_generation_context(required=inputs.trainer.get("ds3_gather_for_generation") is False,
                                    budget=inputs.gather_budget())
+        if inputs.trainer.get("use_vllm"):
+            from rlhf_cli.rank.vllm_sync import install_vllm_sync
+
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KVCACHE_GIB)  # vLLM's CPU default: 4 GiB a rank
+            install_vllm_sync(gather=inputs.trainer.get("ds3_gather_for_generation") is not False,
+                              budget=inputs.gather_budget())
         trainer = load_object(algorithm(name).builder)(inputs)
         use_progress(trainer, name)
         stopper = CheckpointAndStop(stop, trainer.accelerator)

@@ -75,9 +75,7 @@ class TrainingProgress(TrainerCallback):
         self.logged_step = state.global_step
         if generating and steps > 0:
             metrics += f"  gen {generating / steps:.3g} s/step"
-        if "vllm/sync_seconds" in (logs or {}):
-            metrics += (f"  sync {logs['vllm/sync_seconds']:.3g} s "
-                        f"{logs['vllm/sync_peak_bytes'] / 2**20:.0f} MiB")
+        metrics += vllm_sync_text()
         if self.progress is not None:
             self.progress.update(self.task, completed=state.global_step, metrics=metrics)
             return
@@ -91,6 +89,20 @@ class TrainingProgress(TrainerCallback):
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
+
+
+def vllm_sync_text() -> str:
+    """`  sync 0.21 s 4.2 MiB`: the weight syncs into vLLM since the last log, seconds in all and their largest
+    gathered bytes; empty without vLLM."""
+    import sys
+
+    from rlhf_cli.sizes import readable
+
+    sync = sys.modules.get("rlhf_cli.rank.vllm_sync")  # imported only by runs with vLLM
+    calls = sync.SyncLog.take() if sync is not None else []
+    if not calls:
+        return ""
+    return f"  sync {sum(c['seconds'] for c in calls):.3g} s {readable(max(c['peak_bytes'] for c in calls))}"
 
 
 def quiet_libraries(mode: str, is_rank_zero: bool) -> None:

@@ -31,13 +31,22 @@ def write_rank_record(trainer: Any) -> Path:
             "per_call": calls,  # seconds, all_gathers, peak_bytes, rss_peak_bytes, ... of each call
         },
         "phase_memory": PhaseMemory.active.record() if PhaseMemory.active else None,  # RLHF_PROBE_CUDA_MEMORY
-        # PPO's vLLM rollouts: seconds of each generation call; seconds, peak bytes, buckets of each weight sync
-        "vllm": trainer.vllm.record() if getattr(trainer, "vllm", None) is not None else None,
+        "vllm_sync": _vllm_syncs(),  # seconds, peak_bytes, buckets, limit_numel, full_bytes of each sync
+        # PPO's vLLM rollouts (rlhf_cli/rank/ppo/vllm_rollouts.py): each generation call's seconds
+        "vllm_generation_seconds": trainer.vllm.generation_seconds if getattr(trainer, "vllm", None) else None,
     }
     path = RunDir(Path(trainer.args.output_dir)).rank_record(accelerator.process_index)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path
+
+
+def _vllm_syncs() -> list[dict[str, Any]] | None:
+    """Each weight sync into a colocated vLLM on this rank; None when the run has no vLLM."""
+    import sys
+
+    sync = sys.modules.get("rlhf_cli.rank.vllm_sync")  # imported only by runs with vLLM
+    return list(sync.SyncLog.calls) if sync is not None else None
 
 
 def write_summary(trainer: Any, algorithm: str, status: str, wall_seconds: float) -> None:

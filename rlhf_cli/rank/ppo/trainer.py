@@ -301,7 +301,7 @@ class PPOTrainer(Trainer):
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         batches = self._batches(loader, skip=self.state.global_step)
         if self.vllm is not None and self.state.global_step:  # vLLM loaded the starting weights, not the checkpoint's
-            self.vllm.sync(model)
+            self.vllm.sync()
         started = time.time()
         while self.state.global_step < self.num_updates:
             queries = next(batches)["input_ids"]
@@ -309,7 +309,7 @@ class PPOTrainer(Trainer):
             stats = self._optimise(model, rollout)
             stats["lr"] = self.lr_scheduler.get_last_lr()[0]  # the rate this update used
             if self.vllm is not None:
-                stats.update(self.vllm.sync(model))
+                stats.update(self.vllm.sync())
             self.lr_scheduler.step()
             self.state.global_step += 1
             self.state.epoch = self.state.global_step * self.batch_size / len(self.train_dataset)

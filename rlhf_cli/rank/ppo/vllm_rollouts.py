@@ -6,13 +6,13 @@ through TRL's `VLLMClient` and hands each rank its share. Either way vLLM only s
 reference log-probs stay the policy's own forward passes, as with `generate`, so that a kernel difference between
 vLLM and the policy never enters PPO's ratio.
 
-After every update the policy's weights go to vLLM (`sync`), gathered under the run's gather choice
-(rlhf_cli/rank/ppo/weight_sync.py).
+After every update the policy's weights go to vLLM (`sync`) through rlhf's bucketed sync
+(rlhf_cli/rank/vllm_sync.py), gathered under the run's gather choice: into the colocated engine, or through a
+directory into the server.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -20,11 +20,9 @@ import torch
 from torch import nn
 
 from rlhf_cli.gather_budget import Budget
-from rlhf_cli.rank.ppo import weight_sync
+from rlhf_cli.rank import vllm_sync
 from rlhf_cli.rank.vllm_server import ServerTarget
 from rlhf_cli.rank.zero3 import GenerationClock
-
-CPU_KV_CACHE_GIB = "1"  # vLLM on CPU reserves 4 GiB of KV cache per engine unless told
 
 
 def sampling_settings(response_length: int, temperature: float, stop_token_id: int | None) -> dict[str, Any]:
@@ -58,19 +56,11 @@ class VLLMRollouts:
                  budget: Budget | None) -> None:
         self.args, self.accelerator, self.policy = args, accelerator, policy
         self.pad_token_id = tokenizer.pad_token_id
-        self.gather = args.ds3_gather_for_generation
-        self.budget = budget
+        self.limit = vllm_sync.SyncLimit.of(args.ds3_gather_for_generation, budget, policy)
         self.settings = sampling_settings(args.response_length, args.temperature, stop_token_id)
         self.generation_seconds: list[float] = []  # of every call, for the rank record
-        self.syncs: list[dict[str, Any]] = []  # seconds and peak of every sync
-        if accelerator.device.type == "cpu":
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
-        if args.vllm_mode == "server":
-            self.target = ServerTarget(args, accelerator, os.path.join(args.output_dir, "vllm-weights"))
-            self.generation = None
-        else:
-            self.generation = self._colocated(tokenizer)
-            self.target = weight_sync.ColocatedTarget(self.generation.llm)
+        self.server = ServerTarget(args, accelerator) if args.vllm_mode == "server" else None
+        self.generation = self._colocated(tokenizer) if self.server is None else None
 
     def _colocated(self, tokenizer: Any) -> Any:
         from trl.generation.vllm_generation import VLLMGeneration
@@ -94,18 +84,20 @@ class VLLMRollouts:
         if self.generation is not None:
             _, completions, _, _ = self.generation.generate(prompts, None, num_generations=1)
         else:
-            completions = self.target.generate(prompts, self.settings)
+            completions = self.server.generate(prompts, self.settings)
         seconds = time.perf_counter() - started
         GenerationClock.seconds += seconds
         self.generation_seconds.append(seconds)
         return padded_responses([list(ids) for ids in completions], self.pad_token_id, queries.device)
 
-    def sync(self, engine: Any) -> dict[str, float]:
-        """Send the policy's weights to vLLM; the seconds and the most bytes gathered at once, for the log."""
-        measured = weight_sync.sync_weights(engine, self.policy, self.target, self.gather, self.budget)
-        self.syncs.append(measured)
+    def sync(self) -> dict[str, float]:
+        """Send the policy's weights to vLLM; the seconds and the most policy bytes gathered at once, for the log.
+        A sleeping colocated engine dropped its weights: its next `generate` sends them (TRL's VLLMGeneration)."""
+        if self.generation is not None and self.args.vllm_enable_sleep_mode:
+            return {}
+        if self.generation is not None:
+            measured = vllm_sync.sync_weights(self.policy, self.generation.llm, self.limit)
+        else:
+            measured = vllm_sync.sync_weights(self.policy, self.server, self.limit, reload=ServerTarget.write_weights,
+                                              reset=ServerTarget.reload)
         return {"vllm/sync_seconds": measured["seconds"], "vllm/sync_peak_bytes": float(measured["peak_bytes"])}
-
-    def record(self) -> dict[str, Any]:
-        """What the rank record keeps: the mode, each generation call's seconds, each sync's measurements."""
-        return {"mode": self.args.vllm_mode, "generation_seconds": self.generation_seconds, "syncs": self.syncs}

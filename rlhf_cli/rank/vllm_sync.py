@@ -1,0 +1,207 @@
+"""Refresh a colocated vLLM's copy of the policy from ZeRO-3 shards, never gathering more than the gather choice
+allows at once.
+
+TRL's sync gathers one parameter at a time (a collective per tensor) and, with LoRA, the whole model at once to
+merge the adapters (trl#5766, trl#3133: out of memory in the sync). Here the gather choice governs it, as it
+governs HF generation: `--gather` the whole policy in one bucket, `--gather-budget` buckets of at most that many
+bytes, `--no-gather` one unit (a decoder layer, the embedding, the head) at a time. Units are those of the gather
+budget (rlhf_cli/rank/zero3.policy_units), so a decoder layer's adapters are always gathered with the weights
+they merge into: with LoRA each layer is merged, sent and unmerged in its bucket. Gathered without a modifier
+rank, the merged weights are discarded when the bucket is released: the shards never see the merge.
+
+vLLM takes the weights through one layerwise reload (rlhf_cli/compat.vllm_reload_weights): each of its layers is
+processed as soon as its tensors have arrived, so a bucket's tensors are copied before the bucket is released.
+
+`sync_weights(model, llm, limit)` is the whole sync; `SyncLog` keeps what each sync cost (peak bytes gathered,
+seconds) for the progress line and the rank's record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rlhf_cli import compat
+from rlhf_cli.gather_budget import Budget
+from rlhf_cli.rank.zero3 import ModuleUnit, policy_units
+
+WHOLE = None  # a bucket limit: the whole policy in one bucket (--gather)
+PER_UNIT = 0  # a bucket limit: one unit per bucket (--no-gather)
+PEFT_PREFIXES = ("base_model.model.",)
+DROPPED_IN_NAMES = ("_checkpoint_wrapped_module.", "modules_to_save.default.")
+
+
+@dataclass(frozen=True)
+class SyncLimit:
+    """How much of the policy one bucket gathers: None the whole policy, 0 one unit, else at most `numel`
+    elements (a unit larger than that is a bucket of its own: a unit is never split)."""
+
+    numel: int | None
+
+    @classmethod
+    def of(cls, gather: bool, budget: Budget | None, model: Any) -> SyncLimit:
+        """The gather choice as a bucket limit for `model`: `--gather`, a gather budget, or `--no-gather`."""
+        if budget is not None and not budget.nothing:
+            if budget.whole:
+                return cls(WHOLE)
+            params = list(model.parameters())
+            element_bytes = params[0].element_size() if params else 1
+            return cls(budget.numel(sum(_full_numel(p) for p in params), element_bytes))
+        return cls(WHOLE if gather and budget is None else PER_UNIT)
+
+
+def buckets(numels: Sequence[int], limit: int | None) -> list[list[int]]:
+    """Indices of units, in order, packed into buckets of at most `limit` elements each (None: one bucket;
+    0: one unit each); a unit larger than the limit makes a bucket alone."""
+    packed: list[list[int]] = []
+    held = 0
+    for index, numel in enumerate(numels):
+        if packed and (limit is None or held + numel <= limit):
+            packed[-1].append(index)
+            held += numel
+        else:
+            packed.append([index])
+            held = numel
+    return packed
+
+
+class SyncLog:
+    """What each sync on this rank cost: peak bytes of the policy gathered at once (as ZeRO-3 reports its
+    parameters' status, not as the buckets were meant), buckets, seconds."""
+
+    calls: list[dict[str, Any]] = []
+    _unread = 0  # calls the progress line has not shown yet
+
+    @classmethod
+    def add(cls, record: dict[str, Any]) -> None:
+        cls.calls.append(record)
+
+    @classmethod
+    def take(cls) -> list[dict[str, Any]]:
+        """The syncs since the last call."""
+        new, cls._unread = cls.calls[cls._unread:], len(cls.calls)
+        return new
+
+
+def vllm_name(name: str) -> str | None:
+    """The checkpoint name vLLM loads a policy parameter under, or None for a tensor vLLM does not hold (LoRA's
+    own matrices, PEFT's copy of an original module)."""
+    for prefix in PEFT_PREFIXES:
+        name = name.removeprefix(prefix)
+    if ".lora_" in name or "original_module" in name:
+        return None
+    name = name.replace(".base_layer", "")
+    for dropped in DROPPED_IN_NAMES:
+        name = name.replace(dropped, "")
+    return name
+
+
+def sync_weights(model: Any, llm: Any, limit: SyncLimit, reload: Callable[[Any, Any], None] | None = None,
+                 reset: Callable[[Any], None] | None = None) -> dict[str, Any]:
+    """Send every weight of `model` (ZeRO-3 partitioned or not, with or without LoRA) into the colocated `llm`,
+    a bucket of units at a time; every rank takes part (gathering is a collective). Returns the sync's record.
+    `reload(llm, weights)` and `reset(llm)` hand the weights over elsewhere (a vLLM server: rank/vllm_server.py)."""
+    started = time.perf_counter()
+    units = policy_units(model)
+    packed = buckets([unit.unit.numel for unit in units], limit.numel)
+    measure = GatheredBytes(model)
+    (reload or compat.vllm_reload_weights)(llm, _bucket_weights(model, units, packed, measure))
+    (reset or compat.vllm_reset_prefix_cache)(llm)
+    record = {"seconds": time.perf_counter() - started, "peak_bytes": measure.peak, "buckets": len(packed),
+              "limit_numel": limit.numel, "full_bytes": measure.full}
+    SyncLog.add(record)
+    return record
+
+
+def _bucket_weights(model: Any, units: list[ModuleUnit], packed: list[list[int]],
+                    measure: GatheredBytes) -> Iterator[tuple[str, Any]]:
+    """(vLLM name, full tensor) of every weight, a bucket gathered (and its LoRA layers merged) at a time; a
+    parameter outside every unit (on a module with children, outside the decoder layers) is gathered alone."""
+    names = {id(param): name for name, param in model.named_parameters()}  # a tied weight under its first name
+    in_units = {id(param) for unit in units for param in unit.params}
+    contents = [([param for index in bucket for param in units[index].params],
+                 [module for index in bucket for module in units[index].modules]) for bucket in packed]
+    contents += [([param], []) for param in {id(p): p for p in model.parameters()}.values()
+                 if id(param) not in in_units]
+    sent: set[int] = set()
+    for params, modules in contents:
+        with _gathered(params), _merged(modules):
+            measure.sample()
+            for param in params:
+                name = vllm_name(names[id(param)])
+                if name is not None and id(param) not in sent:
+                    sent.add(id(param))
+                    yield name, param.data
+
+
+@contextlib.contextmanager
+def _gathered(params: list[Any]) -> Iterator[None]:
+    """The full tensors of `params` for the block (read only: no rank's changes are written back)."""
+    if not any(hasattr(param, "ds_id") for param in params):
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        yield
+
+
+@contextlib.contextmanager
+def _merged(modules: list[Any]) -> Iterator[None]:
+    """LoRA layers among `modules` merged into their base weights for the block, unmerged after."""
+    layers = [module for module in modules if hasattr(module, "merge") and hasattr(module, "unmerge")
+              and getattr(module, "lora_A", None) is not None and not getattr(module, "merged", False)]
+    for layer in layers:
+        layer.merge()
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.unmerge()
+
+
+class GatheredBytes:
+    """The bytes of the policy's parameters that are whole on this rank right now, at their most: what ZeRO-3
+    itself says (`ds_status`) of every parameter, so that anything gathered beyond the bucket counts too."""
+
+    def __init__(self, model: Any) -> None:
+        self.params = list({id(p): p for p in model.parameters()}.values())
+        self.zero3 = any(hasattr(param, "ds_status") for param in self.params)
+        self.full = sum(_full_numel(p) * p.element_size() for p in self.params)
+        self.peak = 0
+        if self.zero3:
+            _, self.partitioned = compat.zero3_param_states()
+
+    def sample(self) -> None:
+        if not self.zero3:
+            self.peak = self.full  # nothing is partitioned: the whole policy is always there
+            return
+        held = sum(p.ds_numel * p.element_size() for p in self.params if p.ds_status != self.partitioned)
+        self.peak = max(self.peak, held)
+
+
+def _full_numel(param: Any) -> int:
+    return getattr(param, "ds_numel", None) or param.numel()
+
+
+def install_vllm_sync(gather: bool, budget: Budget | None) -> None:
+    """Make TRL's colocated vLLM sync (RLOO, GRPO, online DPO) go through `sync_weights`, bucketed by the run's
+    gather choice. Server mode keeps TRL's own sync (NCCL to the server)."""
+
+    def sync_generation(generation: Any) -> None:  # trl VLLMGeneration.sync_weights
+        if generation.mode != "colocate":
+            return sync_generation.__wrapped__(generation)
+        if generation.enable_sleep_mode:  # as TRL: the weights must be mapped before they are written
+            generation.llm.wake_up(tags=["weights"])
+            generation._llm_weights_sleeping = False
+        sync_weights(generation.model, generation.llm, SyncLimit.of(gather, budget, generation.model))
+
+    def sync_online_dpo(trainer: Any) -> None:  # trl OnlineDPOTrainer._move_model_to_vllm
+        if trainer.vllm_mode != "colocate":
+            return sync_online_dpo.__wrapped__(trainer)
+        sync_weights(trainer.model, trainer.llm, SyncLimit.of(gather, budget, trainer.model))
+
+    compat.replace_trl_vllm_sync(sync_generation, sync_online_dpo)
