@@ -73,13 +73,12 @@ def _median_after_first(values: list[float]) -> float:
 def measured(run: Path) -> Measured:
     records = [json.loads(path.read_text()) for path in sorted((run / "ranks").glob("rank-*.json"))
                if re.fullmatch(r"rank-\d+\.json", path.name)]
-    if records[0].get("vllm") is None:
+    if records[0].get("vllm_generation_seconds") is None:
         seconds = [_median_after_first([call["seconds"] for call in r["generation_probe"]["per_call"]])
                    for r in records]
         return Measured(statistics.mean(seconds))
-    vllm = [record["vllm"] for record in records]
-    syncs = [sync for record in vllm for sync in record["syncs"]]
-    return Measured(statistics.mean(_median_after_first(r["generation_seconds"]) for r in vllm),
+    syncs = [sync for record in records for sync in record["vllm_sync"]]
+    return Measured(statistics.mean(_median_after_first(r["vllm_generation_seconds"]) for r in records),
                     statistics.median(sync["seconds"] for sync in syncs), max(sync["peak_bytes"] for sync in syncs),
                     syncs[0]["full_bytes"], syncs[0]["buckets"])
 

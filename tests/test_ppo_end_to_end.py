@@ -138,12 +138,12 @@ def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path
     steps = logged(out)
     assert len(steps) == 2 and all(set(PPO_METRICS) <= entry.keys() for entry in steps)
     assert all(entry["vllm/sync_seconds"] > 0 for entry in steps)
-    assert " sync " in done.stdout and " MiB" in done.stdout  # the progress line
+    assert all(" sync " in line for line in done.stdout.splitlines() if line.startswith("step "))  # progress
     for rank in (0, 1):
         record = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())
         assert record["generation_probe"]["calls"] == 0  # HF's generate never ran
-        assert record["vllm"]["mode"] == "colocate" and len(record["vllm"]["generation_seconds"]) == 2
-        syncs = record["vllm"]["syncs"]
+        assert len(record["vllm_generation_seconds"]) == 2
+        syncs = record["vllm_sync"]
         assert len(syncs) == 2
         for sync in syncs:
             share = sync["peak_bytes"] / sync["full_bytes"]
@@ -206,7 +206,7 @@ def test_vllm_server_rollouts_and_the_trained_weights_reach_the_server(tmp_path:
             "--set", f"vllm_server_base_url={url}", "--set", "learning_rate=1e-2")
         for rank in (0, 1):
             record = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())
-            assert record["vllm"]["mode"] == "server" and len(record["vllm"]["syncs"]) == 2
+            assert len(record["vllm_generation_seconds"]) == 2 and len(record["vllm_sync"]) == 2
         model_name = requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
         prompt = [1, 40, 41, 42, 43]
         choice = requests.post(f"{url}/v1/completions", timeout=120, json={
