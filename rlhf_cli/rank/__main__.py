@@ -51,11 +51,7 @@ def main(argv: list[str]) -> int:
         install_generation_context(required=inputs.trainer.get("ds3_gather_for_generation") is False,
                                    budget=inputs.gather_budget())
         if inputs.trainer.get("use_vllm"):
-            from rlhf_cli.rank.vllm_sync import install_vllm_sync
-
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KVCACHE_GIB)  # vLLM's CPU default: 4 GiB a rank
-            install_vllm_sync(gather=inputs.trainer.get("ds3_gather_for_generation") is not False,
-                              budget=inputs.gather_budget())
         trainer = load_object(algorithm(name).builder)(inputs)
         use_progress(trainer, name)
         stopper = CheckpointAndStop(stop, trainer.accelerator)

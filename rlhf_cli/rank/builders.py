@@ -20,7 +20,23 @@ def _config(config_class: type, inputs: RankInputs, **extra: Any) -> Any:
     config = config_class(**inputs.config_values(**extra))
     apply_zero3_settings(config, inputs.zero3)
     set_seed(config.seed)
+    if getattr(config, "use_vllm", False):
+        _install_vllm(config, inputs)
     return config
+
+
+def _install_vllm(config: Any, inputs: RankInputs) -> None:
+    """TRL's colocated vLLM in the policy's training dtype, synced within the run's gather choice."""
+    import json
+    from pathlib import Path
+
+    from rlhf_cli.rank.vllm_sync import install_vllm, training_dtype
+
+    config_file = Path(str(inputs.model_value("model_name_or_path")), "config.json")
+    saved = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    dtype = training_dtype(config.bf16, config.fp16, config.model_init_kwargs.get("dtype"),
+                           saved.get("dtype") or saved.get("torch_dtype"))
+    install_vllm(gather=config.ds3_gather_for_generation, budget=inputs.gather_budget(), dtype=dtype)
 
 
 def _note_causal_lm_reward(inputs: RankInputs) -> None:

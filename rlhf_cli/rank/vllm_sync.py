@@ -187,9 +187,14 @@ def _full_numel(param: Any) -> int:
     return getattr(param, "ds_numel", None) or param.numel()
 
 
-def install_vllm_sync(gather: bool, budget: Budget | None) -> None:
-    """Make TRL's colocated vLLM sync (RLOO, GRPO, online DPO) go through `sync_weights`, bucketed by the run's
+def install_vllm(gather: bool, budget: Budget | None, dtype: str) -> None:
+    """Make TRL's colocated vLLM (RLOO, GRPO, online DPO) hold the policy in `dtype`, the one the trainer holds it
+    in (vLLM would downcast a float32 model to bfloat16), and sync through `sync_weights`, bucketed by the run's
     gather choice. Server mode keeps TRL's own sync (NCCL to the server)."""
+
+    def engine(*args: Any, **kwargs: Any) -> Any:  # trl's `LLM(...)`
+        kwargs.setdefault("dtype", dtype)
+        return engine.__wrapped__(*args, **kwargs)
 
     def sync_generation(generation: Any) -> None:  # trl VLLMGeneration.sync_weights
         if generation.mode != "colocate":
@@ -204,4 +209,16 @@ def install_vllm_sync(gather: bool, budget: Budget | None) -> None:
             return sync_online_dpo.__wrapped__(trainer)
         sync_weights(trainer.model, trainer.llm, SyncLimit.of(gather, budget, trainer.model))
 
+    compat.replace_trl_vllm_engine(engine)
     compat.replace_trl_vllm_sync(sync_generation, sync_online_dpo)
+
+
+def training_dtype(bf16: bool, fp16: bool, load_dtype: Any, config_dtype: Any) -> str:
+    """The dtype the trainer holds the policy's weights in: DeepSpeed's bf16 or fp16 when on, else the dtype it
+    was loaded in (`dtype`, or the config's for auto), float32 when neither says."""
+    if bf16 or fp16:
+        return "bfloat16" if bf16 else "float16"
+    for named in (load_dtype, config_dtype):
+        if isinstance(named, str) and named in ("float32", "float16", "bfloat16"):
+            return named
+    return "float32"

