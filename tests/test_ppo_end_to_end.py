@@ -134,7 +134,7 @@ def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path
     """2 updates from colocated vLLM rollouts; after each, the weights go to vLLM in buckets no larger than the
     gather choice allows (measured on the parameters: with no persistent parameters every whole one is gathered)."""
     out = tmp_path / "run"
-    done = ppo(out, *gather, "--max-steps", "2", "--set", "use_vllm=true", env=VLLM_ENV)
+    done = ppo(out, *gather, "--max-steps", "2", "--vllm", "colocate", env=VLLM_ENV)
     steps = logged(out)
     assert len(steps) == 2 and all(set(PPO_METRICS) <= entry.keys() for entry in steps)
     assert all(entry["vllm/sync_seconds"] > 0 for entry in steps)
@@ -202,8 +202,8 @@ def test_vllm_server_rollouts_and_the_trained_weights_reach_the_server(tmp_path:
     try:
         _wait_for_server(url, server, log)
         out = tmp_path / "run"
-        ppo(out, "--max-steps", "2", "--set", "use_vllm=true", "--set", "vllm_mode=server",
-            "--set", f"vllm_server_base_url={url}", "--set", "learning_rate=1e-2")
+        ppo(out, "--max-steps", "2", "--vllm", "server", "--set", f"vllm_server_base_url={url}",
+            "--set", "learning_rate=1e-2")
         for rank in (0, 1):
             record = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())
             assert len(record["vllm_generation_seconds"]) == 2 and len(record["vllm_sync"]) == 2

@@ -18,7 +18,7 @@ import typer
 
 from rlhf_cli.cli.train import DryRunOpt, ModelOpt, RecipeOpt, SetOpt
 
-EXAMPLE = "rlhf vllm-serve ppo -r ppo/smoke --set use_vllm=true --set vllm_mode=server"
+EXAMPLE = "rlhf vllm-serve ppo -r ppo/smoke --port 8000"
 LOOPBACK = "127.0.0.1"
 DTYPES = {(True, False): "bfloat16", (False, True): "float16", (False, False): "auto"}
 
