@@ -36,10 +36,6 @@ class Mode:
     name: str
     flags: tuple[str, ...]
 
-    @property
-    def vllm(self) -> bool:
-        return "use_vllm=true" in self.flags
-
 
 def modes(budget: str, sync_budgets: list[str]) -> list[Mode]:
     vllm = ("--set", "use_vllm=true")
