@@ -53,10 +53,13 @@ def vllm_serve(
 ) -> None:
     """Start the vLLM server for a `vllm_mode: server` run of this recipe; Ctrl-C stops it."""
     from rlhf_cli.config.resolve import RunRequest, resolve
+    from rlhf_cli.config.vllm import INSTALL, installed_vllm
 
     flags = {"model_name_or_path": ("--model", model)} if model else {}
+    missing = () if installed_vllm() or dry_run else (f"rlhf vllm-serve: vLLM is not installed; install it with "
+                                                      f"{INSTALL}",)
     run = resolve(RunRequest(ctx.info_name.replace("-", "_"), recipe, flags, tuple(set_ or ()), False,
-                             planning=True, problems=()))
+                             planning=True, problems=missing))
     argv = server_command(run, host, port)
     if dry_run:
         print(shlex.join(argv))
