@@ -97,6 +97,8 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=8, help="responses per rank per step (even)")
     parser.add_argument("--budget", default="0.5", help="the HF run's gather budget")
     parser.add_argument("--sync-budgets", nargs="*", default=["0.5", "0.25"], help="the vLLM runs' sync budgets")
+    parser.add_argument("--only", nargs="*", help="run only the modes of these names (the table: all run so far)")
+    parser.add_argument("--reuse-runs", action="store_true", help="read a mode's finished run instead of running it")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--work-dir", type=Path, default=WORK, help="where the model and the runs go (not in git)")
     args = parser.parse_args()
@@ -106,11 +108,17 @@ def main() -> None:
     print(f"model: {parameters / 1e6:.1f}M parameters, {model}")
     results: dict[Mode, Measured] = {}
     for mode in modes(args.budget, args.sync_budgets):
-        print(f"running {mode.name} ...", flush=True)
         out = args.work_dir / "runs" / f"vllm-{re.sub('[^a-z0-9]+', '-', mode.name.lower()).strip('-')}"
+        finished = (out / "ranks" / "rank-0.json").is_file()
+        if (args.reuse_runs or args.only is not None) and finished and not (args.only and mode.name in args.only):
+            results[mode] = measured(out)
+            continue
+        if args.only is not None and mode.name not in args.only:
+            continue
+        print(f"running {mode.name} ...", flush=True)
         flags = run_flags(mode, model, args.steps, args.completion_length, args.rollouts)
         run_timed(python_module("rlhf_cli", "ppo", *flags, "-o", str(out), "--overwrite"),
-                  env={"RLHF_PROBE_GENERATION": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}, timeout=900)
+                  env={"RLHF_PROBE_GENERATION": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}, timeout=1800)
         results[mode] = measured(out)
 
     reference = next(result for mode, result in results.items() if mode.name == "HF gather").generation_seconds

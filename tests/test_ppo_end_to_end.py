@@ -36,7 +36,7 @@ def ppo(out: Path, *args: str, sets: tuple[str, ...] = SMALL_BUCKETS,
     argv = [sys.executable, "-m", "rlhf_cli", "ppo", "-r", str(RECIPES / "ppo" / "smoke.yaml"), "-o", str(out), *args]
     for pair in sets:
         argv += ["--set", pair]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=480,
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "RLHF_PROBE_GENERATION": "1", **(env or {})})
     print(done.stdout[-4000:], done.stderr[-8000:], sep="\n")  # shown by pytest when a later assertion fails
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
@@ -185,6 +185,7 @@ def _greedy_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> list[f
 
 
 @needs_vllm
+@pytest.mark.timeout(1500)  # a server start and a launched run, one after the other
 def test_vllm_server_rollouts_and_the_trained_weights_reach_the_server(tmp_path: Path) -> None:
     """`rlhf vllm-serve` starts the run's server; PPO samples through it and, after every update, refreshes its
     weights through a directory (the CPU transport). After the run the server's greedy log-probs are the saved
