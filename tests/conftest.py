@@ -7,8 +7,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPES = REPO / "recipes"
 
 
 @pytest.fixture(autouse=True)
@@ -52,12 +50,6 @@ def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
         return runner.invoke(Program(), [str(a) for a in args])
 
     return invoke
-
-
-def write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import write
+from helpers import write
 from rlhf_cli.config.accelerate import AccelerateChoices, build_accelerate_config
 
 DEVICES = ("none", "cpu", "nvme")

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import RECIPES, REPO
+from helpers import RECIPES, REPO
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
 from rlhf_cli.algorithms.spec import Algorithm, Batches, load_object, unset
 from rlhf_cli.config.fields import catalogue
@@ -53,6 +53,7 @@ FIELD_CHECKS: dict[str, Callable[[Algorithm], bool]] = {
     "config_class": lambda e: is_config_dataclass(e.config_class),
     "script_class": lambda e: is_config_dataclass(e.script_class),
     "builder": lambda e: callable(load_object(e.builder)),
+    "trainer_class": lambda e: isinstance(load_object(e.trainer_class), type),
     "completion_field": lambda e: catalogue(e.name)[e.completion_field].kinds[0] == "int",
     "batch_fields": lambda e: bool(e.batch_fields) and all(catalogue(e.name)[f].kinds[0] == "int"
                                                            for f in e.batch_fields),
@@ -87,8 +88,8 @@ def test_entry_field(entry: Algorithm, field: str) -> None:
 def test_a_missing_field_fails_its_check_not_the_import() -> None:
     incomplete = Algorithm(name="ppo", command="ppo")  # builds: a command reading it would fail, this test first
     failing = {field for field, check in FIELD_CHECKS.items() if not _passes(check, incomplete)}
-    assert failing >= {"summary", "example", "config_class", "builder", "completion_field", "batch_fields",
-                       "batches", "has_reference", "headline_metrics", "starter", "logits"}
+    assert failing >= {"summary", "example", "config_class", "builder", "trainer_class", "completion_field",
+                       "batch_fields", "batches", "has_reference", "headline_metrics", "starter", "logits"}
 
 
 def _passes(check: Callable[[Algorithm], bool], entry: Algorithm) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES
+from helpers import RECIPES
 from rlhf_cli.config.vllm import installed_vllm
 
 LONG = "x" * 300  # longer than any file name the system allows (255)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, write
+from helpers import REPO, write
 
 
 def load_common():

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES, write
+from helpers import RECIPES, write
 from rlhf_cli.checkpoints import incomplete_reason, newest_complete_checkpoint, write_manifest
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES, REPO, write
+from helpers import RECIPES, REPO, write
 from rlhf_cli.algorithms import ALGORITHMS
+from rlhf_cli.cli.flags import TABLE
 
 TRAIN_COMMANDS = tuple(entry.command for entry in ALGORITHMS.values())
 pytestmark = pytest.mark.usefixtures("nothing_launches")  # no test here starts ranks
@@ -23,12 +24,11 @@ def test_help_of_every_command(cli) -> None:
     assert result.exit_code == 0
     for command in TRAIN_COMMANDS:
         assert command in result.output
-        sub = cli(command, "--help")
-        assert sub.exit_code == 0
-        for option in ("--recipe", "--gather", "--no-gather", "--offload-optimizer", "--offload-params",
-                       "--nvme-path", "--num-processes", "--accelerate-config", "--model", "--reward-model",
-                       "--dataset", "--output-dir", "--max-steps", "--seed", "--set", "--dry-run", "--json"):
-            assert option in sub.output, (command, option)
+        sub, planned = cli(command, "--help"), cli("plan", command, "--help")
+        assert sub.exit_code == 0 and planned.exit_code == 0
+        for flag in TABLE:  # both commands take every flag
+            for option in flag.names:
+                assert option in sub.output and option in planned.output, (command, option)
         assert "Example: rlhf" in sub.output
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES
+from helpers import RECIPES
 from rlhf_cli.config.cluster import first_host
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError

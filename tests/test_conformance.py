@@ -18,23 +18,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES
 from families.build import FAMILIES
+from helpers import RECIPES, SMALL_BUCKETS, launch_rlhf, sets
 from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.algorithms.spec import Algorithm
 
 pytestmark = [pytest.mark.launch, pytest.mark.conformance]
 
 FIXTURES = Path(__file__).parent / "fixtures"
-SMALL_BUCKETS = ("stage3_prefetch_bucket_size=2000", "stage3_param_persistence_threshold=0",
-                 "stage3_max_live_parameters=20000")
 UNTRAINED_HEAD = "loaded as a sequence classifier whose score head starts untrained"
 
 
@@ -107,14 +102,10 @@ def test_family_trains(entry: Algorithm, family: str, mode: str, kind: str, fami
     model, out, samples = family_models[family], tmp_path / "run", tmp_path / "samples"
     samples.mkdir()
     recipe = RECIPES / entry.name / "smoke.yaml"
-    argv = [sys.executable, "-m", "rlhf_cli", entry.command, "-r", str(recipe), "-o", str(out), f"--{mode}",
-            "--model", str(model), "--reward-model", str(model), "--dataset", str(prompts[kind]), *short_run(entry),
-            "--set", f"reward_funcs=[{FIXTURES}/rewards.py:record_samples]"]
-    for pair in SMALL_BUCKETS:
-        argv += ["--set", pair]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=480,
-                          env={**os.environ, "RLHF_TEST_SAMPLES": str(samples)})
-    print(done.stdout[-3000:], done.stderr[-6000:], sep="\n")  # shown by pytest when an assertion fails
+    done = launch_rlhf(entry.command, out, f"--{mode}", "--model", str(model), "--reward-model", str(model),
+                       "--dataset", str(prompts[kind]), *short_run(entry),
+                       *sets(f"reward_funcs=[{FIXTURES}/rewards.py:record_samples]", *SMALL_BUCKETS),
+                       recipe=recipe, env={"RLHF_TEST_SAMPLES": str(samples)})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert "Traceback" not in done.stderr and UNTRAINED_HEAD in done.stderr
 

@@ -7,21 +7,17 @@ DeepSpeed's default buckets: that is what makes stock TRL crash with --no-gather
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES
+from helpers import SMALL_BUCKETS, launch_rlhf, sets
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
 from rlhf_cli.run_dir import PROBE_CUDA_MEMORY_ENV, PROBE_GENERATION_ENV
 
 pytestmark = pytest.mark.launch
 
-SMALL_BUCKETS = ("stage3_prefetch_bucket_size=2000", "stage3_param_persistence_threshold=0",
-                 "stage3_max_live_parameters=20000")
 # PPO, our own trainer, has its own end-to-end tests (test_ppo_end_to_end.py).
 TRL_COMMANDS = [entry.command for entry in ALGORITHMS.values() if entry.name != "ppo"]
 PROBES = {PROBE_GENERATION_ENV: "1", PROBE_CUDA_MEMORY_ENV: "1"}
@@ -29,14 +25,7 @@ STALE_TRACE_CRASH = "The size of tensor a (0) must match the size of tensor b"
 
 
 def rlhf(command: str, out: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    recipe = RECIPES / command.replace("-", "_") / "smoke.yaml"
-    argv = [sys.executable, "-m", "rlhf_cli", command, "-r", str(recipe), "-o", str(out), *args]
-    for pair in SMALL_BUCKETS:
-        argv += ["--set", pair]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=480,
-                          env={**os.environ, **PROBES, **(env or {})})
-    print(done.stdout[-4000:], done.stderr[-8000:], sep="\n")  # shown by pytest when a later assertion fails
-    return done
+    return launch_rlhf(command, out, *args, *sets(*SMALL_BUCKETS), env={**PROBES, **(env or {})})
 
 
 @pytest.mark.parametrize("gather", [True, False], ids=["gather", "no-gather"])

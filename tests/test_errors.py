@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from conftest import RECIPES, write
+from helpers import RECIPES, write
 from rlhf_cli.cli.errors import debug_enabled, exit_code_for
 from rlhf_cli.errors import ConfigError, PlanError, RlhfError
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from conftest import RECIPES
+from helpers import RECIPES
 from fixtures.rewards import MARKUP
 from rlhf_cli.checkpoints import write_manifest
 from rlhf_cli.cli import output

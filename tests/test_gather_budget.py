@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES, write
+from helpers import RECIPES, write
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.gather_budget import Budget, BudgetError, Unit, choose, parse_budget
@@ -207,3 +207,23 @@ def test_the_plan_reports_the_largest_generation_batch_that_fits(seed_models) ->
     for batch, fits in ((largest, True), (largest + 1, False)):
         sized = replace(inputs, work=replace(inputs.work, generation_batch=batch))
         assert estimate._column(sized, plan.chosen.candidate, True).fits is fits
+
+
+def test_the_generation_value_reads_and_writes_the_recipe_keys() -> None:
+    from rlhf_cli.config.generation import Gather, Generation
+
+    def read(**values: object) -> Generation:
+        return Generation.from_values(lambda name: values.get(name))
+
+    assert read(ds3_gather_for_generation=True).gather == Gather.whole
+    assert read().gather == Gather.whole  # TRL's default: gather
+    assert read(ds3_gather_for_generation="auto").gather == Gather.auto
+    assert read(ds3_gather_for_generation=False).gather == Gather.shards
+    assert read(ds3_gather_for_generation=False, gather_budget=0).gather == Gather.shards
+    half = read(ds3_gather_for_generation=False, gather_budget=0.5)
+    assert half.gather == Gather("budget", Budget(fraction=0.5)) and half.gather.through_shards
+    assert half.trl_settings() == {"ds3_gather_for_generation": False, "gather_budget": 0.5}
+    size = read(ds3_gather_for_generation=False, gather_budget="500MB")
+    assert read(**size.trl_settings()) == size  # a size written as bytes reads back the same
+    assert not Gather.whole.through_shards and not Gather.auto.through_shards
+    assert Generation(Gather.auto).trl_settings() == {"ds3_gather_for_generation": "auto"}

@@ -10,32 +10,22 @@ gathered share follows the budget.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES
+from helpers import SMALL_BUCKETS, launch_rlhf, sets
 
 pytestmark = pytest.mark.launch
 
-SMALL_BUCKETS = ("stage3_prefetch_bucket_size=2000", "stage3_param_persistence_threshold=0",
-                 "stage3_max_live_parameters=20000")
 BUDGETS = ("0", "0.5", "1")
 TWO_STEPS = {"rloo": "max_steps=2", "ppo": "total_episodes=16"}  # PPO: 8 rollouts an update
 
 
 def launch(command: str, out: Path, budget: str) -> list[dict]:
     """Run the smoke recipe for 2 steps at `budget`; return each rank's probe records."""
-    recipe = RECIPES / command / "smoke.yaml"
-    argv = [sys.executable, "-m", "rlhf_cli", command, "-r", str(recipe), "-o", str(out), "--gather-budget", budget]
-    for pair in (TWO_STEPS[command], *SMALL_BUCKETS):
-        argv += ["--set", pair]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=480,
-                          env={**os.environ, "RLHF_PROBE_GENERATION": "1"})
-    print(done.stdout[-3000:], done.stderr[-6000:], sep="\n")  # shown by pytest when a later assertion fails
+    done = launch_rlhf(command, out, "--gather-budget", budget, *sets(TWO_STEPS[command], *SMALL_BUCKETS),
+                       env={"RLHF_PROBE_GENERATION": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return [json.loads((out / "ranks" / f"rank-{rank}.json").read_text())["generation_probe"] for rank in (0, 1)]
 

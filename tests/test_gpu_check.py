@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 from rlhf_cli.rank.record import write_rank_record
 from rlhf_cli.rank.zero3 import PhaseMemory
 from rlhf_cli.run_dir import PROBE_CUDA_MEMORY_ENV as PHASE_MEMORY_ENV

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import RECIPES
+from helpers import RECIPES
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.launch import runner
 from rlhf_cli.launch.command import Launch, launch_command

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from conftest import REPO
+from helpers import REPO
 
 PACKAGE = REPO / "rlhf_cli"
 # Data flows one way: flags + recipe -> resolved run -> plan -> launch -> ranks -> trainer. A layer may import

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES, REPO, write
+from helpers import RECIPES, REPO, write
 from rlhf_cli.architectures import architecture, peft_targets, targeted
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.models import LoraSettings, adapter_size, model_size

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES
+from helpers import RECIPES
 from test_end_to_end import SMALL_BUCKETS, rlhf
 from test_ppo_end_to_end import LEARNABLE, logged, ppo
 

@@ -8,13 +8,12 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES
+from helpers import rlhf_argv
 from fixtures.rewards import BLOCKED_FILE_ENV, MARKUP
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
 from rlhf_cli.checkpoints import incomplete_reason
@@ -31,11 +30,6 @@ TWELVE_STEPS = {"ppo": ("--set", "total_episodes=96")}
 # What SLURM sends before it kills a job: SIGTERM on preemption, SIGUSR1 with --signal=USR1@SECONDS. Both are
 # tested: every other algorithm gets SIGUSR1.
 PREEMPTION_SIGNAL = {command: (signal.SIGTERM, signal.SIGUSR1)[index % 2] for index, command in enumerate(COMMANDS)}
-
-
-def rlhf_argv(command: str, out: Path, *args: str) -> list[str]:
-    recipe = RECIPES / command.replace("-", "_") / "smoke.yaml"
-    return [sys.executable, "-m", "rlhf_cli", command, "-r", str(recipe), "-o", str(out), *args]
 
 
 def finish(process: subprocess.Popen, lines: list[str]) -> tuple[int, str, str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES, REPO, write
+from helpers import RECIPES, REPO, write
 from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError, PlanError

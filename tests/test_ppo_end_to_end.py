@@ -16,12 +16,10 @@ from typing import Any
 
 import pytest
 
-from conftest import RECIPES
+from helpers import RECIPES, SMALL_BUCKETS, launch_rlhf, sets
 
 pytestmark = pytest.mark.launch
 
-SMALL_BUCKETS = ("stage3_prefetch_bucket_size=2000", "stage3_param_persistence_threshold=0",
-                 "stage3_max_live_parameters=20000")
 PPO_METRICS = ("objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
                "objective/scores", "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg",
                "val/clipfrac_avg", "policy/entropy_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens", "lr",
@@ -31,14 +29,10 @@ LEARNABLE = ("reward_model_name_or_path=null", f"reward_funcs=[{Path(__file__).p
              "num_ppo_epochs=4", "kl_coef=0.0")
 
 
-def ppo(out: Path, *args: str, sets: tuple[str, ...] = SMALL_BUCKETS,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "rlhf_cli", "ppo", "-r", str(RECIPES / "ppo" / "smoke.yaml"), "-o", str(out), *args]
-    for pair in sets:
-        argv += ["--set", pair]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "RLHF_PROBE_GENERATION": "1", **(env or {})})
-    print(done.stdout[-4000:], done.stderr[-8000:], sep="\n")  # shown by pytest when a later assertion fails
+def ppo(out: Path, *args: str, pairs: tuple[str, ...] = SMALL_BUCKETS, env: dict[str, str] | None = None,
+        timeout: float = 480) -> subprocess.CompletedProcess:
+    done = launch_rlhf("ppo", out, *args, *sets(*pairs), env={"RLHF_PROBE_GENERATION": "1", **(env or {})},
+                       timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return done
 
@@ -56,7 +50,7 @@ def test_gather_and_no_gather_train_the_same(tmp_path: Path) -> None:
     runs = {}
     for mode in ("--gather", "--no-gather"):
         out = tmp_path / mode.strip("-")
-        ppo(out, mode, sets=(*SMALL_BUCKETS, *LEARNABLE[:2]))
+        ppo(out, mode, pairs=(*SMALL_BUCKETS, *LEARNABLE[:2]))
         steps = logged(out)
         assert len(steps) == 4 and all(set(PPO_METRICS) <= entry.keys() for entry in steps)
         assert [entry["episode"] for entry in steps] == [8, 16, 24, 32]
@@ -81,7 +75,7 @@ def test_score_rises_on_a_learnable_reward(tmp_path: Path) -> None:
     0.74; control 0.079 -> 0.070, -0.06.) The test asks for a trend no chance walk gives: a rise of 0.05 (3 sigma
     of the mean of 3 when nothing is learned) and a Kendall rank correlation with the step above 0.4 (2.5 sigma
     for 20 unrelated scores)."""
-    ppo(tmp_path / "run", "--no-gather", sets=LEARNABLE)
+    ppo(tmp_path / "run", "--no-gather", pairs=LEARNABLE)
     scores = [entry["objective/scores"] for entry in logged(tmp_path / "run")]
     assert len(scores) == 20
     first, last = sum(scores[:3]) / 3, sum(scores[-3:]) / 3
@@ -134,7 +128,7 @@ def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path
     """2 updates from colocated vLLM rollouts; after each, the weights go to vLLM in buckets no larger than the
     gather choice allows (measured on the parameters: with no persistent parameters every whole one is gathered)."""
     out = tmp_path / "run"
-    done = ppo(out, *gather, "--max-steps", "2", "--vllm", "colocate", env=VLLM_ENV)
+    done = ppo(out, *gather, "--max-steps", "2", "--vllm", "colocate", env=VLLM_ENV, timeout=900)
     steps = logged(out)
     assert len(steps) == 2 and all(set(PPO_METRICS) <= entry.keys() for entry in steps)
     assert all(entry["vllm/sync_seconds"] > 0 for entry in steps)
@@ -204,7 +198,7 @@ def test_vllm_server_rollouts_and_the_trained_weights_reach_the_server(tmp_path:
         _wait_for_server(url, server, log)
         out = tmp_path / "run"
         ppo(out, "--max-steps", "2", "--vllm", "server", "--set", f"vllm_server_base_url={url}",
-            "--set", "learning_rate=1e-2")
+            "--set", "learning_rate=1e-2", timeout=900)
         for rank in (0, 1):
             record = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())
             assert len(record["vllm_generation_seconds"]) == 2 and len(record["vllm_sync"]) == 2

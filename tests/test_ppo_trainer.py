@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conftest import RECIPES
+from helpers import RECIPES
 
 PROMPTS = RECIPES / "smoke" / "prompts.jsonl"
 SETTINGS = {  # 4 rollouts per update, generated together; one optimizer step per update

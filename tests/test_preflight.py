@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES, REPO, write
+from helpers import REPO, launch_rlhf, write
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.launch.preflight import check_before_launch
@@ -103,9 +103,7 @@ def test_a_reward_module_that_exits_the_process_is_reported(tmp_path: Path) -> N
 def test_num_generations_3_is_refused_before_any_process_starts(tmp_path: Path) -> None:
     """The real command, nothing stubbed: exit 2 in about a second, no output dir, no rank."""
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "rlhf_cli", "rloo", "-r", str(RECIPES / "rloo" / "smoke.yaml"),
-                           "--set", "num_generations=3", "-o", str(out)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    done = launch_rlhf("rloo", out, "--set", "num_generations=3", env={"PYTHONPATH": str(REPO)}, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "Error: `num_generations` (3) must divide the generation batch (4 = per_device_train_batch_size x processes "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from conftest import RECIPES, write
+from helpers import RECIPES, write
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.rank.inputs import RankInputs, load_prompts, reward_funcs
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import RECIPES
+from helpers import RECIPES
 
 
 def test_every_bundled_recipe_is_listed_with_its_purpose(cli) -> None:

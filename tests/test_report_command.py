@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from conftest import REPO, write
+from helpers import REPO, write
 from rlhf_cli.report.metrics import sample_rows
 from rlhf_cli.report.plot import figure_pixels
 

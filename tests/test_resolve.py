@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES, write
+from helpers import RECIPES, write
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
 

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES
+from helpers import RECIPES, launch_rlhf
 
 pytestmark = pytest.mark.launch
 
@@ -28,11 +26,9 @@ def test_seed_recipe_runs_on_pythia_stand_ins(family_models: dict[str, Path], tm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     pythia, out = family_models["pythia"], tmp_path / "run"
-    argv = [sys.executable, "-m", "rlhf_cli", "ppo", "-r", "ppo/pythia-12b-descriptiveness", "--model", str(pythia),
-            "--reward-model", str(pythia), "--dataset", str(RECIPES / "smoke" / "prompts.jsonl"), "-o", str(out),
-            *CPU_SIZED]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=480)
-    print(done.stdout[-3000:], done.stderr[-6000:], sep="\n")  # shown by pytest when an assertion fails
+    done = launch_rlhf("ppo", out, "--model", str(pythia), "--reward-model", str(pythia),
+                       "--dataset", str(RECIPES / "smoke" / "prompts.jsonl"), *CPU_SIZED,
+                       recipe="ppo/pythia-12b-descriptiveness")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     notes = [line for line in done.stderr.splitlines() if line.startswith("rlhf: ")]
     assert any("has no pad token of its own: added" in line for line in notes), notes

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 
-from conftest import RECIPES
+from helpers import RECIPES
 
 
 def load_builder():

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import RECIPES, REPO, write
+from helpers import RECIPES, REPO, launch_rlhf, write
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.launch import runner
 from rlhf_cli.launch.command import launch_command
@@ -94,9 +92,7 @@ def test_trls_bundled_accelerate_configs_are_found_by_name(tmp_path: Path) -> No
 @pytest.mark.launch
 def test_a_trl_config_with_an_env_block_runs_unchanged_and_every_rank_sees_it(tmp_path: Path) -> None:
     config = trl_config(tmp_path)
-    done = subprocess.run([sys.executable, "-m", "rlhf_cli", "rloo", "-r", str(config), "-o", str(tmp_path / "out")],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=480,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    done = launch_rlhf("rloo", tmp_path / "out", recipe=config, cwd=tmp_path, env={"PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert {path.name: path.read_text() for path in tmp_path.glob("rank-*.txt")} == \
         {"rank-0.txt": "hello from env", "rank-1.txt": "hello from env"}

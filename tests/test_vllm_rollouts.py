@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import RECIPES
+from helpers import RECIPES
 from rlhf_cli.rank.ppo.vllm_rollouts import padded_responses, prompt_ids, sampling_settings
 from rlhf_cli.rank.vllm_server import write_weight_files
 
@@ -67,5 +67,6 @@ def test_vllm_serve_starts_the_runs_model_on_loopback_with_its_settings() -> Non
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     options = dict(zip(argv[3::2], argv[4::2]))
     assert options["--model"] == str(RECIPES / "smoke" / "policy")
+    assert options["--dtype"] == "float32"  # the checkpoint's, as the trainer holds it: not vLLM's auto (bf16)
     assert (options["--host"], options["--port"], options["--max-model-len"], options["--seed"]) == \
         ("127.0.0.1", "8123", "64", "7")

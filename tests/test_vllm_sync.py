@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES, REPO
+from helpers import RECIPES, REPO
 from rlhf_cli.gather_budget import Budget
 from rlhf_cli.rank.vllm_sync import PER_UNIT, WHOLE, SyncLimit, buckets, training_dtype, vllm_name
 

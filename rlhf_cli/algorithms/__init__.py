@@ -1,6 +1,7 @@
 """The algorithms rlhf runs, one entry each; every other layer reads them from here.
 
-Adding an algorithm: a module here with its `ALGORITHM` entry, listed below; its builder in the ranks; its
+Adding an algorithm: a module here with its `ALGORITHM` entry, listed below; its builder in the ranks (TRL's
+generating trainers share `rlhf_cli.rank.builders:build_trl_generating`, given `trainer_class`); its
 schema snapshot (`python -m rlhf_cli.schema.snapshot`); `recipes/NAME/smoke.yaml`. The registry test checks
 that each entry has all of these.
 """

@@ -20,6 +20,7 @@ ALGORITHM = Algorithm(
     config_class="trl.experimental.online_dpo:OnlineDPOConfig",
     script_class="trl.scripts.rloo:RLOOScriptArguments",
     builder="rlhf_cli.rank.builders:build_online_dpo",
+    trainer_class="trl.experimental.online_dpo:OnlineDPOTrainer",
     completion_field="max_new_tokens",
     batch_fields=("per_device_train_batch_size",),
     batches=_batches,

@@ -69,6 +69,7 @@ ALGORITHM = Algorithm(
     config_class="rlhf_cli.rank.ppo.config:PPOConfig",
     script_class="trl.scripts.rloo:RLOOScriptArguments",
     builder="rlhf_cli.rank.builders:build_ppo",
+    trainer_class="rlhf_cli.rank.ppo.trainer:PPOTrainer",
     completion_field="response_length",
     batch_fields=("local_rollout_forward_batch_size", "per_device_train_batch_size"),
     batches=_batches,

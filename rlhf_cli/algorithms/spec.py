@@ -1,8 +1,8 @@
 """What the registry knows about one algorithm: every fact another layer needs, as data and pure functions.
 
 Torch-free and free of other rlhf imports, so that the CLI, the config layer, the planner and the ranks can all
-read it. A field that names code to run inside a rank (`builder`, `config_class`) is an import path, imported only
-where it runs.
+read it. A field that names code to run inside a rank (`builder`, `config_class`, `trainer_class`) is an import
+path, imported only where it runs.
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ class Algorithm:
     config_class: str = ""  # `module:Class` whose fields are the recipe's trainer keys (the schema snapshot)
     script_class: str = ""  # `module:Class` of TRL's script arguments for this trainer (dataset and reward keys)
     builder: str = ""  # `module:function` building the trainer from RankInputs; imported inside ranks only
+    trainer_class: str = ""  # `module:Class` of the trainer the builder makes (one builder serves TRL's RLOO, GRPO)
     completion_field: str = ""  # the key bounding generated tokens
     batch_fields: tuple[str, ...] = ()  # batch keys the plan may propose to lower when a run does not fit
     batches: Callable[[Values, int], Batches] = unset  # (values, processes in total) -> per-process batches

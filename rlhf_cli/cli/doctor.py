@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from typing import Annotated
 
@@ -10,7 +9,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from rlhf_cli.cli.output import stdout
+from rlhf_cli.cli.output import print_json, stdout
 
 EXAMPLE = "rlhf doctor   (on the GPU node, before its first run)"
 STYLES = {"ok": "green", "warning": "yellow", "problem": "bold red"}
@@ -25,7 +24,7 @@ def doctor(
     found = checks.run_checks()
     problems = [check for check in found if check.status == checks.PROBLEM]
     if json_:
-        print(json.dumps([asdict(check) for check in found], indent=2))
+        print_json([asdict(check) for check in found])
     else:
         table = Table.grid(padding=(0, 2))
         for check in found:

@@ -14,8 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rlhf_cli.algorithms import algorithm
-from rlhf_cli.config.resolve import ResolvedRun
-from rlhf_cli.gather_budget import parse_budget
+from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.launch.runner import Outcome
 from rlhf_cli.plan.memory import MARGIN
 
@@ -24,6 +23,11 @@ if TYPE_CHECKING:
 
 stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)
+
+
+def print_json(value: Any) -> None:
+    """Every command's `--json`: one JSON document on stdout, indented, anything else (paths) as text."""
+    print(json.dumps(value, indent=2, default=str))
 
 
 def print_error(line: str) -> None:
@@ -57,7 +61,7 @@ def _run_dict(run: ResolvedRun, plan: Plan) -> dict[str, Any]:
 
 
 def print_run_json(run: ResolvedRun, plan: Plan) -> None:
-    print(json.dumps(_run_dict(run, plan), indent=2, default=str))
+    print_json(_run_dict(run, plan))
 
 
 def _gib(value: int) -> str:
@@ -119,7 +123,7 @@ def print_whole(table: Table) -> None:
 def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
     """`rlhf plan`: one row per component, one column per configuration, the run's own marked with *."""
     if as_json:
-        print(json.dumps(plan.as_dict(), indent=2))
+        print_json(plan.as_dict())
         return
     if not plan.known:
         stdout.print(f"plan: unknown: {plan.why_unknown}", highlight=False, markup=False)
@@ -194,16 +198,6 @@ def _precision(run: ResolvedRun) -> str:
     return "bf16" if run.value("bf16") else "fp16" if run.value("fp16") else "fp32"
 
 
-def _generation_mode(run: ResolvedRun) -> str:
-    if run.value("ds3_gather_for_generation"):
-        return "gather to generate"
-    given = run.value("gather_budget")
-    budget = parse_budget(given) if given is not None else None
-    if budget is None or budget.nothing:
-        return "generate from shards"
-    return f"gather {budget} of the policy to generate, the rest from shards"
-
-
 def print_header(run: ResolvedRun, plan: Plan) -> None:
     """The run at a glance, before the ranks start talking."""
     deepspeed = run.accelerate.get("deepspeed_config") or {}
@@ -214,7 +208,7 @@ def print_header(run: ResolvedRun, plan: Plan) -> None:
         else None,
         "dataset": run.value("dataset_name"),
         "processes": f"{run.accelerate.get('num_processes')} on {run.accelerate.get('num_machines') or 1} machine(s)",
-        "ZeRO": f"stage {deepspeed.get('zero_stage', '-')}, " + _generation_mode(run)
+        "ZeRO": f"stage {deepspeed.get('zero_stage', '-')}, " + run.generation.describe()
                 + f", offload optimizer: {deepspeed.get('offload_optimizer_device', 'none')}"
                 + f", params: {deepspeed.get('offload_param_device', 'none')}",
         "precision": _precision(run) + (" (CPU)" if run.cpu_only else ""),

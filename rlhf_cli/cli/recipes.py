@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 from rich.text import Text
 
-from rlhf_cli.cli.output import stdout
+from rlhf_cli.cli.output import print_json, stdout
 
 EXAMPLE = "rlhf recipes, then: rlhf rloo -r rloo/smoke --dry-run"
 
@@ -21,8 +20,8 @@ def recipes(
 
     found = bundled_recipes()
     if json_:
-        print(json.dumps([{"name": r.name, "algorithm": r.algorithm, "model": r.model, "purpose": r.purpose,
-                           "path": str(r.path)} for r in found], indent=2))
+        print_json([{"name": r.name, "algorithm": r.algorithm, "model": r.model, "purpose": r.purpose,
+                    "path": str(r.path)} for r in found])
         return
     # Columns are padded by hand so that each purpose can take a line of its own and fit any terminal width.
     columns = [("NAME (for -r)", [r.name for r in found]), ("ALGORITHM", [r.algorithm for r in found]),

@@ -9,29 +9,52 @@ run refreshes the server's weights through `/collective_rpc` (rlhf_cli/rank/vllm
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from rlhf_cli.cli.train import DryRunOpt, ModelOpt, RecipeOpt, SetOpt
+from rlhf_cli.cli.flags import TABLE
 
 EXAMPLE = "rlhf vllm-serve ppo -r ppo/smoke --port 8000"
 LOOPBACK = "127.0.0.1"
-DTYPES = {(True, False): "bfloat16", (False, True): "float16", (False, False): "auto"}
+DTYPES = ("float32", "float16", "bfloat16")
 
+
+
+def _training_option(parameter: str) -> Any:
+    """The training commands' own option (rlhf_cli/cli/flags.py), for the flags this command shares with them."""
+    flag = next(row for row in TABLE if row.parameter == parameter)
+    return Annotated[flag.kind, typer.Option(*flag.names, help=flag.help, metavar=flag.metavar,
+                                             show_default=flag.show_default)]
+
+
+RecipeOpt, ModelOpt, SetOpt, DryRunOpt = (_training_option(name) for name in ("recipe", "model", "set_", "dry_run"))
 HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on; loopback unless you need more.")]
 PortOpt = Annotated[Optional[int], typer.Option(
     "--port", show_default=False, help="Port to listen on. Default: the run's vllm_server_port.")]
+
+
+def training_dtype(run: Any) -> str:
+    """The dtype the trainer holds the policy in: bf16 or fp16 when on, else its checkpoint's, else float32. Not
+    vLLM's `auto`, which builds a float32 checkpoint in bfloat16: its samples would not be the policy's."""
+    if run.value("bf16") or run.value("fp16"):
+        return "bfloat16" if run.value("bf16") else "float16"
+    config = Path(str(run.value("model_name_or_path")), "config.json")
+    saved = json.loads(config.read_text()) if config.is_file() else {}
+    named = saved.get("dtype") or saved.get("torch_dtype")
+    return named if named in DTYPES else "float32"
 
 
 def server_command(run: Any, host: str, port: int | None) -> list[str]:
     """vLLM's server on the run's policy, lengths, dtype, tensor parallelism, memory share and seed."""
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(run.value("model_name_or_path")),
             "--host", host, "--port", str(port or run.value("vllm_server_port")),
-            "--dtype", DTYPES[bool(run.value("bf16")), bool(run.value("fp16"))],
+            "--dtype", training_dtype(run),
             "--tensor-parallel-size", str(run.value("vllm_tensor_parallel_size")),
             "--gpu-memory-utilization", str(run.value("vllm_gpu_memory_utilization")),
             "--seed", str(run.value("seed"))]

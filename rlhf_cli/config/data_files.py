@@ -17,6 +17,8 @@ from typing import Any
 ROWS_READ = 20
 WHOLE_JSON_LIMIT = 64 * 2**20  # a JSON file that is one document is parsed whole up to this size
 CHUNK = 2**20
+# The `datasets` builder that reads each local data file a recipe may name.
+DATA_SUFFIXES = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
 class DataFileError(ValueError):

@@ -12,6 +12,7 @@ import re
 
 from rlhf_cli.algorithms.spec import Algorithm, Values
 from rlhf_cli.architectures import ALL_LINEAR, Architecture, architecture, default_targets, peft_targets, targeted
+from rlhf_cli.config.generation import Gather, Generation
 from rlhf_cli.hub import ModelConfigUnavailable, read_config
 
 
@@ -31,7 +32,7 @@ def lora_problems(values: Values, entry: Algorithm, zero3: bool) -> list[str]:
     if not values("use_peft"):
         return []
     problems = []
-    if values("use_dora") and zero3 and values("ds3_gather_for_generation") is not True:
+    if values("use_dora") and zero3 and Generation.from_values(values).gather != Gather.whole:
         # Checked on 2 CPU ranks (PEFT 0.21.2, DeepSpeed 0.19.8, TRL 1.16, stock or with rlhf's no-gather fix):
         # DoRA's get_lora_weight reads lora_A.weight outside lora_A's forward, where ZeRO-3 has not gathered it.
         problems.append("`use_dora`: generating from ZeRO-3 shards, PEFT's DoRA crashes at the first training step "

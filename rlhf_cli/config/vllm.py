@@ -44,10 +44,11 @@ def _where(said: Said, name: str, value: Any) -> str:
     return found.format(value=value) if found else f"`{name}: {value}`"
 
 
-def vllm_problems(values: Values, said: Said, processes: int, cuda: bool,
-                  installed: tuple[str, str] | None | Callable[[], tuple[str, str] | None] = installed_vllm) -> list[str]:
+def vllm_problems(values: Values, said: Said, processes: int, cuda: bool, planning: bool = False,
+                  installed: Callable[[], tuple[str, str] | None] = installed_vllm) -> list[str]:
     """What stops a run with `use_vllm` before launch: the mode, the install, sleep mode without a GPU, tensor
-    parallelism that does not divide the processes, a model length shorter than prompt + completion."""
+    parallelism that does not divide the processes. `rlhf plan` plans for another machine as well: it skips what
+    depends on this one (the install, the GPU)."""
     mode = values("vllm_mode")
     problems = []
     if mode not in VLLM_MODES:
@@ -56,13 +57,13 @@ def vllm_problems(values: Values, said: Said, processes: int, cuda: bool,
         problems.append(f"{_where(said, 'vllm_mode', mode)}: not a vLLM mode; {hint}use colocate or server")
     if not values("use_vllm"):
         return problems
-    found = installed() if callable(installed) else installed
+    found = None if planning else installed()
     where = f"--vllm {mode}" if (said("use_vllm") or "").startswith("--vllm") else _where(said, "use_vllm", "true")
-    if found is None:
+    if found is None and not planning:
         problems.append(f"{where}: vLLM is not installed; install it with {INSTALL}")
-    else:
+    elif found is not None:
         problems += _version_problems(where, *found)
-    if values("vllm_enable_sleep_mode") and not cuda:
+    if values("vllm_enable_sleep_mode") and not cuda and not planning:
         problems.append(f"{_where(said, 'vllm_enable_sleep_mode', 'true')}: vLLM sleeps only on CUDA, ROCm or XPU "
                         "GPUs (its CPU build refuses sleep mode) and this machine has none; set it to false")
     tensor_parallel = values("vllm_tensor_parallel_size")

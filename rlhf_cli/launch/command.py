@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhf_cli.config.resolve import ResolvedRun
+from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.run_dir import OUTPUT_MODE_ENV, RUN_DIR_ENV, RunDir
 
 # Seconds the ranks get to checkpoint after a preemption signal before torch's agent kills them.

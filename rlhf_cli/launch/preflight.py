@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 
-from rlhf_cli.config.resolve import ResolvedRun
+from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.launch.command import launch_command
 from rlhf_cli.run_dir import PREFLIGHT_STEP_MARK

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from rlhf_cli.config.resolve import ResolvedRun
+from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.errors import OutputDirError
 from rlhf_cli.launch.command import launch_command, launch_script, machine_rank, run_files_dir
 from rlhf_cli.launch.faults import Failure, PlanNeeds, explain, free_space

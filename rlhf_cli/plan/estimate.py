@@ -17,9 +17,10 @@ from typing import Any
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.architectures import peft_targets
 from rlhf_cli.config.accelerate import is_zero3
-from rlhf_cli.config.resolve import ResolvedRun
+from rlhf_cli.config.generation import Gather
+from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.errors import PlanError
-from rlhf_cli.gather_budget import Budget, parse_budget, ranked
+from rlhf_cli.gather_budget import Budget, ranked
 from rlhf_cli.hub import ModelConfigUnavailable, read_config
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.gpus import Hardware, detect_hardware
@@ -353,11 +354,9 @@ def suggestions(inputs: _Inputs, columns: list[Column], candidate: Candidate) ->
 
 def _run_candidate(run: ResolvedRun, gather: bool) -> Candidate:
     deepspeed = run.accelerate.get("deepspeed_config") or {}
-    given = run.value("gather_budget")
-    budget = parse_budget(given) if given is not None and not gather else None  # resolution checked it
+    budget = None if gather else run.generation.gather.budget
     return Candidate(gather, deepspeed.get("offload_optimizer_device") or "none",
-                     deepspeed.get("offload_param_device") or "none", budget if budget and not budget.nothing else None,
-                     lora=bool(run.value("use_peft")))
+                     deepspeed.get("offload_param_device") or "none", budget, lora=bool(run.value("use_peft")))
 
 
 def _largest_budget(inputs: _Inputs, gathered: Candidate) -> Candidate:
@@ -398,9 +397,9 @@ def plan_run(run: ResolvedRun) -> Plan:
     inputs = _inputs(run)
     if isinstance(inputs, str):
         return Plan(False, why_unknown=inputs)
-    gather = run.value("ds3_gather_for_generation")
-    own = [_run_candidate(run, True), _run_candidate(run, False)] if gather == "auto" else \
-        [_run_candidate(run, bool(gather))]
+    gather = run.generation.gather
+    own = [_run_candidate(run, True), _run_candidate(run, False)] if gather == Gather.auto else \
+        [_run_candidate(run, gather == Gather.whole)]
     chosen = own[0] if len(own) == 1 else _largest_budget(inputs, own[0])
     candidates = [Candidate(g, optimizer, params) for g in (True, False) for optimizer, params in OFFLOADS]
     candidates += [Candidate(g, optimizer, params, lora=True) for g in (True, False)
@@ -427,7 +426,7 @@ def planned(run: ResolvedRun) -> tuple[ResolvedRun, Plan]:
 def settle_gather(run: ResolvedRun, plan: Plan) -> ResolvedRun:
     """`gather: auto` becomes true or false: the plan's choice (gather when it fits with the margin, else the
     largest gather budget that fits, else no-gather), with the reason as the value's source. Errors name the fix."""
-    if run.value("ds3_gather_for_generation") != "auto":
+    if run.generation.gather != Gather.auto:
         return run
     if not plan.known:
         raise PlanError(f"gather: auto needs a memory plan, and there is none: {plan.why_unknown}; "
@@ -446,6 +445,6 @@ def settle_gather(run: ResolvedRun, plan: Plan) -> ResolvedRun:
     why = f"gathering needs {gib(gathered.peak)} of {memory_text}"
     if chosen.budget is not None:
         why += f"; gathering {chosen.budget} of the policy needs {gib(plan.chosen.peak)}"
-        run = run.with_setting("gather_budget", chosen.budget.fraction, f"rlhf plan: {why}")
-    return run.with_setting("ds3_gather_for_generation", chosen.gather, f"rlhf plan: {why}",
-                            f"gather: auto -> {chosen.mode}; {why}")
+    gather = Gather.whole if chosen.gather else Gather.shards if chosen.budget is None else Gather.of(chosen.budget)
+    return run.with_generation(replace(run.generation, gather=gather), f"rlhf plan: {why}",
+                               f"gather: auto -> {chosen.mode}; {why}")

@@ -48,8 +48,8 @@ def main(argv: list[str]) -> int:
         from rlhf_cli.rank.record import write_rank_record, write_summary
         from rlhf_cli.rank.zero3 import install_generation_context
 
-        install_generation_context(required=inputs.trainer.get("ds3_gather_for_generation") is False,
-                                   budget=inputs.gather_budget())
+        gather = inputs.generation().gather
+        install_generation_context(required=gather.through_shards, budget=gather.budget)
         if inputs.trainer.get("use_vllm"):
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KVCACHE_GIB)  # vLLM's CPU default: 4 GiB a rank
         trainer = load_object(algorithm(name).builder)(inputs)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlhf_cli.algorithms import algorithm
+from rlhf_cli.algorithms.spec import load_object
 from rlhf_cli.rank.inputs import RankInputs, load_prompts, reward_funcs, reward_functions
 from rlhf_cli.rank.lora import adapt_ppo_models, peft_config
 from rlhf_cli.rank.zero3 import apply_zero3_settings
@@ -36,7 +38,7 @@ def _install_vllm(config: Any, inputs: RankInputs) -> None:
     saved = json.loads(config_file.read_text()) if config_file.is_file() else {}
     dtype = training_dtype(config.bf16, config.fp16, config.model_init_kwargs.get("dtype"),
                            saved.get("dtype") or saved.get("torch_dtype"))
-    install_vllm(gather=config.ds3_gather_for_generation, budget=inputs.gather_budget(), dtype=dtype)
+    install_vllm(gather=config.ds3_gather_for_generation, budget=inputs.generation().gather.budget, dtype=dtype)
 
 
 def _note_causal_lm_reward(inputs: RankInputs) -> None:
@@ -48,25 +50,16 @@ def _note_causal_lm_reward(inputs: RankInputs) -> None:
         note_untrained_head(path, "reward model", inputs.model_init_kwargs().get("revision"))
 
 
-def _build_generating(config_class: type, trainer_class: type, inputs: RankInputs) -> Any:
-    """TRL's generating trainers that load the policy (and a reference, when beta is not 0) from its path."""
-    config = _config(config_class, inputs)
+def build_trl_generating(inputs: RankInputs) -> Any:
+    """TRL's generating trainers that load the policy (and a reference, when beta is not 0) from its path (RLOO,
+    GRPO): the registry entry's `config_class` and `trainer_class`."""
+    entry = algorithm(inputs.algorithm)
+    config = _config(load_object(entry.config_class), inputs)
     _note_causal_lm_reward(inputs)
     train, evaluation = load_prompts(inputs)
+    trainer_class = load_object(entry.trainer_class)
     return trainer_class(model=inputs.model_value("model_name_or_path"), reward_funcs=reward_funcs(inputs),
                          args=config, train_dataset=train, eval_dataset=evaluation, peft_config=peft_config(inputs))
-
-
-def build_rloo(inputs: RankInputs) -> Any:
-    from trl import RLOOConfig, RLOOTrainer
-
-    return _build_generating(RLOOConfig, RLOOTrainer, inputs)
-
-
-def build_grpo(inputs: RankInputs) -> Any:
-    from trl import GRPOConfig, GRPOTrainer
-
-    return _build_generating(GRPOConfig, GRPOTrainer, inputs)
 
 
 def build_online_dpo(inputs: RankInputs) -> Any:
@@ -139,4 +132,5 @@ def build_ppo(inputs: RankInputs) -> Any:
     train, _ = load_prompts(inputs)
     return PPOTrainer(args=config, processing_class=tokenizer, policy=policy, ref_policy=reference,
                       value_model=value, reward_model=reward, reward_funcs=reward_functions(inputs),
-                      train_dataset=_tokenize_prompts(train, tokenizer), gather_budget=inputs.gather_budget())
+                      train_dataset=_tokenize_prompts(train, tokenizer),
+                      gather_budget=inputs.generation().gather.budget)

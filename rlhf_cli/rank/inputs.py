@@ -13,8 +13,8 @@ from typing import Any
 import yaml
 
 from rlhf_cli.config.fields import catalogue
-from rlhf_cli.config.resolve import DATA_SUFFIXES
-from rlhf_cli.gather_budget import Budget, parse_budget
+from rlhf_cli.config.generation import Generation
+from rlhf_cli.config.data_files import DATA_SUFFIXES
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,9 @@ class RankInputs:
             groups[fields[name].group][name] = value
         return cls(algorithm, groups["script"], groups["model"], groups["trainer"], groups["zero3"], groups["launch"])
 
-    def gather_budget(self) -> Budget | None:
-        """The budget to gather for each generation call, when the recipe sets one (resolution checked it)."""
-        value = self.launch.get("gather_budget")
-        return None if value is None else parse_budget(value)
+    def generation(self) -> Generation:
+        """How the policy generates, from the resolved recipe's keys (resolution checked them)."""
+        return Generation.from_values(lambda name: {**self.trainer, **self.launch}.get(name))
 
     def script_value(self, name: str) -> Any:
         return self.script.get(name, catalogue(self.algorithm)[name].default)

@@ -1,0 +1,123 @@
+"""The layers of a run, in precedence order: the recipe, then a scheduler's environment, then the command line.
+
+Each key is mapped to today's field (renamed, aliased, or refused with why), typed, located, and recorded with the
+place that set it; a key set twice in one layer is a problem, a later layer beats an earlier one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlhf_cli.algorithms import ALGORITHMS, algorithm
+from rlhf_cli.config.cluster import detect_layout
+from rlhf_cli.config.draft import Draft, suggest
+from rlhf_cli.config.fields import FieldTypeError, catalogue, coerce, snapshot_list
+from rlhf_cli.config.locate import locate
+from rlhf_cli.config.recipe import Recipe
+from rlhf_cli.config.run import Setting
+
+# The flag that sets each key the environment may fill in.
+_FLAG_NAMES = {"num_machines": "--num-machines", "machine_rank": "--machine-rank",
+               "main_process_ip": "--main-process-ip", "main_process_port": "--main-process-port",
+               "num_processes": "--num-processes"}
+# Short names people type, resolved to the field they stand for.
+ALIASES = {"gather": "ds3_gather_for_generation"}
+
+
+def canonical(draft: Draft, key: str, where: str) -> str | None:
+    """Today's field for `key`, or None after recording why it cannot be used."""
+    entry = algorithm(draft.request.algorithm)
+    if key in entry.renamed:  # also a key TRL declares but never reads
+        today = entry.renamed[key]
+        draft.notes.append(f"{where}: `{key}` is the old name of `{today}`; using it as `{today}`")
+        return today
+    if key in ALIASES:
+        return ALIASES[key]
+    if key in draft.fields:
+        return key
+    owners = [other.command for other in ALGORITHMS.values() if key in catalogue(other.name)]
+    if key in entry.retired:
+        of = f" (a {' and '.join(owners)} key)" if owners else ""
+        draft.problems.append(f"{where}: `{key}`{of} has no counterpart in today's {entry.command}: "
+                              f"{entry.retired[key]}")
+        return None
+    if owners:
+        draft.problems.append(f"{where}: `{key}` is a {' and '.join(owners)} key, not one of {entry.command}; "
+                              f"remove it or run `rlhf {owners[0]}`")
+        return None
+    if key in snapshot_list(draft.request.algorithm, "accelerate_launch_options"):
+        draft.problems.append(f"{where}: `{key}` is an option of `accelerate launch` (`trl {entry.command} "
+                              "--config` passes it on); rlhf takes it from the accelerate config: put it in a "
+                              "file given to --accelerate-config")
+        return None
+    names = sorted(set(draft.fields) | set(ALIASES))
+    draft.problems.append(f"{where}: unknown key `{key}`{suggest(key, names)}")
+    return None
+
+
+def put(draft: Draft, key: str, raw: Any, source: str, where: str, base_dirs: tuple[Path, ...]) -> None:
+    """Set one key from one layer (the recipe, or the command line); later layers win."""
+    name = canonical(draft, key, where)
+    if name is None:
+        return
+    layer = "recipe" if source == "recipe" else "command line"
+    if name in draft.layers and draft.layers[name][0] == layer:
+        what = f"`{name}` is set" if key == name else f"`{key}` sets `{name}`"
+        draft.problems.append(f"{where}: {what} again (already set by {draft.layers[name][1]}); keep one")
+        return
+    draft.layers[name] = (layer, where)
+    try:
+        value = coerce(draft.fields[name], raw)
+    except FieldTypeError as error:
+        draft.problems.append(f"{where}: `{key}`: {error}")
+        draft.refused.add(name)
+        draft.settings.pop(name, None)  # an earlier layer's value is not the one asked for either
+        return
+    draft.refused.discard(name)
+    found = len(draft.problems)
+    draft.settings[name] = Setting(locate(draft, draft.fields[name], value, where, base_dirs), source)
+    if len(draft.problems) > found:  # a path not found, a bad entry: later checks must not judge it again
+        draft.refused.add(name)
+
+
+def apply_recipe(draft: Draft, recipe: Recipe) -> None:
+    bases = (recipe.path.parent, draft.cwd)
+    for key, value in recipe.values.items():
+        put(draft, key, value, "recipe", recipe.where(key), bases)
+
+
+def apply_environment(draft: Draft, environ: Mapping[str, str]) -> None:
+    """A scheduler's layout (SLURM, torchrun-style) beats the recipe's; flags still beat it."""
+    layout = detect_layout(environ)
+    for name, (text, variable) in layout.values.items():
+        try:
+            draft.settings[name] = Setting(coerce(draft.fields[name], text), f"env {variable}")
+        except FieldTypeError as error:
+            draft.problems.append(f"{variable}={text}: `{name}`: {error}; fix the job's variables or pass "
+                                  f"{_FLAG_NAMES[name]}")
+            draft.refused.add(name)
+    draft.notes.extend(layout.notes)
+
+
+def apply_command_line(draft: Draft) -> None:
+    bases = (draft.cwd,)
+    for name, (flag, value) in draft.request.flags.items():
+        put(draft, name, value, f"flag {flag}", flag, bases)
+    for pair in draft.request.sets:
+        key, sep, text = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            draft.problems.append(f"--set {pair}: expected KEY=VALUE")
+            continue
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as error:
+            problem = getattr(error, "problem", None) or "not valid YAML"
+            draft.problems.append(f"--set {key}: {text!r} is not valid YAML ({problem}); to give it as text, "
+                                  f"quote it: --set \"{key}='{text}'\"")
+            continue
+        put(draft, key, value, "--set", f"--set {key}", bases)

@@ -1,0 +1,293 @@
+"""Checks of the whole run, once every layer is in: what is required, what must agree, what must exist.
+
+Each adds its problems (or notes) to the draft; none stops at the first, so the user sees every problem at once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rlhf_cli.algorithms import algorithm
+from rlhf_cli.checkpoints import incomplete_reason, newest_complete_checkpoint
+from rlhf_cli.config.accelerate import is_zero3, zero_stage
+from rlhf_cli.config.checks import check_model_config, check_reward_model, cross_field_problems
+from rlhf_cli.config.data_files import READERS, DataFileError, check_prompts
+from rlhf_cli.config.draft import Draft, Refused
+from rlhf_cli.config.lora import lora_problems
+from rlhf_cli.config.vllm import length_problems, vllm_problems
+from rlhf_cli.config.locate import DATA_BUILDERS, MODEL_FIELDS
+from rlhf_cli.config.paths import path_state, writable_dir_problem
+from rlhf_cli.config.run import RESUME_AUTO, Setting
+from rlhf_cli.gather_budget import BudgetError, parse_budget
+from rlhf_cli.run_dir import MANIFEST, RunDir
+from rlhf_cli.sizes import SizeError, parse_size
+
+# The trainers' collective timeout, unless the recipe sets one: a backstop for what the stall watch does not judge
+# (a rank hung while loading or saving), long enough for the saves and loads that make the others wait.
+COLLECTIVE_TIMEOUT_FACTOR = 5
+
+
+def check_required(draft: Draft) -> None:
+    if "model_name_or_path" not in draft.settings:
+        draft.problems.append("no policy model: set `model_name_or_path` in the recipe or pass --model")
+    if "dataset_name" not in draft.settings and not draft.value("datasets") and "datasets" not in draft.refused:
+        draft.problems.append("no dataset: set `dataset_name` in the recipe or pass --dataset")
+    if not draft.value("reward_model_name_or_path") and not draft.value("reward_funcs"):
+        draft.problems.append(
+             "no reward: set `reward_model_name_or_path` (or --reward-model) and/or `reward_funcs`")
+
+
+def settle_gather_budget(draft: Draft) -> None:
+    """`gather_budget` and `gather` say one thing: a budget of the whole policy is gather, any other no-gather
+    (TRL's path; the ranks gather the budget's part themselves). When both are set, the command line beats
+    the recipe; set in one place, they must agree (`--gather` is the budget 1, `--no-gather` the budget 0)."""
+    setting = draft.settings.get("gather_budget")
+    if setting is None or setting.value is None:
+        return
+    where = draft.layers["gather_budget"][1]
+    try:
+        budget = parse_budget(setting.value)
+    except BudgetError as error:
+        draft.problems.append(f"{where}: `gather_budget`: {error}")
+        draft.refused.add("gather_budget")
+        return
+    draft.settings["gather_budget"] = Setting(budget.fraction if budget.fraction is not None else setting.value,
+                                              setting.source)
+    gather = draft.settings.get("ds3_gather_for_generation")
+    agrees = gather is not None and gather.value is (True if budget.whole else False if budget.nothing else None)
+    if gather is None or agrees or draft.outranks("gather_budget", "ds3_gather_for_generation"):
+        draft.settings["ds3_gather_for_generation"] = Setting(budget.whole, f"gather_budget {budget}")
+    elif draft.outranks("ds3_gather_for_generation", "gather_budget"):
+        del draft.settings["gather_budget"]
+        draft.notes.append(f"{draft.layers['ds3_gather_for_generation'][1]} overrides the recipe's "
+                           f"gather_budget {budget}")
+    else:
+        meaning = {True: "gather: true is the budget 1", False: "gather: false is the budget 0",
+                   "auto": "gather: auto lets the plan choose the budget"}[gather.value]
+        draft.problems.append(f"{where}: gather_budget {budget} contradicts "
+                              f"{draft.layers['ds3_gather_for_generation'][1]} ({meaning}); keep one")
+
+
+def check_gpu_memory(draft: Draft) -> None:
+    if draft.value("gpu_memory") is not None:
+        try:
+            parse_size(draft.value("gpu_memory"))
+        except SizeError as error:
+            draft.problems.append(f"{draft.layers['gpu_memory'][1]}: `gpu_memory`: {error}")
+
+
+def check_stall_timeout(draft: Draft) -> None:
+    """Its range is in rlhf_cli/schema/ranges.yaml; a collective timeout of the recipe's own may undercut it."""
+    timeout = draft.value("stall_timeout")
+    if "ddp_timeout" in draft.settings and draft.value("ddp_timeout") <= timeout:
+        draft.notes.append(f"warning: ddp_timeout {draft.value('ddp_timeout')} is not above stall_timeout "
+                           f"{timeout:g}: a collective may time out before the stall watch names the stalled rank")
+
+
+def default_output_dir(draft: Draft) -> None:
+    if draft.value("output_dir") is None:  # unset, or `output_dir: null`
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        path = draft.cwd / "runs" / f"{draft.request.algorithm.replace('_', '-')}-{stamp}"
+        draft.settings["output_dir"] = Setting(str(path), "default")
+
+
+def find_resume_point(draft: Draft) -> None:
+    """`auto`: the newest whole checkpoint in the output dir; a given one: check that it is whole."""
+    setting = draft.settings.get("resume_from_checkpoint")
+    if setting is None or setting.value is None or {"resume_from_checkpoint", "output_dir"} & draft.refused:
+        return
+    if setting.value != RESUME_AUTO:
+        checkpoint = Path(setting.value)
+        reason = incomplete_reason(checkpoint)
+        if reason and (checkpoint / MANIFEST).is_file():  # a save that finished, damaged since
+            draft.problems.append(f"--resume {setting.value}: {reason}; pass an earlier checkpoint")
+        elif reason:  # a checkpoint rlhf did not write, or one whose save never finished: the user's call
+            draft.notes.append(f"warning: --resume {setting.value}: {reason}; resuming from it as given")
+        return
+    if draft.settings["output_dir"].source == "default":
+        draft.problems.append("--resume auto looks for checkpoints in the output dir, and the default "
+                              "runs/ALGO-TIME is new every time: pass --output-dir DIR")
+        return
+    output_dir = Path(draft.value("output_dir"))
+    point = newest_complete_checkpoint(output_dir)
+    draft.notes.extend(f"warning: --resume auto: skipping {line}" for line in point.skipped)
+    if point.checkpoint is None:
+        draft.notes.append(f"--resume auto: no complete checkpoint in {output_dir}; starting from the beginning")
+        draft.settings["resume_from_checkpoint"] = Setting(None, f"{setting.source} auto: nothing to resume")
+    else:
+        draft.notes.append(f"--resume auto: continuing from {point.checkpoint}")
+        draft.settings["resume_from_checkpoint"] = Setting(str(point.checkpoint), f"{setting.source} auto")
+
+
+def check_output_dir(draft: Draft) -> None:
+    """A directory this machine can write (made if missing); machine rank 0's must not hold a run already."""
+    setting = draft.settings["output_dir"]
+    flag = draft.layers.get("output_dir", ("", "`output_dir`"))[1]
+    problem = writable_dir_problem(Path(setting.value), may_create=True) if setting.value.strip() \
+        else "is empty; give a directory"
+    if problem:
+        draft.problems.append(f"{flag}: output dir {problem}")
+        return
+    resuming = "resume_from_checkpoint" in draft.settings  # also `--resume auto` with nothing to resume yet
+    if (draft.value("machine_rank") or 0) > 0:
+        return  # machine rank 0 owns the output dir; the others join its run
+    output_dir = Path(setting.value)
+    if path_state(RunDir(output_dir).recipe).exists and not (draft.request.overwrite or resuming):
+        draft.problems.append(
+             f"output dir {output_dir} already holds a run; choose another --output-dir or pass --overwrite")
+
+
+def check_nvme_path(draft: Draft) -> None:
+    """DeepSpeed swaps into it: a directory it can write."""
+    path = draft.value("nvme_path")
+    if path is not None and path_state(Path(path)).kind == "dir":  # else reported as not found
+        problem = writable_dir_problem(Path(path), may_create=False)
+        if problem:
+            draft.problems.append(f"{draft.layers['nvme_path'][1]}: `nvme_path`: {problem}")
+
+
+def check_models(draft: Draft) -> None:
+    for name in MODEL_FIELDS:
+        if name in draft.fields and name not in draft.refused:
+            check_model_config(name, draft.value(name), draft.layers.get(name, ("", ""))[1], draft.problems)
+    if "reward_model_name_or_path" not in draft.refused:
+        check_reward_model(draft.value("reward_model_name_or_path"), draft.problems)
+
+
+def check_data(draft: Draft) -> None:
+    """The first rows of each local prompt file parse and hold the prompt column."""
+    column = draft.value("dataset_prompt_column")
+    files: list[tuple[str, Path, Any]] = []
+    name = draft.value("dataset_name")
+    if isinstance(name, str) and Path(name).is_absolute() and Path(name).suffix in READERS:
+        files.append((draft.layers["dataset_name"][1], Path(name), None))
+    for index, entry in enumerate(draft.value("datasets") or []):
+        if isinstance(entry, dict):
+            where = f"{draft.layers['datasets'][1]}: `datasets[{index}]`"
+            files += [(where, path, entry.get("columns")) for path in _entry_files(entry)]
+    for where, path, columns in files:
+        if path_state(path).kind == "file":
+            try:
+                check_prompts(path, column, columns)
+            except DataFileError as error:
+                draft.problems.append(f"{where}: {error}")
+
+
+def check_mixture(draft: Draft) -> None:
+    """TRL's rules for `fraction` in a dataset mixture, which it checks only while loading, on every rank."""
+    entries = [entry for entry in draft.value("datasets") or [] if isinstance(entry, dict)]
+    given = [entry.get("fraction") is not None for entry in entries]
+    if "datasets" in draft.refused or not any(given):
+        return
+    where = draft.layers["datasets"][1]
+    if not all(given):
+        draft.problems.append(f"{where}: `datasets`: `fraction` is set for some datasets of the mixture and not "
+                              "for others; set it for all of them or for none")
+    elif draft.value("streaming"):
+        draft.problems.append(f"{where}: `datasets`: `fraction` cannot be used with `streaming: true` (a stream's "
+                              "length is unknown); drop one")
+
+
+def check_deepspeed_field(draft: Draft, accelerate: dict[str, Any]) -> None:
+    """TrainingArguments' own `deepspeed` setting must not contradict the accelerate config rlhf launches with."""
+    value = draft.value("deepspeed")
+    if value is None or "deepspeed" in draft.refused:
+        return
+    where = draft.layers["deepspeed"][1]
+    stage = _deepspeed_stage(value)
+    launched = zero_stage(accelerate)
+    if stage is None:
+        draft.problems.append(f"{where}: `deepspeed`: not a DeepSpeed config (a JSON file or a mapping with "
+                              "zero_optimization.stage); rlhf configures DeepSpeed itself: remove the key")
+    elif stage != launched:
+        said = f"ZeRO stage {launched}" if launched is not None else "no DeepSpeed"
+        draft.problems.append(f"{where}: `deepspeed` asks for ZeRO stage {stage}, the accelerate config for "
+                              f"{said}; remove `deepspeed` (rlhf sets DeepSpeed up from the accelerate config "
+                              "and the offload flags)")
+
+
+def _entry_files(entry: dict[str, Any]) -> list[Path]:
+    """The local data files of one mixture entry: its path, or its data_files under a json/csv/parquet builder."""
+    path = Path(entry["path"])
+    if path.is_absolute() and path.suffix in READERS:
+        return [path]
+    files = entry.get("data_files") if entry["path"] in DATA_BUILDERS else None
+    found: list[str] = []
+    pending = [files]
+    while pending:
+        part = pending.pop()
+        if isinstance(part, dict):
+            pending += list(part.values())
+        elif isinstance(part, list):
+            pending += part
+        elif isinstance(part, str):
+            found.append(part)
+    return [Path(part) for part in found if Path(part).is_absolute() and Path(part).suffix in READERS]
+
+
+def _deepspeed_stage(value: Any) -> int | None:
+    """The ZeRO stage of TrainingArguments' `deepspeed` value (a path to a JSON file, or a mapping)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(Path(value).read_text())
+        except (OSError, ValueError):
+            return None
+    stage = value.get("zero_optimization", {}).get("stage", 0) if isinstance(value, dict) else None
+    return stage if isinstance(stage, int) else None
+
+
+def check_cpu_and_lora(draft: Draft, cpu_only: bool) -> None:
+    """fp16 without a GPU, and LoRA flags given while LoRA is off: both would change nothing the user wants."""
+    if cpu_only and draft.value("fp16") is True and draft.value("bf16") is not True:  # both: said elsewhere
+        said = (draft.said("fp16") or "`fp16: {value}`").format(value="true")
+        draft.problems.append(f"{said}: fp16 needs a GPU and this machine has none; set bf16: true (the CPU "
+                              "has bf16) or neither")
+    for name, flag in (("lora_r", "--lora-r {value}"), ("merge_adapter", "--merge-adapter")):
+        setting = draft.settings.get(name)
+        if setting is not None and setting.source.startswith("flag ") and draft.value("use_peft") is not True:
+            draft.problems.append(f"{flag.format(value=setting.value)}: LoRA is off (`use_peft` is not true), so "
+                                  "it would change nothing; add --lora")
+
+
+def check_across_fields(draft: Draft, accelerate: dict[str, Any], cpu_only: bool) -> None:
+    """The rules between fields: the catalogue's, the algorithm's own (with the process count), LoRA's, vLLM's."""
+    entry = algorithm(draft.request.algorithm)
+    processes = int(accelerate.get("num_processes") or 1)
+    name = draft.value("dataset_name")
+    prompt_file = Path(name) if isinstance(name, str) and Path(name).is_absolute() and Path(name).is_file() else None
+    for check in (lambda values: cross_field_problems(values, draft.fields),
+                  lambda values: entry.checks(values, processes),
+                  lambda values: lora_problems(values, entry, is_zero3(accelerate)),
+                  lambda values: vllm_problems(values, draft.said, processes, cuda=not cpu_only,
+                                               planning=draft.request.planning),
+                  lambda values: length_problems(values, entry.completion_field, prompt_file,
+                                                 draft.value("dataset_prompt_column"))):
+        try:
+            draft.problems += check(draft.given)
+        except Refused:
+            pass  # judged once the refused value is fixed
+
+
+def completed_settings(draft: Draft, accelerate: dict[str, Any], cpu_only: bool) -> dict[str, Setting]:
+    """The settings as they will run: the values rlhf chooses when the recipe does not (each with why)."""
+    settings = dict(draft.settings)
+    if "num_gpus" in settings:  # num_processes follows: the written recipe must agree with itself
+        settings["num_processes"] = Setting(accelerate.get("num_processes"), "num_gpus x num_machines")
+    settings.setdefault("ds3_gather_for_generation",
+                        Setting(draft.fields["ds3_gather_for_generation"].default, "default"))
+    settings.setdefault("ddp_timeout", Setting(round(COLLECTIVE_TIMEOUT_FACTOR * draft.value("stall_timeout")),
+                                               f"rlhf: {COLLECTIVE_TIMEOUT_FACTOR} x stall_timeout"))
+    if cpu_only:  # DeepSpeed's CPU path: fp32 (TRL turns bf16 on by default) over gloo
+        reason = "rlhf: no CUDA on this machine"
+        cpu_defaults = (("bf16", False), ("fp16", False), ("ddp_backend", "gloo"), ("dataloader_pin_memory", False))
+        for name, value in cpu_defaults:
+            settings.setdefault(name, Setting(value, reason))
+        draft.notes.append("no CUDA here: the ranks run on DeepSpeed's CPU path (DS_ACCELERATOR=cpu, gloo)")
+        if settings["bf16"].value and "use_cpu" not in settings:
+            # transformers checks bf16 against the GPU unless told the run is on the CPU, where torch has bf16 too
+            settings["use_cpu"] = Setting(True, "rlhf: bf16 without CUDA trains on the CPU")
+            draft.notes.append("no CUDA here: bf16 as asked, on the CPU (use_cpu: true)")
+    return settings

@@ -1,0 +1,61 @@
+"""`--vllm` and TRL's vLLM keys in resolution: the flags set TRL's keys with a flag's precedence, every training
+command and `rlhf plan` take them, and the plan (which may plan for another machine) does not ask for vLLM here.
+Refusals are in tests/test_bad_inputs.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import RECIPES
+
+COMMANDS = ("ppo", "rloo", "grpo", "online-dpo")
+
+
+@pytest.fixture
+def vllm_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM 0.30.0 as package metadata shows it (the CLI never imports vLLM)."""
+    metadata = tmp_path / "site" / "vllm-0.30.0.dist-info" / "METADATA"
+    metadata.parent.mkdir(parents=True)
+    metadata.write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.30.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+
+
+def _trainer(cli, command: str, *args: str) -> dict:
+    name = command.replace("-", "_")
+    result = cli(command, "-r", f"{name}/smoke", *args, "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output[result.output.index("{"):])["trainer"]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_vllm_flag_sets_trls_keys(cli, vllm_installed, command: str) -> None:
+    trainer = _trainer(cli, command, "--vllm", "server", "--set", "vllm_server_port=8123")
+    assert trainer["use_vllm"] is True and trainer["vllm_mode"] == "server"
+    assert trainer["vllm_server_port"] == 8123
+
+
+def test_no_vllm_beats_the_recipes_use_vllm(cli, vllm_installed, tmp_path: Path) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text((RECIPES / "grpo" / "smoke.yaml").read_text().replace("../smoke", str(RECIPES / "smoke"))
+                      + "use_vllm: true\nvllm_mode: colocate\n")
+    result = cli("grpo", "-r", str(recipe), "--no-vllm", "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output[result.output.index("{"):])["trainer"]["use_vllm"] is False
+    result = cli("grpo", "-r", str(recipe), "--dry-run", "--json")
+    assert json.loads(result.output[result.output.index("{"):])["trainer"]["use_vllm"] is True
+
+
+def test_the_plan_takes_vllm_without_vllm_installed_here(cli) -> None:
+    # planned for a GPU machine from one without vLLM (or without a GPU: sleep mode is that machine's business)
+    result = cli("plan", "grpo", "-r", "grpo/smoke", "--vllm", "colocate", "--set", "vllm_enable_sleep_mode=true")
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("command", (*COMMANDS, "plan"))
+def test_every_training_command_and_the_plan_list_the_vllm_flags(cli, command: str) -> None:
+    result = cli(command, "--help") if command != "plan" else cli("plan", "grpo", "--help")
+    text = " ".join(result.output.split())
+    assert "--vllm" in text and "--no-vllm" in text
