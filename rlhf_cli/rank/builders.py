@@ -143,4 +143,5 @@ def build_ppo(inputs: RankInputs) -> Any:
     train, _ = load_prompts(inputs)
     return PPOTrainer(args=config, processing_class=tokenizer, policy=policy, ref_policy=reference,
                       value_model=value, reward_model=reward, reward_funcs=reward_functions(inputs),
-                      train_dataset=_tokenize_prompts(train, tokenizer))
+                      train_dataset=_tokenize_prompts(train, tokenizer),
+                      gather_budget=inputs.generation().gather.budget)

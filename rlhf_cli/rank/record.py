@@ -32,6 +32,8 @@ def write_rank_record(trainer: Any) -> Path:
         },
         "phase_memory": PhaseMemory.active.record() if PhaseMemory.active else None,  # RLHF_PROBE_CUDA_MEMORY
         "vllm_sync": _vllm_syncs(),  # seconds, peak_bytes, buckets, limit_numel, full_bytes of each sync
+        # PPO's vLLM rollouts (rlhf_cli/rank/ppo/vllm_rollouts.py): each generation call's seconds
+        "vllm_generation_seconds": trainer.vllm.generation_seconds if getattr(trainer, "vllm", None) else None,
     }
     path = RunDir(Path(trainer.args.output_dir)).rank_record(accelerator.process_index)
     path.parent.mkdir(parents=True, exist_ok=True)

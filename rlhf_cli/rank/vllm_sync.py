@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,15 +99,17 @@ def vllm_name(name: str) -> str | None:
     return name
 
 
-def sync_weights(model: Any, llm: Any, limit: SyncLimit) -> dict[str, Any]:
+def sync_weights(model: Any, llm: Any, limit: SyncLimit, reload: Callable[[Any, Any], None] | None = None,
+                 reset: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """Send every weight of `model` (ZeRO-3 partitioned or not, with or without LoRA) into the colocated `llm`,
-    a bucket of units at a time; every rank takes part (gathering is a collective). Returns the sync's record."""
+    a bucket of units at a time; every rank takes part (gathering is a collective). Returns the sync's record.
+    `reload(llm, weights)` and `reset(llm)` hand the weights over elsewhere (a vLLM server: rank/vllm_server.py)."""
     started = time.perf_counter()
     units = policy_units(model)
     packed = buckets([unit.unit.numel for unit in units], limit.numel)
     measure = GatheredBytes(model)
-    compat.vllm_reload_weights(llm, _bucket_weights(model, units, packed, measure))
-    compat.vllm_reset_prefix_cache(llm)
+    (reload or compat.vllm_reload_weights)(llm, _bucket_weights(model, units, packed, measure))
+    (reset or compat.vllm_reset_prefix_cache)(llm)
     record = {"seconds": time.perf_counter() - started, "peak_bytes": measure.peak, "buckets": len(packed),
               "limit_numel": limit.numel, "full_bytes": measure.full}
     SyncLog.add(record)

@@ -20,6 +20,7 @@ from transformers import PreTrainedTokenizerBase, Trainer, TrainerState, set_see
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 
 from rlhf_cli import compat
+from rlhf_cli.gather_budget import Budget
 from rlhf_cli.rank.ppo import core, saving
 from rlhf_cli.rank.ppo.config import PPOConfig
 from rlhf_cli.rank.ppo.modules import (
@@ -38,7 +39,7 @@ RANK_SEED_STRIDE = 100003  # rank r samples with seed + r x this prime, as TRL's
 class PPOTrainer(Trainer):
     def __init__(self, args: PPOConfig, processing_class: PreTrainedTokenizerBase, policy: nn.Module,
                  ref_policy: nn.Module | None, value_model: nn.Module, reward_model: nn.Module | None,
-                 reward_funcs: list[Callable], train_dataset: Any) -> None:
+                 reward_funcs: list[Callable], train_dataset: Any, gather_budget: Budget | None = None) -> None:
         if args.stop_token is not None and args.stop_token_id is not None:
             raise ValueError(f"`stop_token` ({args.stop_token}) and `stop_token_id` ({args.stop_token_id}) are both "
                              "set; keep one")
@@ -86,6 +87,12 @@ class PPOTrainer(Trainer):
         for frozen in (self.ref_policy, self.reward_model):
             if frozen is not None:
                 frozen.eval()
+        self.vllm = None  # rollouts from vLLM (`use_vllm`), its weights refreshed after every update
+        if args.use_vllm:
+            from rlhf_cli.rank.ppo.vllm_rollouts import VLLMRollouts
+
+            self.vllm = VLLMRollouts(args, self.accelerator, policy, processing_class, self.stop_token_id,
+                                     gather_budget)
 
     # -- data ---------------------------------------------------------------------------------
     def _prompt_loader(self) -> DataLoader:
@@ -110,9 +117,11 @@ class PPOTrainer(Trainer):
 
     # -- rollouts -------------------------------------------------------------------------------
     @torch.no_grad()
-    def _rollout(self, queries: torch.Tensor) -> dict[str, torch.Tensor]:
-        args, tokenizer = self.args, self.processing_class
-        pad_id = tokenizer.pad_token_id
+    def _responses(self, queries: torch.Tensor) -> torch.Tensor:
+        """Sampled responses to left-padded `queries`, right-padded with the pad token."""
+        if self.vllm is not None:
+            return self.vllm.generate(queries)
+        args, pad_id = self.args, self.processing_class.pad_token_id
         context_length = queries.size(1)
         generation_config = rollout_generation_config(args.response_length, args.temperature, pad_id,
                                                       self.stop_token_id)
@@ -131,8 +140,16 @@ class PPOTrainer(Trainer):
                 responses.append(out[:, context_length:])
         # A chunk ends early when all its sequences stopped: pad every chunk to the longest.
         width = max(response.size(1) for response in responses)
-        responses = torch.cat([nn.functional.pad(response, (0, width - response.size(1)), value=pad_id)
-                               for response in responses])
+        return torch.cat([nn.functional.pad(response, (0, width - response.size(1)), value=pad_id)
+                          for response in responses])
+
+    @torch.no_grad()
+    def _rollout(self, queries: torch.Tensor) -> dict[str, torch.Tensor]:
+        args, tokenizer = self.args, self.processing_class
+        pad_id = tokenizer.pad_token_id
+        context_length = queries.size(1)
+        chunk = args.local_rollout_forward_batch_size
+        responses = self._responses(queries)
         query_responses = torch.cat([queries, responses], 1)
 
         logprobs, ref_logprobs, values, scores = [], [], [], []
@@ -210,12 +227,16 @@ class PPOTrainer(Trainer):
                                                            for steps in (args.logging_steps, args.save_steps))
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         batches = self._batches(loader, skip=self.state.global_step)
+        if self.vllm is not None and self.state.global_step:  # vLLM loaded the starting weights, not the checkpoint's
+            self.vllm.sync()
         started = time.time()
         while self.state.global_step < self.num_updates:
             queries = next(batches)["input_ids"]
             rollout = self._rollout(queries)
             stats = self._optimise(model, rollout)
             stats["lr"] = self.lr_scheduler.get_last_lr()[0]  # the rate this update used
+            if self.vllm is not None:
+                stats.update(self.vllm.sync())
             self.lr_scheduler.step()
             self.state.global_step += 1
             self.state.epoch = self.state.global_step * self.batch_size / len(self.train_dataset)

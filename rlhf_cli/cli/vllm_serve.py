@@ -1,0 +1,91 @@
+"""`rlhf vllm-serve ALGO -r RECIPE`: the vLLM server a `vllm_mode: server` run generates with, matching the run.
+
+It resolves the recipe as the training command does (same flags and `--set`) and starts vLLM's OpenAI-compatible
+server on the run's policy, dtype, context length, tensor parallelism and port. The server listens on loopback
+(127.0.0.1) unless `--host` says otherwise, with vLLM's development endpoints on (VLLM_SERVER_DEV_MODE=1): the
+run refreshes the server's weights through `/collective_rpc` (rlhf_cli/rank/vllm_server.py). TRL's own
+`trl vllm-serve` needs CUDA (and the package named `vllm`); this needs neither.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from rlhf_cli.cli.flags import TABLE
+
+EXAMPLE = "rlhf vllm-serve ppo -r ppo/smoke --port 8000"
+LOOPBACK = "127.0.0.1"
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+
+def _training_option(parameter: str) -> Any:
+    """The training commands' own option (rlhf_cli/cli/flags.py), for the flags this command shares with them."""
+    flag = next(row for row in TABLE if row.parameter == parameter)
+    return Annotated[flag.kind, typer.Option(*flag.names, help=flag.help, metavar=flag.metavar,
+                                             show_default=flag.show_default)]
+
+
+RecipeOpt, ModelOpt, SetOpt, DryRunOpt = (_training_option(name) for name in ("recipe", "model", "set_", "dry_run"))
+HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on; loopback unless you need more.")]
+PortOpt = Annotated[Optional[int], typer.Option(
+    "--port", show_default=False, help="Port to listen on. Default: the run's vllm_server_port.")]
+
+
+def training_dtype(run: Any) -> str:
+    """The dtype the trainer holds the policy in: bf16 or fp16 when on, else its checkpoint's, else float32. Not
+    vLLM's `auto`, which builds a float32 checkpoint in bfloat16: its samples would not be the policy's."""
+    if run.value("bf16") or run.value("fp16"):
+        return "bfloat16" if run.value("bf16") else "float16"
+    config = Path(str(run.value("model_name_or_path")), "config.json")
+    saved = json.loads(config.read_text()) if config.is_file() else {}
+    named = saved.get("dtype") or saved.get("torch_dtype")
+    return named if named in DTYPES else "float32"
+
+
+def server_command(run: Any, host: str, port: int | None) -> list[str]:
+    """vLLM's server on the run's policy, lengths, dtype, tensor parallelism, memory share and seed."""
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(run.value("model_name_or_path")),
+            "--host", host, "--port", str(port or run.value("vllm_server_port")),
+            "--dtype", training_dtype(run),
+            "--tensor-parallel-size", str(run.value("vllm_tensor_parallel_size")),
+            "--gpu-memory-utilization", str(run.value("vllm_gpu_memory_utilization")),
+            "--seed", str(run.value("seed"))]
+    if run.value("vllm_max_model_length") is not None:
+        argv += ["--max-model-len", str(run.value("vllm_max_model_length"))]
+    if run.value("trust_remote_code"):
+        argv.append("--trust-remote-code")
+    return argv
+
+
+def vllm_serve(
+    ctx: typer.Context,
+    recipe: RecipeOpt = None,
+    model: ModelOpt = None,
+    set_: SetOpt = None,
+    host: HostOpt = LOOPBACK,
+    port: PortOpt = None,
+    dry_run: DryRunOpt = False,
+) -> None:
+    """Start the vLLM server for a `vllm_mode: server` run of this recipe; Ctrl-C stops it."""
+    from rlhf_cli.config.resolve import RunRequest, resolve
+    from rlhf_cli.config.vllm import INSTALL, installed_vllm
+
+    flags = {"model_name_or_path": ("--model", model)} if model else {}
+    missing = () if installed_vllm() or dry_run else (f"rlhf vllm-serve: vLLM is not installed; install it with "
+                                                      f"{INSTALL}",)
+    run = resolve(RunRequest(ctx.info_name.replace("-", "_"), recipe, flags, tuple(set_ or ()), False,
+                             planning=True, problems=missing))
+    argv = server_command(run, host, port)
+    if dry_run:
+        print(shlex.join(argv))
+        return
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    os.execve(sys.executable, argv, env)  # the server is this process: its output, Ctrl-C and exit code

@@ -1,0 +1,103 @@
+"""PPO's rollouts from vLLM (`use_vllm`, `vllm_mode: colocate|server`): TRL's PPOTrainer never had them.
+
+Colocate: TRL's own `VLLMGeneration` on every rank (its tensor-parallel groups, seeds and prompt exchange), the
+engine GRPO and RLOO run. Server: rank 0 sends every rank's prompts to the run's vLLM server (`rlhf vllm-serve`)
+through TRL's `VLLMClient` and hands each rank its share. Either way vLLM only samples: old log-probs, values and
+reference log-probs stay the policy's own forward passes, as with `generate`, so that a kernel difference between
+vLLM and the policy never enters PPO's ratio.
+
+After every update the policy's weights go to vLLM (`sync`) through rlhf's bucketed sync
+(rlhf_cli/rank/vllm_sync.py), gathered under the run's gather choice: into the colocated engine, or through a
+directory into the server.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlhf_cli.gather_budget import Budget
+from rlhf_cli.rank import vllm_sync
+from rlhf_cli.rank.vllm_server import ServerTarget
+from rlhf_cli.rank.zero3 import GenerationClock
+
+
+def sampling_settings(response_length: int, temperature: float, stop_token_id: int | None) -> dict[str, Any]:
+    """vLLM's sampling of softmax(logits / temperature), as PPO's `generate` (rollout_generation_config): no top-k,
+    top-p or repetition penalty, the model's own EOS ignored; stop at the stop token (kept in the response, as
+    `generate` keeps it), or run to `response_length` without one."""
+    return {"temperature": temperature + 1e-7, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+            "max_completion_length": response_length,
+            "generation_kwargs": {"ignore_eos": True,
+                                  "stop_token_ids": None if stop_token_id is None else [stop_token_id]}}
+
+
+def prompt_ids(queries: torch.Tensor, pad_token_id: int) -> list[list[int]]:
+    """The token ids of left-padded prompts, without their padding."""
+    return [row[row != pad_token_id].tolist() for row in queries]
+
+
+def padded_responses(completions: list[list[int]], pad_token_id: int, device: torch.device) -> torch.Tensor:
+    """vLLM's completions as `generate` returns them: right-padded to the longest."""
+    width = max(1, max(len(ids) for ids in completions))
+    out = torch.full((len(completions), width), pad_token_id, dtype=torch.long, device=device)
+    for row, ids in enumerate(completions):
+        out[row, :len(ids)] = torch.tensor(ids, dtype=torch.long, device=device)
+    return out
+
+
+class VLLMRollouts:
+    """Samples PPO's responses with vLLM and refreshes its weights after every update."""
+
+    def __init__(self, args: Any, accelerator: Any, policy: nn.Module, tokenizer: Any, stop_token_id: int | None,
+                 budget: Budget | None) -> None:
+        self.args, self.accelerator, self.policy = args, accelerator, policy
+        self.pad_token_id = tokenizer.pad_token_id
+        self.limit = vllm_sync.SyncLimit.of(args.ds3_gather_for_generation, budget, policy)
+        self.settings = sampling_settings(args.response_length, args.temperature, stop_token_id)
+        self.generation_seconds: list[float] = []  # of every call, for the rank record
+        self.server = ServerTarget(args, accelerator) if args.vllm_mode == "server" else None
+        self.generation = self._colocated(tokenizer) if self.server is None else None
+
+    def _colocated(self, tokenizer: Any) -> Any:
+        from trl.generation.vllm_generation import VLLMGeneration
+
+        args = self.args
+        settings = {key: value for key, value in self.settings.items() if key != "generation_kwargs"}
+        return VLLMGeneration(
+            model=self.policy, accelerator=self.accelerator, processing_class=tokenizer, mode="colocate",
+            tensor_parallel_size=args.vllm_tensor_parallel_size,
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization, max_model_length=args.vllm_max_model_length,
+            max_num_seqs=args.local_rollout_forward_batch_size * args.vllm_tensor_parallel_size,
+            enable_sleep_mode=args.vllm_enable_sleep_mode, model_impl=args.vllm_model_impl,
+            trust_remote_code=args.trust_remote_code, logprobs=None,
+            generation_kwargs=self.settings["generation_kwargs"], **settings)
+
+    @torch.no_grad()
+    def generate(self, queries: torch.Tensor) -> torch.Tensor:
+        """Responses to left-padded `queries`, right-padded with the pad token."""
+        started = time.perf_counter()
+        prompts = prompt_ids(queries, self.pad_token_id)
+        if self.generation is not None:
+            _, completions, _, _ = self.generation.generate(prompts, None, num_generations=1)
+        else:
+            completions = self.server.generate(prompts, self.settings)
+        seconds = time.perf_counter() - started
+        GenerationClock.seconds += seconds
+        self.generation_seconds.append(seconds)
+        return padded_responses([list(ids) for ids in completions], self.pad_token_id, queries.device)
+
+    def sync(self) -> dict[str, float]:
+        """Send the policy's weights to vLLM; the seconds and the most policy bytes gathered at once, for the log.
+        A sleeping colocated engine dropped its weights: its next `generate` sends them (TRL's VLLMGeneration)."""
+        if self.generation is not None and self.args.vllm_enable_sleep_mode:
+            return {}
+        if self.generation is not None:
+            measured = vllm_sync.sync_weights(self.policy, self.generation.llm, self.limit)
+        else:
+            measured = vllm_sync.sync_weights(self.policy, self.server, self.limit, reload=ServerTarget.write_weights,
+                                              reset=ServerTarget.reload)
+        return {"vllm/sync_seconds": measured["seconds"], "vllm/sync_peak_bytes": float(measured["peak_bytes"])}

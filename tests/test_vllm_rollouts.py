@@ -1,0 +1,72 @@
+"""PPO's vLLM rollouts without vLLM: prompts and responses as `generate` has them, the server-mode weight files,
+and the server command `rlhf vllm-serve` starts."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from helpers import RECIPES
+from rlhf_cli.rank.ppo.vllm_rollouts import padded_responses, prompt_ids, sampling_settings
+from rlhf_cli.rank.vllm_server import write_weight_files
+
+PAD = 0
+
+
+def test_prompts_lose_their_left_padding_and_responses_are_right_padded() -> None:
+    queries = torch.tensor([[PAD, PAD, 5, 6], [7, 8, 9, 10]])
+    assert prompt_ids(queries, PAD) == [[5, 6], [7, 8, 9, 10]]
+    responses = padded_responses([[3, 2], [4, 4, 4]], PAD, torch.device("cpu"))
+    assert responses.tolist() == [[3, 2, PAD], [4, 4, 4]]
+    assert padded_responses([[], []], PAD, torch.device("cpu")).tolist() == [[PAD], [PAD]]
+
+
+def test_sampling_matches_generate_and_stops_only_at_the_stop_token() -> None:
+    with_stop = sampling_settings(12, 0.7, stop_token_id=2)
+    assert with_stop["max_completion_length"] == 12 and with_stop["top_k"] == 0 and with_stop["top_p"] == 1.0
+    assert with_stop["temperature"] == pytest.approx(0.7 + 1e-7)  # as rollout_generation_config
+    assert with_stop["generation_kwargs"] == {"ignore_eos": True, "stop_token_ids": [2]}
+    assert sampling_settings(12, 0.7, stop_token_id=None)["generation_kwargs"]["stop_token_ids"] is None
+
+
+def test_server_weights_are_written_as_they_arrive_in_files_of_bounded_size(tmp_path: Path) -> None:
+    """The server-mode sync's files (rlhf_cli/rank/vllm_server.py): every weight once, under its own name, each
+    copied as it arrives (the tensor handed over is changed right after, as a released bucket would be)."""
+    from safetensors.torch import load_file
+
+    policy = AutoModelForCausalLM.from_pretrained(RECIPES / "smoke" / "policy")
+    state = {name: tensor.clone() for name, tensor in policy.state_dict().items()}
+
+    def released_after_reading():
+        for name, tensor in policy.state_dict().items():
+            yield name, tensor
+            tensor.zero_()
+
+    largest = max(t.numel() * t.element_size() for t in state.values())
+    stale = tmp_path / "weights" / "stale.safetensors"
+    stale.parent.mkdir()
+    stale.write_bytes(b"old")
+    files = write_weight_files(tmp_path / "weights", released_after_reading(), flush_bytes=largest)
+    assert sorted(tmp_path.joinpath("weights").iterdir()) == files and len(files) > 1
+    loaded = {name: tensor for path in files for name, tensor in load_file(path).items()}
+    assert loaded.keys() == state.keys() and all(loaded[name].equal(state[name]) for name in state)
+
+
+def test_vllm_serve_starts_the_runs_model_on_loopback_with_its_settings() -> None:
+    done = subprocess.run([sys.executable, "-m", "rlhf_cli", "vllm-serve", "ppo", "-r", "ppo/smoke", "--dry-run",
+                           "--set", "vllm_server_port=8123", "--set", "vllm_max_model_length=64", "--set", "seed=7"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    argv = shlex.split(done.stdout.strip())
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    options = dict(zip(argv[3::2], argv[4::2]))
+    assert options["--model"] == str(RECIPES / "smoke" / "policy")
+    assert options["--dtype"] == "float32"  # the checkpoint's, as the trainer holds it: not vLLM's auto (bf16)
+    assert (options["--host"], options["--port"], options["--max-model-len"], options["--seed"]) == \
+        ("127.0.0.1", "8123", "64", "7")
