@@ -356,7 +356,8 @@ def test_gather_auto_decides_among_the_lora_columns(big_models) -> None:
 
 
 def test_when_nothing_else_fits_the_plan_says_lora_does(big_models) -> None:
-    _, plan = seed_plan(memory_per_gpu="6GiB")
+    # Without gradient checkpointing (TRL 1.12's PPO turns it on), where full fine-tuning's activations do not fit
+    _, plan = seed_plan("gradient_checkpointing=false", memory_per_gpu="6GiB")
     lora = plan.column(False, "cpu", "cpu", lora=True)
     assert not any(column.fits for column in plan.columns if not column.candidate.lora) and lora.fits
     assert f"--lora fits ({lora.peak / 2**30:.1f} GiB): LoRA, no-gather, opt+params->cpu" in plan.suggestions
