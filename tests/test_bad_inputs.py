@@ -417,10 +417,10 @@ CASES = [
     vllm("environment", ("--vllm", "colocate", "--set", "vllm_enable_sleep_mode=true"), "`vllm_enable_sleep_mode: "
          "true` (--set vllm_enable_sleep_mode): vLLM sleeps only on CUDA, ROCm or XPU GPUs (its CPU build refuses sleep mode) and this "
          "machine has none; set it to false"),
-    vllm("range", ("--vllm", "colocte"), "--vllm colocte: not a vLLM mode; did you mean colocate? use colocate or "
-         "server"),
-    vllm("range", ("--set", "vllm_mode=sever"), "`vllm_mode: sever` (--set vllm_mode): not a vLLM mode; did you mean server?",
-         command="ppo"),
+    vllm("range", ("--vllm", "colocte"), "--vllm: `vllm_mode`: expected one of server, colocate, got 'colocte'; did "
+         "you mean colocate?"),
+    vllm("range", ("--set", "vllm_mode=sever"), "--set vllm_mode: `vllm_mode`: expected one of server, colocate, got "
+         "'sever'; did you mean server?", command="ppo"),
     vllm("range", ("--vllm", "colocate", "--set", "vllm_gpu_memory_utilization=0"), "`vllm_gpu_memory_utilization`: "
          "must be above 0 and at most 1, got 0"),
     vllm("range", ("--vllm", "colocate", "--set", "vllm_gpu_memory_utilization=1.2"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -28,17 +27,6 @@ def test_whole_weights_pass_and_a_cut_shard_is_named(tmp_path: Path) -> None:
         f"{model / 'model-2.safetensors'} is truncated ({len(whole) - 1} of {len(whole)} bytes)"
     (model / "model-2.safetensors").write_bytes(whole[:5])
     assert "is truncated or not a safetensors file (5 bytes)" in prelaunch.weights_problem(model)
-
-
-def test_use_vllm_without_vllm_says_how_to_install_it(cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
-    result = cli("grpo", "-r", "grpo/smoke", "--set", "use_vllm=true", "--dry-run")
-    assert result.exit_code == 2
-    assert result.output.strip() == ('Error: --set use_vllm: `use_vllm` is true and vLLM is not installed; install it '
-                                     'with pip install -e ".[vllm]", or set use_vllm: false')
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
-    assert prelaunch.vllm_problem("r.yaml:3") is None  # found, never imported
 
 
 def test_a_checkpoint_of_this_run_resumes(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ headers only; imports nothing heavy.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from collections.abc import Mapping
@@ -23,7 +22,6 @@ PRIVILEGED_PORTS = 1024
 CACHE_VARIABLES = ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "TRITON_CACHE_DIR")  # directories, made if missing
 # A model's sizes that a checkpoint of it shares (config.json, GPT-2's names second).
 SHAPE = (("hidden_size", "n_embd"), ("num_hidden_layers", "n_layer"), ("vocab_size",), ("intermediate_size",))
-VLLM_INSTALL = 'pip install -e ".[vllm]"'
 
 
 def _json(path: Path) -> Any:
@@ -78,13 +76,6 @@ def model_files_problem(directory: Path, needs_tokenizer: bool) -> str | None:
                                                        for name in TOKENIZER_FILES):
         problem = f"{directory} has no tokenizer ({', '.join(TOKENIZER_FILES[:3])}, ...)"
     return problem
-
-
-def vllm_problem(where: str) -> str | None:
-    """`use_vllm: true` needs vLLM in this environment; found without importing it."""
-    if importlib.util.find_spec("vllm") is not None:
-        return None
-    return f"{where}: `use_vllm` is true and vLLM is not installed; install it with {VLLM_INSTALL}, or set use_vllm: false"
 
 
 def reward_weights_problem(weights: list[Any], rewards: int, where: str) -> str | None:
@@ -181,8 +172,6 @@ def run_problems(run: RunValues, cuda: bool, environ: Mapping[str, str]) -> list
         if isinstance(path, str) and path_state(Path(path) / "config.json").kind == "file":
             problem = model_files_problem(Path(path), needs_tokenizer=name != "value_model_name_or_path")
             problems += [f"{run.where(name)}: `{name}`: {problem}; save the model again"] if problem else []
-    if run.value("use_vllm") is True:
-        problems.append(vllm_problem(run.where("use_vllm")) or "")
     weights = run.value("reward_weights")
     if isinstance(weights, list):
         rewards = int(bool(run.value("reward_model_name_or_path"))) + len(run.value("reward_funcs") or [])

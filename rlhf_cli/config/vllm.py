@@ -9,7 +9,6 @@ rlhf_cli/schema/ranges.yaml; this module checks what needs more than one key, th
 
 from __future__ import annotations
 
-import difflib
 import importlib.metadata
 import json
 from collections.abc import Callable
@@ -46,15 +45,11 @@ def _where(said: Said, name: str, value: Any) -> str:
 
 def vllm_problems(values: Values, said: Said, processes: int, cuda: bool, planning: bool = False,
                   installed: Callable[[], tuple[str, str] | None] = installed_vllm) -> list[str]:
-    """What stops a run with `use_vllm` before launch: the mode, the install, sleep mode without a GPU, tensor
+    """What stops a run with `use_vllm` before launch (a mistyped `vllm_mode` is a choice field's error): the install, sleep mode without a GPU, tensor
     parallelism that does not divide the processes. `rlhf plan` plans for another machine as well: it skips what
     depends on this one (the install, the GPU)."""
     mode = values("vllm_mode")
-    problems = []
-    if mode not in VLLM_MODES:
-        near = difflib.get_close_matches(str(mode), VLLM_MODES, n=1)
-        hint = f"did you mean {near[0]}? " if near else ""
-        problems.append(f"{_where(said, 'vllm_mode', mode)}: not a vLLM mode; {hint}use colocate or server")
+    problems: list[str] = []
     if not values("use_vllm"):
         return problems
     found = None if planning else installed()
