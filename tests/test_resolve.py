@@ -195,8 +195,8 @@ def test_resolved_recipe_round_trips(tmp_path: Path) -> None:
 def test_bare_reward_names_must_be_trls(tmp_path: Path) -> None:
     path = recipe(tmp_path, "reward_funcs: [think_format_reward, lenght]\n")
     assert problems(RunRequest("rloo", path), tmp_path) == [
-        f"{path}:5: `reward_funcs`: 'lenght' is not one of TRL's (accuracy_reward, reasoning_accuracy_reward, "
-        "think_format_reward); write module:function or file.py:function"]
+        f"{path}:5: `reward_funcs`: 'lenght' is not one of TRL's (accuracy_reward, "
+        "get_soft_overlong_punishment, reasoning_accuracy_reward, think_format_reward); write module:function or file.py:function"]
 
 
 def ppo_problems(tmp_path: Path, *sets: str) -> list[str]:
@@ -274,3 +274,31 @@ def test_ppo_tokenizer_needs_eos_and_stop_token_in_vocab_but_not_pad(tmp_path: P
     found = ppo_problems(tmp_path, f"model_name_or_path={model}", "stop_token=null", "stop_token_id=100000")
     assert found == [f"`model_name_or_path`: the tokenizer in {model} has no eos_token; PPO needs one",
                      f"`stop_token_id` 100000 is not in the vocabulary of {model} (0..499)"]
+
+
+def test_values_trl_takes_beyond_its_type_are_taken_with_trls_meaning(tmp_path: Path) -> None:
+    path = recipe(tmp_path, "scale_rewards: false\nresume_from_checkpoint: false\ntorch_dtype: bfloat16\n"
+                            "reward_funcs: [get_soft_overlong_punishment, think_format_reward]\n")
+    run = resolve(RunRequest("grpo", path), cwd=tmp_path, cuda=False)
+    assert run.value("scale_rewards") == "none"  # GRPOConfig.__post_init__ maps false to "none", true to "group"
+    assert run.value("resume_from_checkpoint") is None  # Trainer.train(False): start from the beginning
+    assert run.value("dtype") == "bfloat16"
+    assert f"{path}:7: `torch_dtype` is the old name of `dtype`; using it as `dtype`" in run.notes
+    assert run.value("reward_funcs") == ["get_soft_overlong_punishment", "think_format_reward"]
+    overridden = resolve(RunRequest("grpo", path, sets=("scale_rewards=batch",)), cwd=tmp_path, cuda=False)
+    assert overridden.settings["scale_rewards"].value == "batch"
+    assert overridden.settings["scale_rewards"].source == "--set"
+    grouped = resolve(RunRequest("grpo", path, sets=("scale_rewards=true",)), cwd=tmp_path, cuda=False)
+    assert grouped.value("scale_rewards") == "group"
+
+
+def test_resume_from_checkpoint_true_is_resume_auto(tmp_path: Path) -> None:
+    path = recipe(tmp_path, "resume_from_checkpoint: true\n")
+    out = tmp_path / "out"
+    run = resolve(RunRequest("rloo", path, flags={"output_dir": ("--output-dir", str(out))}), cwd=tmp_path,
+                  cuda=False)
+    assert run.value("resume_from_checkpoint") is None
+    assert run.settings["resume_from_checkpoint"].source == "recipe auto: nothing to resume"
+    assert problems(RunRequest("rloo", path), tmp_path) == [
+        "--resume auto looks for checkpoints in the output dir, and the default runs/ALGO-TIME is new every time: "
+        "pass --output-dir DIR"]

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rlhf_cli.config.fields import catalogue
+from rlhf_cli.config.fields import RESUME_AUTO, catalogue
 from rlhf_cli.config.generation import Generation
 
-RESUME_AUTO = "auto"  # `--resume auto`: the newest whole checkpoint in the output dir
+__all__ = ["RESUME_AUTO", "ResolvedRun", "RunRequest", "Setting"]
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from rlhf_cli.sizes import SizeError, parse_size
 
 # The trainers' collective timeout, unless the recipe sets one: a backstop for what the stall watch does not judge
 # (a rank hung while loading or saving), long enough for the saves and loads that make the others wait.
+NOTHING_TO_RESUME = ": nothing to resume"  # the source of `--resume auto` that found no checkpoint
 COLLECTIVE_TIMEOUT_FACTOR = 5
 
 
@@ -115,7 +116,7 @@ def find_resume_point(draft: Draft) -> None:
     draft.notes.extend(f"warning: --resume auto: skipping {line}" for line in point.skipped)
     if point.checkpoint is None:
         draft.notes.append(f"--resume auto: no complete checkpoint in {output_dir}; starting from the beginning")
-        draft.settings["resume_from_checkpoint"] = Setting(None, f"{setting.source} auto: nothing to resume")
+        draft.settings["resume_from_checkpoint"] = Setting(None, f"{setting.source} auto{NOTHING_TO_RESUME}")
     else:
         draft.notes.append(f"--resume auto: continuing from {point.checkpoint}")
         draft.settings["resume_from_checkpoint"] = Setting(str(point.checkpoint), f"{setting.source} auto")
@@ -130,7 +131,8 @@ def check_output_dir(draft: Draft) -> None:
     if problem:
         draft.problems.append(f"{flag}: output dir {problem}")
         return
-    resuming = "resume_from_checkpoint" in draft.settings  # also `--resume auto` with nothing to resume yet
+    resume = draft.settings.get("resume_from_checkpoint")  # also `--resume auto` with nothing to resume yet
+    resuming = resume is not None and (resume.value is not None or resume.source.endswith(NOTHING_TO_RESUME))
     if (draft.value("machine_rank") or 0) > 0:
         return  # machine rank 0 owns the output dir; the others join its run
     output_dir = Path(setting.value)

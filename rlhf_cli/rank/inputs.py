@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from rlhf_cli.config.fields import catalogue
+from rlhf_cli.config.fields import catalogue, trl_reward_factory_arguments
 from rlhf_cli.config.generation import Generation
 from rlhf_cli.config.data_files import DATA_SUFFIXES
 
@@ -95,13 +95,14 @@ def load_prompts(inputs: RankInputs):
     return dataset[train_split], dataset[test_split] if evaluate else None
 
 
-def load_reward_function(spec: str) -> Any:
-    """TRL's reward function by its bare name, or `module:function`, `path/to/file.py:function`, TRL's
-    `module.function`. Importing runs the module's code."""
+def load_reward_function(algorithm: str, spec: str) -> Any:
+    """TRL's reward function by its bare name (a factory called as TRL's scripts call it), or `module:function`,
+    `path/to/file.py:function`, TRL's `module.function`. Importing runs the module's code."""
     if ":" not in spec and "." not in spec:
         from trl import rewards
 
-        return getattr(rewards, spec)
+        arguments = trl_reward_factory_arguments(algorithm, spec)
+        return getattr(rewards, spec) if arguments is None else getattr(rewards, spec)(**arguments)
     return _load_function(spec)
 
 
@@ -121,7 +122,7 @@ def _load_function(spec: str) -> Callable:
 
 def reward_functions(inputs: RankInputs) -> list[Callable]:
     """The recipe's Python reward functions: TRL's by name, or module:function / file.py:function."""
-    return [load_reward_function(spec) for spec in inputs.script_value("reward_funcs") or []]
+    return [load_reward_function(inputs.algorithm, spec) for spec in inputs.script_value("reward_funcs") or []]
 
 
 def reward_funcs(inputs: RankInputs) -> list[Any]:
