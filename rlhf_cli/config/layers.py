@@ -86,6 +86,7 @@ def put(draft: Draft, key: str, raw: Any, source: str, where: str, base_dirs: tu
 
 def apply_recipe(draft: Draft, recipe: Recipe) -> None:
     bases = (recipe.path.parent, draft.cwd)
+    draft.problems.extend(recipe.problems)
     for key, value in recipe.values.items():
         put(draft, key, value, "recipe", recipe.where(key), bases)
 
