@@ -534,3 +534,15 @@ def test_ppo_rollouts_per_process_are_per_device_times_accumulation() -> None:
     assert not planned.gradient_checkpointing
     for name in ("gradient_checkpointing", "activation_checkpointing"):  # PPO honours both names
         assert workload("ppo", {**values, name: True}.get, num_processes=4).gradient_checkpointing
+
+
+def test_the_recipes_env_block_names_the_hub_cache_the_plan_reads(tmp_path: Path) -> None:
+    cache_model("org/model", "pythia-70m")
+    moved = Path(os.environ["HF_HOME"]) / "hub"
+    elsewhere = tmp_path / "elsewhere"
+    moved.rename(elsewhere)  # the model is only in the cache the ranks will use
+    path = write(tmp_path / "r.yaml", f"model_name_or_path: org/model\nreward_model_name_or_path: org/model\n"
+                                      f"dataset_name: {RECIPES}/smoke/prompts.jsonl\nenv:\n  HF_HUB_CACHE: {elsewhere}\n")
+    run = resolve(RunRequest("rloo", str(path), planning=True), cwd=tmp_path, cuda=False)
+    policy = next(role for role in plan_run(run).roles if role.name == "policy")
+    assert policy.size.params > 0 and policy.path == "org/model"
