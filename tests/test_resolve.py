@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from helpers import RECIPES, write
-from rlhf_cli.config.resolve import RunRequest, resolve
+from rlhf_cli.config.resolve import RunRequest, Setting, resolve
 from rlhf_cli.errors import ConfigError
 
 SMOKE_MODELS = f"""
@@ -316,3 +316,22 @@ def test_a_key_given_twice_is_reported_with_the_files_other_problems(tmp_path: P
     assert f"{accelerate}:2: `num_processes` is given again (first on line 1); YAML would keep only the last: " \
            "keep one" in found
     assert len(found) == 2, found
+
+
+def test_without_a_process_count_the_run_starts_what_trl_would(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    home = tmp_path / "hf"
+    environ = {"HF_HOME": str(home)}
+    plain = recipe(tmp_path, "")
+    run = resolve(RunRequest("rloo", plain), cwd=tmp_path, cuda=False, environ=environ)
+    assert run.settings["num_processes"] == Setting(1, "one process: no GPU visible")  # not the bundled config's 8
+    assert run.accelerate["num_processes"] == 1
+    gpus = recipe(tmp_path, "env:\n  CUDA_VISIBLE_DEVICES: '0,1,2'\n", "gpus.yaml")
+    run = resolve(RunRequest("rloo", gpus), cwd=tmp_path, cuda=False, environ=environ)
+    assert run.settings["num_processes"] == Setting(3, "one per visible GPU (CUDA_VISIBLE_DEVICES=0,1,2)")
+    config = write(home / "accelerate" / "default_config.yaml", "num_processes: 4\n")
+    run = resolve(RunRequest("rloo", gpus), cwd=tmp_path, cuda=False, environ=environ)
+    assert run.settings["num_processes"] == Setting(4, f"your default accelerate config {config}")
+    given = resolve(RunRequest("rloo", recipe(tmp_path, "num_processes: 2\n", "two.yaml")), cwd=tmp_path,
+                    cuda=False, environ=environ)
+    assert given.settings["num_processes"] == Setting(2, "recipe")

@@ -21,6 +21,7 @@ from rlhf_cli.config.accelerate import LAYOUT_KEYS, AccelerateChoices, build_acc
 from rlhf_cli.config.draft import Draft
 from rlhf_cli.config.generation import Generation
 from rlhf_cli.config.layers import apply_command_line, apply_environment, apply_recipe
+from rlhf_cli.config.processes import default_process_count
 from rlhf_cli.config.recipe import Recipe, load_recipe
 from rlhf_cli.config.run import RESUME_AUTO, ResolvedRun, RunRequest, Setting
 from rlhf_cli.errors import ConfigError
@@ -58,6 +59,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
                   run_checks.check_mixture, run_checks.check_stall_timeout):
         check(draft)
     cpu_only = not (_cuda_present() if cuda is None else cuda) or environ.get("DS_ACCELERATOR") == "cpu"
+    _default_process_count(draft, environ)
     accelerate, accelerate_notes = build_accelerate_config(_accelerate_choices(draft, cpu_only), draft.problems)
     run_checks.check_deepspeed_field(draft, accelerate)
     run_checks.check_cpu_and_lora(draft, cpu_only)
@@ -68,6 +70,15 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     generation = Generation.from_values(lambda name: settings[name].value if name in settings else None)
     return ResolvedRun(request.algorithm, recipe.path if recipe else None, settings, accelerate, cpu_only,
                        generation, tuple(draft.notes + accelerate_notes))
+
+
+def _default_process_count(draft: Draft, environ: Mapping[str, str]) -> None:
+    """Nothing gives the count (no num_processes, num_gpus, accelerate config or scheduler): TRL's, not the
+    bundled config's placeholder; the recipe's `env:` counts as the ranks' environment."""
+    if {"num_processes", "num_gpus", "accelerate_config"} & (draft.settings.keys() | draft.refused):
+        return
+    count, source = default_process_count({**environ, **(draft.value("env") or {})})
+    draft.settings["num_processes"] = Setting(count, source)
 
 
 def _read_recipe(draft: Draft) -> Recipe | None:
