@@ -18,10 +18,12 @@ imports torch and accelerate.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -30,6 +32,7 @@ from _common import (REPO, RECIPES, RESULTS, WORK, bar_charts, json_output, mark
                      print_table, python_module, run_timed, write_markdown)
 
 RECIPE = RECIPES / "rloo" / "smoke.yaml"
+CACHE_ENV = "RLHF_CACHE"  # rlhf_cli/launch/preflight.py: where passed pre-launch checks are remembered
 STARTUP_REPEATS = 5
 
 
@@ -93,10 +96,16 @@ def startup_seconds(work: Path) -> dict[str, float]:
 
 
 def preflight_seconds(work: Path, repeats: int) -> float:
-    """Median seconds of `rlhf rloo -r rloo/smoke`'s pre-launch check, alone."""
+    """Median seconds of `rlhf rloo -r rloo/smoke`'s pre-launch check, alone: each with an empty cache, so that
+    the check runs rather than being remembered from the last one."""
     argv = [sys.executable, "-c", PREFLIGHT_TIMED, str(RECIPE), str(work / "preflight-run")]
-    return statistics.median(float(subprocess.run(argv, check=True, capture_output=True, text=True, cwd=REPO)
-                                   .stdout.split()[-1]) for _ in range(repeats))
+    seconds = []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as cache:
+            done = subprocess.run(argv, check=True, capture_output=True, text=True, cwd=REPO,
+                                  env={**os.environ, CACHE_ENV: cache})
+        seconds.append(float(done.stdout.split()[-1]))
+    return statistics.median(seconds)
 
 
 def main() -> None:

@@ -37,7 +37,8 @@ from _common import (MIB, RECIPES, REPO, RESULTS, WORK, CommandFailed, cache_mod
 from generation import build_model
 
 from rlhf_cli.config.resolve import RunRequest, resolve
-from rlhf_cli.plan.estimate import Column, Plan, plan_run
+from rlhf_cli.plan.columns import Column, Plan
+from rlhf_cli.plan.estimate import plan_run
 from rlhf_cli.plan.memory import GIB
 
 HUB_MODELS = {"EleutherAI/pythia-12b": "pythia-12b", "EleutherAI/pythia-70m": "pythia-70m",
@@ -98,7 +99,7 @@ def plan_rows() -> list[list[str]]:
         for setup in SETUPS:
             for algorithm in ("ppo", "rloo"):
                 plan = plan_setup(setup, algorithm)
-                full = [c for c in plan.columns if not c.candidate.lora][:6]
+                full = [c for c in plan.columns if not c.candidate.lora and c.candidate.vllm is None][:6]
                 lora = [c for c in plan.columns if c.candidate.lora][:4]
                 rows.append([setup.name, f"{setup.gpus} x {setup.gpu_memory}", algorithm,
                              f"{sum(c.fits for c in full)} of {len(full)}", least_host_memory(full),

@@ -30,14 +30,17 @@ from _common import RESULTS, cache_model_configs, markdown_table, print_table, w
 
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.plan import memory
-from rlhf_cli.plan.estimate import Plan, plan_run
+from rlhf_cli.plan.columns import Plan
+from rlhf_cli.plan.estimate import plan_run
 from rlhf_cli.algorithms.spec import LogitsModel
 from rlhf_cli.plan.memory import GIB
 
 HUB_MODELS = {  # hub id -> fixture; the reward and distillation models share their base model's dimensions
     "Qwen/Qwen2.5-7B": "qwen2.5-7b", "Qwen/Qwen3-0.6B": "qwen3-0.6b",
     "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "Skywork/Skywork-Reward-Llama-3.1-8B-v0.2": "llama-3.1-8b",
-    "EleutherAI/pythia-12b": "pythia-12b", "EleutherAI/pythia-70m": "pythia-70m"}
+    "EleutherAI/pythia-12b": "pythia-12b", "EleutherAI/pythia-70m": "pythia-70m",
+    "Qwen/Qwen2.5-14B-Instruct": "qwen2.5-14b", "Qwen/Qwen2.5-32B-Instruct": "qwen2.5-32b",
+    "Qwen/Qwen2.5-72B-Instruct": "qwen2.5-72b"}
 MS_SWIFT = "https://github.com/modelscope/ms-swift/blob/main/examples/train"
 # The heads of the measured trainers, where they differ from the replayed one's (derivations in memory.py):
 # transformers' ForCausalLMLoss upcasts the [tokens, vocabulary] logits to fp32 and takes a log-softmax; its
@@ -48,6 +51,17 @@ SFT_LIGER = LogitsModel()
 # TRL 0.25's GRPOTrainer._get_per_token_logps_and_entropies: the completion's logits divided by the
 # temperature, their log-softmax, and in the backward the gradients of both: 3 [completion, vocabulary] copies.
 GRPO_TRL_025 = LogitsModel(completion_copies=3)
+# ms-swift's GKD (`generalized_jsd_loss`, beta 0.5): the student's logits over the sequence in the model's dtype,
+# the teacher's (no gradient), then over the response tokens each one's log-softmax, their two-way mixture
+# (stacked, then a logsumexp) and the two KL terms, and in the backward the student's log-softmax gradient.
+GKD_JSD = LogitsModel(sequence_copies=2, completion_copies=8)
+GKD = {"model_name_or_path": "Qwen/Qwen2.5-7B", "beta": 0, "reward_funcs": ["think_format_reward"],
+       "dataset_name": "published/alpaca", "dtype": "bfloat16", "bf16": True, "gather": False,
+       "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "num_generations": 4,
+       "steps_per_generation": 1, "plan_prompt_length": 512, "max_completion_length": 512,
+       "attn_implementation": "flash_attention_2", "gradient_checkpointing": True, "use_vllm": True}
+GKD_NOTES = ("GKD replayed as RLOO of the student with the JSD loss's logits as its LM head; alpaca prompts assumed "
+             "512 tokens (max_length 2048 caps prompt + 512 response)",)
 SFT = {"beta": 0, "reward_funcs": ["think_format_reward"], "max_completion_length": 1, "gather": False,
        "steps_per_generation": 1,  # generation is the replay's, not the run's: keep it to one micro-batch
        "dataset_name": "published/sft", "dtype": "bfloat16", "bf16": True, "gradient_checkpointing": True,
@@ -67,6 +81,9 @@ class Published:
     head: LogitsModel | None = None  # the measured trainer's LM head, when not the replayed trainer's
     head_name: str = ""
     notes: list[str] = field(default_factory=list)
+    # the measured trainer wakes vLLM while torch's allocator still holds the training phase's blocks, where TRL
+    # empties its cache first: vLLM's awake memory comes on top of the training phase
+    awake_on_training: bool = False
 
 
 def sft(source: str, setup: str, tokens: int, accumulation: int, gpus: int, gpu_memory: str,
@@ -118,10 +135,59 @@ ROWS = [
               "rloo", {"model_name_or_path": "Qwen/Qwen3-0.6B", "beta": 0, "reward_funcs": ["think_format_reward"],
                        "dataset_name": "published/grpo", "dtype": "bfloat16", "bf16": True, "gather": False,
                        "per_device_train_batch_size": 1, "num_generations": 4, "plan_prompt_length": 512,
-                       "max_completion_length": 19968, "gradient_checkpointing": True},
+                       "max_completion_length": 19968, "gradient_checkpointing": True, "use_vllm": True,
+                       "vllm_mode": "colocate", "vllm_enable_sleep_mode": True},
               8, "23028MiB", False, None, GRPO_TRL_025, "TRL 0.25's GRPO logits",
-              ["the issue does not split the 20480 tokens: 512 prompt + 19968 completion assumed; vLLM's "
-               "own memory is not counted"]),
+              ["the issue does not split the 20480 tokens: 512 prompt + 19968 completion assumed; vLLM at TRL's "
+               "default 0.3, TP 1"]),
+    Published(f"ms-swift [rlhf/gkd/vllm_colocate.sh]({MS_SWIFT}/rlhf/gkd/vllm_colocate.sh)",
+              "GKD Qwen2.5-7B full, Qwen2.5-14B-Instruct teacher (ZeRO-3 offloaded), 4 GPUs, batch 4, response 512, "
+              "FlashAttention-2, vLLM colocated at 0.3, sleep level 1",
+              "rloo", {**GKD, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3,
+                       "vllm_enable_sleep_mode": True},
+              4, "81920MiB", True, 73, GKD_JSD, "GKD's JSD logits",
+              [*GKD_NOTES, "the offloaded teacher holds no GPU memory between its forwards; sleep level 1 keeps "
+               "vLLM's weights in host memory (not a GPU figure)"], awake_on_training=True),
+    Published(f"ms-swift [rlhf/gkd/vllm_server.sh]({MS_SWIFT}/rlhf/gkd/vllm_server.sh)",
+              "the same with a vLLM server on a GPU of its own, the teacher under ZeRO-3 on the training GPUs",
+              "rloo", {**GKD, "vllm_mode": "server", "reward_model_name_or_path": "Qwen/Qwen2.5-14B-Instruct"},
+              4, "81920MiB", True, 54, GKD_JSD, "GKD's JSD logits",
+              [*GKD_NOTES, "the teacher counted as a frozen ZeRO-3 shard (as a reward model: its LM head, 0.78B "
+               "parameters, 0.4 GiB of shard, left out)"]),
+    Published(f"ms-swift [grpo/internal/vllm_72b_4gpu.sh]({MS_SWIFT}/grpo/internal/vllm_72b_4gpu.sh)",
+              "GRPO Qwen2.5-72B-Instruct LoRA, 4 x 80 GB, ZeRO-3 with optimizer and parameters offloaded, batch 1, "
+              "4 generations, response 1024, vLLM colocated at 0.55, TP 4, sleep level 1, sync in 16 batches",
+              "grpo", {"model_name_or_path": "Qwen/Qwen2.5-72B-Instruct", "beta": 0,
+                       "reward_funcs": ["think_format_reward"], "dataset_name": "published/numina",
+                       "dtype": "bfloat16", "bf16": True, "gather_budget": 0.0625,
+                       "use_peft": True, "lora_r": 8, "lora_target_modules": ["all-linear"],
+                       "per_device_train_batch_size": 1, "num_generations": 4, "steps_per_generation": 4,
+                       "plan_prompt_length": 1024, "max_completion_length": 1024, "gradient_checkpointing": True,
+                       "use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.55,
+                       "vllm_tensor_parallel_size": 4, "vllm_enable_sleep_mode": True,
+                       "__offload__": ("cpu", "cpu")},
+              4, "81920MiB", True, None,
+              notes=["ms-swift's LoRA defaults (rank 8, all linear layers); prompts assumed 1024 tokens "
+                     "(max_length 2048); move_model_batches 16 as a gather budget of 1/16 of the policy"],
+              awake_on_training=True),
+    Published("ms-swift [#7986](https://github.com/modelscope/ms-swift/issues/7986)",
+              "GRPO Qwen2.5-32B full, 4 x H100 80GB, vLLM colocated, the whole policy gathered for the weight sync: "
+              "out of memory",
+              "grpo", {**(SYNC_32B := {
+                  "model_name_or_path": "Qwen/Qwen2.5-32B-Instruct", "beta": 0, "reward_funcs": ["think_format_reward"],
+                  "dataset_name": "published/grpo", "dtype": "bfloat16", "bf16": True, "per_device_train_batch_size": 1,
+                  "num_generations": 4, "steps_per_generation": 4, "plan_prompt_length": 1024,
+                  "max_completion_length": 1024, "gradient_checkpointing": True, "use_vllm": True,
+                  "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.4, "vllm_tensor_parallel_size": 4,
+                  "vllm_enable_sleep_mode": True, "__offload__": ("cpu", "cpu")}), "gather": True},
+              4, "81559MiB", False, None,
+              notes=["the issue gives no script: ZeRO-3 with optimizer and parameters offloaded (32B's states, "
+                     "122 GiB a GPU otherwise, fit nowhere), vLLM at 0.4, TP 4, sleep, 1024 + 1024 tokens assumed"],
+              awake_on_training=True),
+    Published("ms-swift [#7986](https://github.com/modelscope/ms-swift/issues/7986)",
+              "the same, the sync gathering one bucket at a time (move_model_batches 16 as a 1/16 gather budget): ran",
+              "grpo", {**SYNC_32B, "gather_budget": 0.0625}, 4, "81559MiB", True, None,
+              notes=["as above"], awake_on_training=True),
     Published("TRL's `ds3_gather_for_generation` (this project's seed)",
               "PPO pythia-12b, pythia-70m reward and value, 4 x 24 GB, optimizer offload, gathering",
               "ppo", {"__recipe__": "ppo/pythia-12b-descriptiveness"}, 4, "23.7GiB", False),
@@ -141,12 +207,17 @@ class Replayed:
 def plan_of(row: Published, recipe_path: Path) -> Plan:
     recipe = dict(row.recipe)
     bundled = recipe.pop("__recipe__", None)
+    flags = _hardware(row)
+    offload = recipe.pop("__offload__", None)
+    if offload:
+        flags |= {"offload_optimizer": ("--offload-optimizer", offload[0]),
+                  "offload_params": ("--offload-params", offload[1])}
     if bundled:
         sets = tuple(f"{key}={str(value).lower()}" for key, value in recipe.items())
-        request = RunRequest(row.algorithm, bundled, _hardware(row), sets)
+        request = RunRequest(row.algorithm, bundled, flags, sets, planning=True)
     else:
         recipe_path.write_text(yaml.safe_dump(recipe))
-        request = RunRequest(row.algorithm, str(recipe_path), _hardware(row))
+        request = RunRequest(row.algorithm, str(recipe_path), flags, planning=True)
     plan = plan_run(resolve(request, cuda=True))
     if not plan.known:
         raise RuntimeError(f"{row.setup}: no plan: {plan.why_unknown}")
@@ -168,6 +239,9 @@ def replay(row: Published, recipe_path: Path) -> Replayed:
                              work.completion_length, work.element_bytes)
         rows = [memory.Component(part.name, part.phase, head) if part.name == "train logits" else part
                 for part in rows]
+    if row.awake_on_training:
+        rows = [memory.Component(part.name, memory.TRAINING, part.gpu)
+                if part.name in ("vLLM awake", "gen: sync bucket cached") else part for part in rows]
     predicted = memory.peak(rows)
     return Replayed(row, column.peak, predicted, memory.fits(predicted, plan.hardware.gpu_memory))
 

@@ -61,6 +61,11 @@ INTERNALS = (
              ("max_steps", "train_dataloader", "resume_from_checkpoint")),
     Internal("transformers:Trainer._save_checkpoint", "PPO saves checkpoints as Trainer does (sharded states, RNG, "
              "trainer_state.json, rotation)", "never: PPO is ours", ("model", "trial")),
+    Internal("deepspeed.runtime.engine:DeepSpeedEngine._zero3_consolidated_16bit_state_dict",
+             "PPO saves the policy (or only its adapters) from ZeRO-3 shards whatever the accelerate config's "
+             "zero3_save_16bit_model says (accelerate's get_state_dict refuses without it and gathers frozen "
+             "weights too)", "DeepSpeed or accelerate offer a public consolidated state dict that excludes frozen "
+             "parameters", ("exclude_frozen_parameters",)),
     Internal("transformers:Trainer._load_rng_state", "PPO's resume restores every RNG as Trainer's does",
              "never: PPO is ours", ("checkpoint",)),
     Internal("transformers.trainer_callback:ExportableState",
@@ -221,6 +226,12 @@ def deepspeed_comm_backend() -> Any | None:
 def prepare_for_training(trainer: Any, max_steps: int, loader: Any, resume_from_checkpoint: str | None) -> Any:
     """(model, loader) wrapped as Trainer.train would: DeepSpeed engine, optimizer, scheduler, checkpoint loaded."""
     return trainer._prepare_for_training(max_steps, loader, resume_from_checkpoint)
+
+
+def zero3_consolidated_state(engine: Any, exclude_frozen: bool) -> dict[str, Any] | None:
+    """The whole 16-bit state dict of a ZeRO-3 engine on global rank 0 (None elsewhere; every rank must call it),
+    without the frozen parameters when `exclude_frozen`."""
+    return engine._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters=exclude_frozen)
 
 
 def save_checkpoint(trainer: Any, model: Any) -> None:

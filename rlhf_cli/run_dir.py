@@ -31,6 +31,7 @@ STALLED = "stalled"  # the job stopped moving, or a rank fell silent: write your
 
 MANIFEST = "rlhf-manifest.json"  # in a checkpoint: its files and sizes, written once every rank has saved
 TRAINER_STATE = "trainer_state.json"  # the trainer's state and every logged metric (run dir and checkpoints)
+POLICY_AND_VALUE = "policy_and_value.pt"  # in a PPO checkpoint without DeepSpeed: the trained policy and value weights
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 _RANK_RECORD = re.compile(r"rank-\d+\.json")  # not rank-N.error.json, rank-N.heartbeat.json
 
@@ -89,6 +90,10 @@ class RunDir:
 
     def rank_record(self, rank: int) -> Path:
         return self.ranks / f"rank-{rank}.json"
+
+    def rank_log(self, rank: int) -> Path:
+        """Everything the rank and its libraries printed (unless --verbose, which shows it instead)."""
+        return self.ranks / f"rank-{rank}.log"
 
     def rank_error(self, rank: int) -> Path:
         """A failed rank's error and traceback."""

@@ -14,6 +14,7 @@ def isolated_environment(tmp_path_factory: pytest.TempPathFactory, monkeypatch: 
     """No test reads the user's caches or reaches a hub."""
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("HF_HOME", str(home / "hf"))
+    monkeypatch.setenv("RLHF_CACHE", str(home / "rlhf-cache"))  # the pre-launch checks that passed
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # online DPO is experimental in TRL; we know

@@ -72,6 +72,9 @@ FIELD_CHECKS: dict[str, Callable[[Algorithm], bool]] = {
     "starter_models": lambda e: all(line.key in catalogue(e.name) for line in e.starter_models),
     "checks": lambda e: e.checks(smoke_values(e), 2) == [],
     "reward_keywords": lambda e: {"prompts", "completions", "completion_ids"} <= set(e.reward_keywords),
+    # a trainer that takes tools has TRL's turn limit for them, and a bundled recipe that calls one
+    "takes_tools": lambda e: e.takes_tools == ("max_tool_calling_iterations" in catalogue(e.name))
+    and e.takes_tools == (RECIPES / e.name / "agent-smoke.yaml").is_file(),
 }
 
 

@@ -268,6 +268,12 @@ CASES = [
     sets("range", "beta=[0.1, -0.1]", "`beta`: must be at least 0, got -0.1", command="online-dpo"),
     sets("range", "loss_type=hinge", "`loss_type`: expected one of sigmoid, ipo, got 'hinge'", command="online-dpo"),
     recipe("cross-field", "bf16: true\nfp16: true\n", "`bf16` and `fp16` are both true; keep one"),
+    recipe("environment", "use_peft: true\nload_in_4bit: true\n", "r.yaml:12): QLoRA quantizes with bitsandbytes, which "
+           "needs CUDA, and this machine has none; set load_in_4bit: false"),
+    sets("environment", "load_in_8bit=true", "`load_in_8bit: true` (--set load_in_8bit): QLoRA quantizes with "
+         "bitsandbytes, which needs CUDA", command="ppo"),
+    sets("range", "num_mini_batches=3", "`num_mini_batches` (3) must divide the rollouts per process "
+         "(per_device_train_batch_size x gradient_accumulation_steps = 4)", command="ppo"),
     recipe("cross-field", "load_best_model_at_end: true\n", "`load_best_model_at_end` needs evaluation: set "
            "`eval_strategy` to steps or epoch"),
     recipe("cross-field", "lr_scheduler_type: reduce_lr_on_plateau\n", "`lr_scheduler_type: reduce_lr_on_plateau` "
@@ -343,6 +349,25 @@ CASES = [
            {"pkg.py/__init__.py": ""}),
     reward("bad file: reward function", "[nul.py:score]", "null bytes",
            {"nul.py": b"def score(**kw):\n    return [0]\x00\n"}),
+    sets("message", "tools=[calc.py:calculate]", "`tools` is a grpo key, not one of rloo; remove it or run `rlhf grpo`"),
+    sets("message", "rollout_func=calc.py:calculate", "`rollout_func` is a grpo key, not one of online-dpo; remove it or run `rlhf grpo`",
+         command="online-dpo"),
+    sets("bad file: tool", "tools=[missing.py:calculate]", "`tools`: file missing.py not found", command="grpo"),
+    sets("bad file: tool", "tools=[calc.py:calc]", "`tools`: {tmp}/calc.py defines no `calc` (it defines: calculate); "
+         "write calc.py:FUNCTION", command="grpo", files={"calc.py": "def calculate(expression: str) -> str:\n"
+                                                                      "    return expression\n"}),
+    sets("bad file: tool", "tools=[calc.py]", "`tools`: 'calc.py' names no function: write calc.py:FUNCTION",
+         command="grpo"),
+    sets("bad file: tool", "tools=[{a: 1}]", "`tools`: {'a': 1} is not a string like file.py:function or "
+         "package.module:function", command="grpo"),
+    sets("bad file: tool", "tools=[no_such_package.tools:calculate]", "`tools`: module `no_such_package` is not "
+         "importable here", command="grpo"),
+    sets("bad file: tool", "environment_factory=env.py", "`environment_factory`: 'env.py' names no class: write "
+         "env.py:CLASS", command="grpo"),
+    sets("bad file: tool", "environment_factory={math: gone.py:Math}", "`environment_factory.math`: file gone.py not "
+         "found", command="grpo"),
+    sets("bad file: tool", "rollout_func=broken.py:rollout", "`rollout_func`: {tmp}/broken.py:1: syntax error",
+         command="grpo", files={"broken.py": "def rollout(\n"}),
 
     # -- silent conflicts ----------------------------------------------------------------------------------------
     recipe("conflict", "max_steps: 8\n", "`max_steps` is given again (first on line 5); YAML would keep only the "

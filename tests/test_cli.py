@@ -171,6 +171,19 @@ def test_every_other_command_has_help_with_an_example(cli, command: str, words: 
     assert all(word.split()[0] in result.output for word in words.split() if word.startswith("--"))
 
 
+# Typer's own options (help and shell completion) are not ours to declare.
+TYPERS_OWN = ("--help", "--install-completion", "--show-completion")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["rloo", "--help"], ["plan", "ppo", "--help"], ["recipes", "--help"],
+                                  ["init", "--help"], ["doctor", "--help"]])
+def test_boolean_flags_show_no_value_in_help(cli, args: list[str]) -> None:
+    output = cli(*args).output
+    flags = [line for line in output.splitlines() if "--" in line and not any(own in line for own in TYPERS_OWN)]
+    assert any(word in output for word in ("--dry-run", "--json", "--force", "--version"))
+    assert flags and not [line for line in flags if "<bool>" in line]
+
+
 def test_bash_completion_completes_commands_and_choices(tmp_path: Path) -> None:
     """What the script from `rlhf --show-completion bash` asks the program, answered without heavy imports."""
     probe = ("import sys\nfrom rlhf_cli.cli.app import app\n"

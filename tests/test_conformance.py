@@ -4,7 +4,9 @@ The stand-ins (tests/families/build.py) carry what real checkpoints of each fami
 pad == EOS risks, several EOS ids, a sampling generation config, BOS added, dropout, tied embeddings,
 sliding windows. Each family is also its own reward model, a causal LM given a new score head, as the seed's
 pythia-70m is. Every run checks: the run finishes, every logged number is finite, the saved model and
-tokenizer load with `from_pretrained` and produce finite logits; for PPO, the ranks sampled differently.
+tokenizer load with `from_pretrained` and produce finite logits; for PPO, the ranks sampled differently. PPO
+trains with LoRA in its no-gather runs: the adapter loads on the base resized to the saved tokenizer (GPT-2,
+Llama 3 and Mistral get a pad row) and the merged model loads by itself and computes the same.
 
 The default run trains every family x algorithm once, gathering or not in turn, so that every algorithm and
 every family runs in both modes (24 runs); `pytest -m conformance` runs the whole matrix, each pair in both
@@ -102,9 +104,11 @@ def test_family_trains(entry: Algorithm, family: str, mode: str, kind: str, fami
     model, out, samples = family_models[family], tmp_path / "run", tmp_path / "samples"
     samples.mkdir()
     recipe = RECIPES / entry.name / "smoke.yaml"
+    lora = entry.name == "ppo" and mode == "no-gather"  # PPO with LoRA in one mode of each family
     done = launch_rlhf(entry.command, out, f"--{mode}", "--model", str(model), "--reward-model", str(model),
                        "--dataset", str(prompts[kind]), *short_run(entry),
                        *sets(f"reward_funcs=[{FIXTURES}/rewards.py:record_samples]", *SMALL_BUCKETS),
+                       *(["--lora", "--merge-adapter"] if lora else []),
                        recipe=recipe, env={"RLHF_TEST_SAMPLES": str(samples)})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert "Traceback" not in done.stderr and UNTRAINED_HEAD in done.stderr
@@ -117,7 +121,19 @@ def test_family_trains(entry: Algorithm, family: str, mode: str, kind: str, fami
         record = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())
         assert record["ds3_gather_for_generation"] is (mode == "gather")
 
-    trained, tokenizer = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    if lora:  # the adapter loads on the base resized to the saved tokenizer, the merged model by itself
+        from peft import PeftModel
+
+        from rlhf_cli.rank.lora import load_base
+
+        assert (out / "adapter_config.json").is_file() and not (out / "model.safetensors").exists()
+        adapted = PeftModel.from_pretrained(load_base(str(model), tokenizer), out)
+        merged = AutoModelForCausalLM.from_pretrained(out / "merged")
+        ids = tokenizer("Describe the big tree.", return_tensors="pt")
+        assert torch.allclose(adapted(**ids).logits, merged(**ids).logits, atol=1e-4)
+        out = out / "merged"
+    trained = AutoModelForCausalLM.from_pretrained(out)
     assert len(tokenizer) <= trained.config.vocab_size
     logits = trained(**tokenizer("Describe the big tree.", return_tensors="pt")).logits
     assert torch.isfinite(logits).all()

@@ -22,6 +22,11 @@ pytestmark = pytest.mark.launch
 TRL_COMMANDS = [entry.command for entry in ALGORITHMS.values() if entry.name != "ppo"]
 PROBES = {PROBE_GENERATION_ENV: "1", PROBE_CUDA_MEMORY_ENV: "1"}
 STALE_TRACE_CRASH = "The size of tensor a (0) must match the size of tensor b"
+# What libraries print on a smoke run; it goes to each rank's log (ranks/rank-N.log), on the terminal only with -v.
+THIRD_PARTY = ("No CUDA runtime is found", "cpp_extension", "deepspeed_shm_comm_op", "built successfully",
+               "Generating train split", "Writing model shards", "Map:", "[INFO]", "[WARNING]", "UserWarning")
+PHASES = ["importing torch, transformers, TRL and DeepSpeed", "loading the models", "building the DeepSpeed engine",
+          "generating the first completions"]
 
 
 def rlhf(command: str, out: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -34,6 +39,15 @@ def test_smoke_recipe_trains_under_zero3(command: str, gather: bool, tmp_path: P
     out = tmp_path / "run"
     done = rlhf(command, out, "--gather" if gather else "--no-gather")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+
+    # The terminal gets rlhf's own lines only; what the libraries printed is in the ranks' logs.
+    shown = (done.stdout + done.stderr).splitlines()
+    assert [line for line in shown if any(mark in line for mark in THIRD_PARTY)] == []
+    assert any(mark in (out / "ranks" / "rank-1.log").read_text() for mark in THIRD_PARTY)
+    # While nothing else moves, a line per phase says what is happening, before the first step.
+    lines = done.stdout.splitlines()
+    before_first_step = lines[:next(index for index, line in enumerate(lines) if line.startswith("step 1/4"))]
+    assert [line.split("  elapsed ")[0] for line in before_first_step if "  elapsed " in line] == PHASES
 
     # Logged metrics for every step.
     state = json.loads((out / "trainer_state.json").read_text())

@@ -84,7 +84,7 @@ def test_a_launch_agent_killed_by_a_signal_gives_128_plus_signal(tmp_path: Path,
     outcome = runner.launch(smoke_run(tmp_path))
     assert outcome.exit_code == 128 + signum and outcome.status == "failed"
     assert outcome.failure.line == f"the ranks exited with code {128 + signum} without recording an error; see the " \
-                                   "output above"
+                                   f"output above and the ranks' logs ({tmp_path / 'out' / 'ranks'}/rank-N.log)"
 
 
 def test_sigterm_during_the_pre_launch_check_stops_the_waiting_agent_with_nothing_written(

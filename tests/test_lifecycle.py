@@ -58,3 +58,47 @@ def test_a_full_or_read_only_disk_is_recognised_in_the_errors_it_caused(tmp_path
     assert disk_error(OSError(errno.EROFS, "Read-only file system"), tmp_path) == "read-only file system"
     assert disk_error(ValueError("reward server returned 503"), tmp_path) is None  # the dir takes writes
     assert disk_error(RuntimeError("basic_ios::clear: iostream error"), tmp_path / "missing") is not None
+
+
+class RecordingAccelerator:
+    """The calls the end of a rank makes on accelerate, in order, into `events`."""
+
+    def __init__(self, events: list[str], is_main_process: bool) -> None:
+        self.events, self.is_main_process = events, is_main_process
+
+    def wait_for_everyone(self) -> None:
+        self.events.append("barrier")
+
+    def end_training(self) -> None:
+        self.events.append("process group destroyed")
+
+
+class FinishedTrainer:
+    def __init__(self, events: list[str], output_dir: Path, is_main_process: bool) -> None:
+        from types import SimpleNamespace
+
+        self.events = events
+        self.args = SimpleNamespace(output_dir=str(output_dir))
+        self.accelerator = RecordingAccelerator(events, is_main_process)
+
+    def save_model(self, output_dir: str) -> None:
+        self.events.append("model saved")
+
+    def save_state(self) -> None:
+        self.events.append("state saved")
+
+
+def test_the_adapter_merges_after_the_ranks_part_so_no_barrier_waits_for_it(tmp_path: Path, monkeypatch) -> None:
+    """Before: rank 0 merged while the others waited in a barrier bounded by ddp_timeout (5 x stall_timeout), and a
+    slow merge (a large base model loaded whole) failed the run at its very end."""
+    from rlhf_cli.rank import lora, record
+    from rlhf_cli.rank.__main__ import finish
+
+    events: list[str] = []
+    monkeypatch.setattr(lora, "save_merged_model", lambda inputs, output_dir: events.append("merged"))
+    monkeypatch.setattr(record, "write_summary", lambda *args: events.append("summary"))
+    for is_main_process in (True, False):
+        events.clear()
+        assert finish(FinishedTrainer(events, tmp_path, is_main_process), None, "ppo", None, None, 0.0) == 0
+        parted = ["model saved", "state saved", "summary", "barrier", "process group destroyed"]
+        assert events == parted + (["merged"] if is_main_process else [])

@@ -234,6 +234,20 @@ FIXTURES = REPO / "tests" / "fixtures" / "models"
 
 # -- builders: TRL's peft_config path, and no reference model --------------------------------------------------------
 
+def test_the_value_models_score_head_stays_out_of_the_policys_modules_to_save() -> None:
+    """Before: both configs shared the recipe's modules_to_save list, and PEFT's SEQ_CLS wrapper extended it with the
+    value model's score head, so the policy's saved adapter config listed `score` too."""
+    from rlhf_cli.rank.lora import SEQUENCE_CLASSIFIER, adapt_ppo_models
+
+    inputs = rank_inputs(use_peft=True, lora_r=4, lora_modules_to_save=["lm_head"])
+    policy, value = adapt_ppo_models(hf_model(CONFIGS["llama"], meta=False),
+                                     hf_model(CONFIGS["llama"], classifier=True, meta=False), inputs)
+    assert value.peft_config["default"].task_type == SEQUENCE_CLASSIFIER
+    assert "score" in value.peft_config["default"].modules_to_save
+    assert list(policy.peft_config["default"].modules_to_save) == ["lm_head"]
+    assert inputs.model["lora_modules_to_save"] == ["lm_head"]
+
+
 @pytest.fixture
 def loaded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The name or path of every model loaded through AutoModelForCausalLM.from_pretrained, in order."""
@@ -273,6 +287,26 @@ def test_trl_trainers_get_the_adapters_and_no_reference_model(name: str, extra: 
     trainer = load_object(algorithm(name).builder)(inputs)
     assert isinstance(trainer.model, PeftModel) and trainer.model.peft_config["default"].r == 4
     assert trainer.ref_model is None and len(loaded) <= 1  # at most the policy itself, loaded once
+
+
+def test_online_dpo_ranks_sample_their_own_random_numbers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: TRL's OnlineDPOTrainer only called set_seed(args.seed), so every rank drew the same numbers (99.3% of
+    sampled tokens equal across ranks on different prompts); RLOO and GRPO reseed per rank, and so does it now."""
+    import torch
+    from accelerate.state import AcceleratorState
+
+    from rlhf_cli.rank.builders import build_online_dpo
+    from rlhf_cli.rank.inputs import RankInputs
+
+    draws = []
+    for rank in (0, 1):
+        monkeypatch.setattr(AcceleratorState, "process_index", property(lambda self, rank=rank: rank), raising=False)
+        inputs = RankInputs("online_dpo", SCRIPT, {"model_name_or_path": SMOKE, "use_peft": True, "lora_r": 4},
+                            {**TRAINER, "max_new_tokens": 4, "beta": [0.05], "output_dir": str(tmp_path / str(rank))},
+                            {}, {})
+        build_online_dpo(inputs)
+        draws.append(torch.rand(8))
+    assert not torch.equal(*draws)
 
 
 @pytest.fixture

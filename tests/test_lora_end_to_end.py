@@ -73,7 +73,7 @@ def test_ppo_with_lora_learns_on_a_learnable_reward(tmp_path: Path) -> None:
     v_proj alone the score stayed flat over 20 updates (in one process: 0.063 -> 0.060, tau -0.02)."""
     out = tmp_path / "run"
     ppo(out, "--no-gather", "--lora", "--merge-adapter",
-        sets=(*LEARNABLE, "lora_target_modules=[q_proj, v_proj, lm_head]"))
+        pairs=(*LEARNABLE, "lora_target_modules=[q_proj, v_proj, lm_head]"))
     steps = logged(out)
     scores = [entry["objective/scores"] for entry in steps]
     assert len(scores) == 20 and steps[0]["objective/kl"] == 0.0
@@ -86,12 +86,12 @@ def test_ppo_with_lora_learns_on_a_learnable_reward(tmp_path: Path) -> None:
 
 def test_ppo_with_lora_checkpoints_adapters_and_resumes(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    ppo(out, "--gather", "--lora", "--set", "save_strategy=steps", "--set", "save_steps=2", sets=SMALL_BUCKETS)
+    ppo(out, "--gather", "--lora", "--set", "save_strategy=steps", "--set", "save_steps=2", pairs=SMALL_BUCKETS)
     full = logged(out)
     checkpoint = out / "checkpoint-2"
     assert (checkpoint / "adapter_config.json").is_file() and not (checkpoint / "model.safetensors").exists()
     resumed_dir = tmp_path / "resumed"
-    ppo(resumed_dir, "--gather", "--lora", "--resume", str(checkpoint), sets=SMALL_BUCKETS)
+    ppo(resumed_dir, "--gather", "--lora", "--resume", str(checkpoint), pairs=SMALL_BUCKETS)
     resumed = logged(resumed_dir)
     assert [entry["step"] for entry in resumed] == [1, 2, 3, 4]
     # The adapters, optimizer, schedule, RNG and data position came back; the frozen weights load from the base.

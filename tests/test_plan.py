@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from helpers import RECIPES, REPO, write
 from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError, PlanError
-from rlhf_cli.plan import memory
+from rlhf_cli.plan import memory, vllm
 from rlhf_cli.plan.estimate import plan_run, planned
 from rlhf_cli.plan.gpus import available_ram, detect_hardware
 from rlhf_cli.hub import ModelConfigUnavailable, find_config, read_config
@@ -316,10 +317,11 @@ def test_seed_case_gather_does_not_fit_no_gather_does(seed_models) -> None:
 def test_seed_case_gather_auto_spends_only_the_headroom_that_training_leaves(seed_models) -> None:
     """With just enough memory for no-gather, the seed's peak is its training phase: auto buys the units that
     fit under it, and the peak does not grow."""
-    sharded = plan_run(seed_run(ds3_gather_for_generation=("--no-gather", False))).chosen
+    no_checkpointing = {"gradient_checkpointing": ("--set gradient_checkpointing", False)}  # TRL 1.12 turns it on
+    sharded = plan_run(seed_run(ds3_gather_for_generation=("--no-gather", False), **no_checkpointing)).chosen
     just_enough = -(-sharded.peak * 10 // 9)  # no-gather fits in 90% of it, not a byte more
     run, plan = planned(seed_run(ds3_gather_for_generation=("--gather auto", "auto"),
-                                 gpu_memory=("--gpu-memory", str(just_enough))))
+                                 gpu_memory=("--gpu-memory", str(just_enough)), **no_checkpointing))
     setting = run.settings["ds3_gather_for_generation"]
     assert setting.value is False and 0 < run.value("gather_budget") < 0.1
     assert setting.source.startswith("rlhf plan: gathering needs") and "of the policy needs" in setting.source
@@ -366,11 +368,14 @@ def test_rlhf_plan_prints_the_table_and_json(cli, seed_models) -> None:
     table = cli(*args)
     assert table.exit_code == 0, table.output
     for text in ("gather", "no-gather", "opt *", "policy states", "gen weights", "peak per GPU", "fits in 21.3",
-                 "does not fit", "with --lora (rank 16, PEFT default targets)", "policy shard"):
+                 "does not fit", "with --lora (rank 16, PEFT default targets)", "policy shard",
+                 "with vLLM (vllm_mode colocate, vllm_gpu_memory_utilization 0.3", "sync bucket",
+                 "vLLM: vLLM fits colocated with vllm_tensor_parallel_size 2"):
         assert text in table.stdout, text
     data = json.loads(cli(*args, "--json").stdout)
     chosen = [c for c in data["configurations"] if c["chosen"]]
-    assert [c["lora"] for c in data["configurations"]] == [False] * 6 + [True] * 4
+    assert [(c["lora"], c["engine"]) for c in data["configurations"]] == \
+        [(False, "hf")] * 6 + [(True, "hf")] * 4 + [(False, "vllm")] * 6
     assert len(chosen) == 1 and chosen[0]["label"] == "gather, optimizer->cpu"
     assert chosen[0]["fits"] is False and data["models"]["policy"]["params"] == 11_846_072_320
     assert sum(chosen[0]["components"].values()) >= chosen[0]["peak_gpu"]
@@ -534,6 +539,159 @@ def test_ppo_rollouts_per_process_are_per_device_times_accumulation() -> None:
     assert not planned.gradient_checkpointing
     for name in ("gradient_checkpointing", "activation_checkpointing"):  # PPO honours both names
         assert workload("ppo", {**values, name: True}.get, num_processes=4).gradient_checkpointing
+
+
+# -- vLLM ----------------------------------------------------------------------------------------------------
+
+QWEN_HARDWARE = {"gpu_memory": ("--gpu-memory", "80GiB"), "num_gpus": ("--num-gpus", 4)}
+
+
+def qwen_plan(*sets: str, hardware: dict | None = None, gather: str = "true"):
+    """RLOO of Qwen2.5-7B with the seed recipe's trainer fields and the given vLLM keys, on 4 x 80 GiB."""
+    cache_model("Qwen/Qwen2.5-7B", "qwen2.5-7b")
+    recipe = RECIPES / "rloo" / "pythia-12b-descriptiveness.yaml"
+    return resolve(RunRequest("rloo", str(recipe), dict(hardware or QWEN_HARDWARE),
+                              (*QWEN, f"gather={gather}", *sets), planning=True), cuda=True)
+
+
+def vllm_rows(plan, gather: bool, offload: str = "none") -> dict[str, int]:
+    column = next(c for c in plan.columns if c.candidate.vllm is not None and c.candidate.gather is gather
+                  and c.candidate.offload_optimizer == offload and c.candidate.offload_params == "none")
+    return {part.name: part.gpu for part in column.components}
+
+
+def test_colocated_vllm_takes_its_share_of_the_total_memory_and_the_sync_its_bucket() -> None:
+    plan = plan_run(qwen_plan("use_vllm=true"))
+    policy, gpu = plan.roles[0].size, 80 * 2**30
+    gathered, sharded = vllm_rows(plan, True), vllm_rows(plan, False)
+    assert gathered["vLLM"] == int(0.3 * gpu) + vllm.CUDA_GRAPHS  # TRL's default share, of the total
+    assert gathered["gen weights"] == gathered["gen KV cache"] == gathered["vLLM awake"] == 0
+    assert gathered["sync bucket"] == policy.params * 2
+    assert sharded["sync bucket"] == max(unit.numel for unit in policy.units) * 2 == policy.largest_layer * 2
+    training = sum(value for name, value in sharded.items() if name.startswith("train "))
+    assert sharded["sync: train reserve"] == training and sharded["sync: vLLM weights"] == 0
+    hf = {part.name: part.gpu for part in plan.column(True, "none", "none").components}
+    assert hf["gen weights"] == policy.params * 2 and hf["vLLM"] == hf["sync bucket"] == 0
+    assert plan.chosen.candidate.vllm is not None and plan.chosen.candidate.gather
+
+
+def test_sleep_frees_vllm_while_training_and_tensor_parallelism_splits_its_weights() -> None:
+    plan = plan_run(qwen_plan("use_vllm=true", "vllm_enable_sleep_mode=true", "vllm_tensor_parallel_size=4",
+                              "vllm_gpu_memory_utilization=0.2"))
+    rows, params = vllm_rows(plan, False), plan.roles[0].size.params
+    assert rows["vLLM"] == vllm.SLEEP_RESIDUAL
+    assert rows["vLLM awake"] == int(0.2 * 80 * 2**30) + vllm.CUDA_GRAPHS - vllm.SLEEP_RESIDUAL
+    assert rows["sync: vLLM weights"] == -(-params * 2 // 4) and rows["sync: train reserve"] == 0
+    awake = plan_run(qwen_plan("use_vllm=true", "vllm_tensor_parallel_size=4", "vllm_gpu_memory_utilization=0.2"))
+    assert vllm_rows(awake, False)["vLLM"] - rows["vLLM"] == rows["vLLM awake"]
+    settings = vllm.VllmSettings(sleep=True, sleep_level=1, tensor_parallel_size=2)
+    assert vllm.host_weights(settings, params, 2, 4) == 4 * -(-params * 2 // 2)
+    assert vllm.host_weights(replace(settings, sleep_level=2), params, 2, 4) == 0  # TRL's level discards them
+    assert vllm.cuda_graphs(replace(settings, enforce_eager=True)) == 0
+
+
+def test_a_vllm_server_holds_nothing_on_the_training_gpus_but_the_sync() -> None:
+    plan = plan_run(qwen_plan("use_vllm=true", "vllm_mode=server"))
+    rows = vllm_rows(plan, True)
+    assert rows["vLLM"] == rows["vLLM awake"] == 0 and rows["sync bucket"] == plan.roles[0].size.params * 2
+    assert any("vllm_mode server" in line and "not counted here" in line for line in plan.vllm_findings)
+
+
+def test_a_vllm_share_below_its_weights_cannot_start() -> None:
+    plan = plan_run(qwen_plan("use_vllm=true", "vllm_gpu_memory_utilization=0.1"))  # 8 GiB < 14.2 GiB
+    assert not plan.chosen.fits and plan.chosen.peak < 0.9 * 80 * 2**30
+    assert any("it cannot start" in line for line in plan.vllm_findings)
+
+
+def test_vllm_needs_room_for_one_sequence_of_its_model_length() -> None:
+    """Qwen2.5-7B's 131072 positions take 7 GiB of KV cache; 0.2 of 80 GiB leaves 1.8 GiB after the weights."""
+    plan = plan_run(qwen_plan("use_vllm=true", "vllm_gpu_memory_utilization=0.2"))
+    assert not plan.chosen.fits and any("one sequence of its model length (131072" in line
+                                        for line in plan.vllm_findings)
+    assert plan_run(qwen_plan("use_vllm=true", "vllm_gpu_memory_utilization=0.2",
+                              "vllm_max_model_length=1024")).chosen.fits
+
+
+def test_seed_case_colocated_vllm_fits_with_parameters_offloaded_and_says_what_its_own_offload_needs(
+        seed_models) -> None:
+    plan = plan_run(seed_run())
+    meaning, *_, found = plan.vllm_findings
+    assert "as much as gathering holds (22.1 GiB)" in meaning and "makes generation faster, not smaller" in meaning
+    assert found.startswith("vLLM fits colocated with vllm_tensor_parallel_size 2") and "offload opt+par:" in found
+    own = found.split("with the run's own offload (opt) the least, ")[1]
+    assert own.startswith("vLLM 0.33 TP4 sleep, sync no-gather, optimizer->cpu, needs 21.5 GiB of the 21.3 GiB")
+    assert not any(c.fits for c in plan.columns if c.candidate.vllm and c.candidate.offload_params == "none")
+    fit = plan_run(seed_run(offload_params=("--offload-params", "cpu")))
+    assert "offload opt+par:" in fit.vllm_findings[-1] and "the run's own offload" not in fit.vllm_findings[-1]
+
+
+def test_gather_auto_with_vllm_sizes_the_sync() -> None:
+    run, plan = planned(qwen_plan("use_vllm=true", gather="auto"))
+    assert run.value("ds3_gather_for_generation") is True and plan.chosen.candidate.vllm is not None
+    assert run.settings["ds3_gather_for_generation"].source.startswith("rlhf plan: syncing vLLM the whole policy")
+
+
+@pytest.mark.parametrize("installed", [True, False], ids=["vllm installed", "no vllm"])
+def test_gather_auto_takes_vllm_where_left_open_and_installed(installed: bool, monkeypatch) -> None:
+    monkeypatch.setattr(vllm, "installed", lambda: installed)
+    sets = ("vllm_enable_sleep_mode=true", "vllm_tensor_parallel_size=4", "vllm_gpu_memory_utilization=0.25",
+            "vllm_max_model_length=1024")
+    small = {**QWEN_HARDWARE, "gpu_memory": ("--gpu-memory", "24GiB"),
+             "offload_optimizer": ("--offload-optimizer", "cpu")}
+    plan = plan_run(qwen_plan(*sets, hardware=small))
+    assert not plan.column(True, "cpu", "none").fits  # gathering to generate does not fit
+    run, plan = planned(qwen_plan(*sets, hardware=small, gather="auto"))
+    if installed:
+        assert run.value("use_vllm") is True and plan.chosen.candidate.vllm is not None and plan.chosen.fits
+        assert "use_vllm left open" in run.settings["use_vllm"].source
+    else:
+        assert run.value("use_vllm") is False and plan.chosen.candidate.vllm is None
+    asked = planned(qwen_plan(*sets, "use_vllm=false", hardware=small, gather="auto"))[1]
+    assert asked.chosen.candidate.vllm is None  # a run that says no to vLLM never gets it
+
+
+def test_published_runs_get_their_verdicts(tmp_path: Path, monkeypatch) -> None:
+    """benchmarks/plan_published.py: every published run's verdict, and its vLLM figures within 15%."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import plan_published
+    from _common import cache_model_configs
+
+    cache_model_configs(tmp_path / "hub", plan_published.HUB_MODELS)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    replays = [plan_published.replay(row, tmp_path / f"row-{index}.yaml")
+               for index, row in enumerate(plan_published.ROWS)]
+    assert [r.fits for r in replays] == [r.row.ran for r in replays]
+    vllm_rows_measured = [r for r in replays if "vLLM" in r.row.setup and r.row.published_gib]
+    assert len(vllm_rows_measured) == 2
+    for replayed in vllm_rows_measured:
+        assert abs(replayed.predicted / 2**30 - replayed.row.published_gib) <= 0.15 * replayed.row.published_gib
+
+
+def test_rlhf_plan_plans_the_seed_with_vllm_keys(cli, seed_models) -> None:
+    """The seed through RLOO's vLLM keys (PPO's config has none yet), TP 4, sleep and the parameters offloaded."""
+    args = ("plan", "rloo", "-r", RECIPES / "rloo" / "pythia-12b-descriptiveness.yaml", "--gpu-memory", "23.7GiB",
+            "--num-gpus", "4", "--no-gather", "--offload-params", "cpu", "--set", "use_vllm=true",
+            "--set", "vllm_tensor_parallel_size=4", "--set", "vllm_enable_sleep_mode=true",
+            "--set", "vllm_gpu_memory_utilization=0.33", "--json")
+    result = cli(*map(str, args))
+    assert result.exit_code == 0, result.output
+    chosen = next(c for c in json.loads(result.stdout)["configurations"] if c["chosen"])
+    assert chosen["engine"] == "vllm" and chosen["fits"] and chosen["vllm"]["tensor_parallel_size"] == 4
+    assert chosen["components"]["vLLM"] == vllm.SLEEP_RESIDUAL and chosen["components"]["gen weights"] == 0
+
+def test_a_run_with_tools_is_planned_as_prompt_plus_completion_and_says_so() -> None:
+    """TRL appends tool results to the completion and caps both at max_completion_length: the sequence the plan
+    counts is still prompt + completion, and a note says what the two hold; without tools, no note."""
+    agent = plan_run(resolve(RunRequest("grpo", "grpo/agent-smoke", {"gpu_memory": ("--gpu-memory", "8GiB")}),
+                             cuda=False))
+    assert (agent.work.prompt_length, agent.work.completion_length, agent.work.train_sequence) == (256, 64, 320)
+    assert "tools: sequences counted as prompt (256 tokens, tools' schemas included) + completion (64 tokens: " \
+           "generated text and tool results together, as TRL caps them)" in agent.notes
+    unset = plan_run(resolve(RunRequest("grpo", "grpo/agent-smoke", {"gpu_memory": ("--gpu-memory", "8GiB")},
+                                        ("plan_prompt_length=null",)), cuda=False))
+    assert any("the default: set plan_prompt_length to the prompt as rendered" in note for note in unset.notes)
+    plain = plan_run(resolve(RunRequest("grpo", "grpo/smoke", {"gpu_memory": ("--gpu-memory", "8GiB")}), cuda=False))
+    assert not any(note.startswith("tools:") for note in plain.notes)
 
 
 def test_the_recipes_env_block_names_the_hub_cache_the_plan_reads(tmp_path: Path) -> None:

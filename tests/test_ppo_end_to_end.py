@@ -66,7 +66,7 @@ def test_score_rises_on_a_learnable_reward(tmp_path: Path) -> None:
     0.74; control 0.079 -> 0.070, -0.06.) The test asks for a trend no chance walk gives: a rise of 0.05 (3 sigma
     of the mean of 3 when nothing is learned) and a Kendall rank correlation with the step above 0.4 (2.5 sigma
     for 20 unrelated scores)."""
-    ppo(tmp_path / "run", "--no-gather", sets=LEARNABLE)
+    ppo(tmp_path / "run", "--no-gather", pairs=LEARNABLE)
     scores = [entry["objective/scores"] for entry in logged(tmp_path / "run")]
     assert len(scores) == 20
     first, last = sum(scores[:3]) / 3, sum(scores[-3:]) / 3
@@ -97,8 +97,18 @@ def test_checkpoint_loads_and_resume_continues_episodes_and_schedule(tmp_path: P
 
 
 def test_ppo_trains_with_optimizer_and_parameters_offloaded_to_cpu(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    ppo(out, "--no-gather", "--offload-optimizer", "cpu", "--offload-params", "cpu")
+    """Also from a user's accelerate config that leaves zero3_save_16bit_model false, accelerate's default: before,
+    the run died at its first save (accelerate's get_state_dict refuses); the policy is consolidated anyway."""
+    from transformers import AutoModelForCausalLM
+
+    out, config = tmp_path / "run", tmp_path / "accelerate.yaml"
+    config.write_text("distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 3\n"
+                      "  zero3_init_flag: true\n")
+    ppo(out, "--no-gather", "--offload-optimizer", "cpu", "--offload-params", "cpu", "--accelerate-config",
+        str(config), "--set", "save_strategy=steps", "--set", "save_steps=2")
     accelerate = (out / "accelerate_config.yaml").read_text()
     assert "offload_optimizer_device: cpu" in accelerate and "offload_param_device: cpu" in accelerate
+    assert "zero3_save_16bit_model: true" not in accelerate
     assert len(logged(out)) == 4 and (out / "model.safetensors").is_file()
+    for saved in (out, out / "checkpoint-2"):
+        assert AutoModelForCausalLM.from_pretrained(saved).num_parameters() > 0

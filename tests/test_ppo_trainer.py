@@ -43,15 +43,22 @@ class Recorder:
         return self.rewards(len(completions)) if self.rewards else [0.0] * len(completions)
 
 
-def build(model: Path, out: Path, *, reward: Path | None = None, prompts: Path = PROMPTS,
-          recorder: Recorder | None = None, **settings: Any):
-    """The PPO trainer `rlhf ppo` would build on a rank, with `recorder` as its reward function."""
-    from rlhf_cli.rank.builders import build_ppo
+def rank_inputs(model: Path, out: Path, *, reward: Path | None = None, prompts: Path = PROMPTS,
+                model_values: dict[str, Any] | None = None, **settings: Any):
+    """The resolved recipe a rank of `rlhf ppo` reads."""
     from rlhf_cli.rank.inputs import RankInputs
 
     trainer_values = {**SETTINGS, "output_dir": str(out), **settings}
     script = {"dataset_name": str(prompts), "reward_model_name_or_path": str(reward) if reward else None}
-    trainer = build_ppo(RankInputs("ppo", script, {"model_name_or_path": str(model)}, trainer_values, {}, {}))
+    return RankInputs("ppo", script, {"model_name_or_path": str(model), **(model_values or {})}, trainer_values, {},
+                      {})
+
+
+def build(model: Path, out: Path, *, recorder: Recorder | None = None, **options: Any):
+    """The PPO trainer `rlhf ppo` would build on a rank, with `recorder` as its reward function."""
+    from rlhf_cli.rank.builders import build_ppo
+
+    trainer = build_ppo(rank_inputs(model, out, **options))
     trainer.reward_funcs = [recorder or Recorder()]
     return trainer
 
@@ -145,8 +152,10 @@ def test_generation_chunks_that_stop_early_are_padded_to_one_length(family_model
     monkeypatch.setattr(policy, "generate", first_chunk_stops_after_two_tokens)
     trainer.train()
     first = recorder.completion_ids[0]
-    assert len(first) == length and first[1] == eos and first[2:] == [pad] * (length - 2)
-    assert all(len(ids) == length for ids in recorder.completion_ids)
+    # Reward functions get each completion's own tokens, as TRL's trainers pass them: no padding after its stop
+    assert len(first) == 2 and first[1] == eos
+    assert all(pad not in ids and len(ids) <= length for ids in recorder.completion_ids)
+    assert any(len(ids) == length for ids in recorder.completion_ids)
 
 
 # -- 2. dropout off ------------------------------------------------------------------------------------------------
@@ -217,6 +226,18 @@ def test_a_reward_function_returning_none_stops_naming_it_and_the_sample(family_
 
 
 # -- 6. num_mini_batches as in TRL 1.12 ---------------------------------------------------------------------------
+
+def test_a_mini_batch_smaller_than_a_micro_batch_is_one_micro_batch(family_models: dict[str, Path], tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRL 1.12's own settings shape (8 x 1 rollouts per process, 2 mini-batches), here 4 x 1: num_mini_batches
+    divides the rollouts, not gradient_accumulation_steps; each mini-batch of 2 is one step (once refused)."""
+    taken = steps_counted(monkeypatch)
+    trainer = train(family_models["gemma"], tmp_path / "out", per_device_train_batch_size=4,
+                    gradient_accumulation_steps=1, num_mini_batches=2, num_ppo_epochs=2, total_episodes=8)
+    assert [entry["episode"] for entry in logged(trainer)] == [4, 8]
+    assert len(taken) == 2 * 2 * 2  # updates x epochs x mini-batches
+    assert trainer.micro_batch_size == 2 and trainer.micro_batches_per_step == 1
+
 
 def test_num_mini_batches_splits_the_rollouts_of_a_process(family_models: dict[str, Path], tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, launch_rlhf, write
+from helpers import RECIPES, REPO, launch_rlhf, write
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.launch.preflight import check_before_launch
@@ -22,23 +22,25 @@ import json, sys
 from pathlib import Path
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
-from rlhf_cli.launch.preflight import check_before_launch
+from rlhf_cli.launch.preflight import PendingCheck
 
-run = resolve(RunRequest("rloo", "rloo/smoke", sets=tuple(sys.argv[1:])), cwd=Path.cwd(), cuda=False)
+command, recipe, *sets = sys.argv[1:]
+run = resolve(RunRequest(command, recipe, sets=tuple(sets)), cwd=Path.cwd(), cuda=False)
+checking = PendingCheck(run)
 try:
-    check_before_launch(run)
+    checking.wait()
     problems = []
 except ConfigError as error:
     problems = error.problems
 heavy = [name for name in ("torch", "transformers", "trl", "deepspeed") if name in sys.modules]
-print(json.dumps({"problems": problems, "heavy_in_launcher": heavy}))
+print(json.dumps({"problems": problems, "heavy_in_launcher": heavy, "remembered": checking.remembered}))
 """
 
 
-def run_check(tmp_path: Path, *sets: str) -> dict:
+def run_check(tmp_path: Path, *sets: str, recipe: str = "rloo/smoke") -> dict:
     """The check as the launcher runs it, from a fresh process: its problems, and what the launcher imported."""
-    done = subprocess.run([sys.executable, "-c", CHECK, *sets], capture_output=True, text=True, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    done = subprocess.run([sys.executable, "-c", CHECK, recipe.partition("/")[0], recipe, *sets], capture_output=True,
+                          text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -51,6 +53,7 @@ def test_what_trl_and_the_reward_functions_refuse_is_found_before_any_rank(tmp_p
     found = run_check(tmp_path, "reward_funcs=[raises.py:score, narrow.py:score, chatty.py:score]",
                       "auto_find_batch_size=true")
     assert found["heavy_in_launcher"] == []  # TRL and torch stayed in the check's own process
+    assert not (Path(os.environ["RLHF_CACHE"]) / "passed-checks").exists()  # a refusal is never remembered
     problems = found["problems"]
     assert len(problems) == 3, problems
     assert problems[0] == f"`reward_funcs`: {tmp_path}/raises.py:score: importing it failed (RuntimeError: no GPU " \
@@ -62,9 +65,90 @@ def test_what_trl_and_the_reward_functions_refuse_is_found_before_any_rank(tmp_p
                                   "supported by RLOO")  # a rule only TRL knows: the config's own check finds it
 
 
-def test_a_run_that_fits_passes_with_the_launcher_free_of_torch(tmp_path: Path) -> None:
-    write(tmp_path / "good.py", "def score(prompts, completions, **kwargs):\n    return [0.0 for _ in completions]\n")
-    assert run_check(tmp_path, "reward_funcs=[good.py:score]") == {"problems": [], "heavy_in_launcher": []}
+def test_a_run_that_fits_passes_with_the_launcher_free_of_torch_and_is_checked_again_only_when_changed(
+        tmp_path: Path) -> None:
+    good = write(tmp_path / "good.py",
+                 "def score(prompts, completions, **kwargs):\n    return [0.0 for _ in completions]\n")
+    passed = {"problems": [], "heavy_in_launcher": []}
+    assert run_check(tmp_path, "reward_funcs=[good.py:score]") == {**passed, "remembered": False}
+    # The same run again (another output dir, as every default one is): no process, no TRL import.
+    assert run_check(tmp_path, "reward_funcs=[good.py:score]", "output_dir=elsewhere") == {**passed, "remembered": True}
+    write(good, good.read_text() + "# edited\n")  # the reward file changed: checked again
+    assert run_check(tmp_path, "reward_funcs=[good.py:score]") == {**passed, "remembered": False}
+    assert len(list((Path(os.environ["RLHF_CACHE"]) / "passed-checks").iterdir())) == 2
+
+
+TOOL_DOC = '    """Add.\n\n    Args:\n        a: a number\n    """\n'
+METHOD_DOC = TOOL_DOC.replace("\n    ", "\n        ").replace('    """Add', '        """Add', 1)
+ENVIRONMENTS = f"""
+class Broken:
+    def __init__(self):
+        raise RuntimeError("no sandbox")
+
+class NoReset:
+    def add(self, a: int) -> int:
+{METHOD_DOC}        return a
+
+class Loose:
+    def reset(self, **kwargs):
+        return None
+    def add(self, a, b: int) -> int:
+{METHOD_DOC}        return a
+"""
+
+
+def test_tools_that_transformers_cannot_describe_and_a_template_without_tool_calls_are_found(tmp_path: Path) -> None:
+    write(tmp_path / "raises.py", "raise ImportError('no calculator')\n")
+    write(tmp_path / "nohint.py", f"def add(a):\n{TOOL_DOC}    return a\n")
+    write(tmp_path / "noargs.py", "def add(a: int, b: int) -> int:\n    \"\"\"Add.\"\"\"\n    return a\n")
+    write(tmp_path / "env.py", ENVIRONMENTS)
+    write(tmp_path / "value.py", "rollout = 3\n")
+    problems = run_check(tmp_path, "tools=[raises.py:add, nohint.py:add, noargs.py:add]",
+                         "environment_factory={a: env.py:Broken, b: env.py:NoReset, c: env.py:Loose}",
+                         "rollout_func=value.py:rollout", recipe="grpo/smoke")["problems"]
+    assert problems == [
+        f"`tools`: {tmp_path}/raises.py:add: importing it failed (ImportError: no calculator); fix the module",
+        f"`tools`: {tmp_path}/nohint.py:add: transformers cannot turn it into a tool schema (Argument a is missing a "
+        "type hint in function add); give every argument a type hint and a line in the docstring's Args: section",
+        f"`tools`: {tmp_path}/noargs.py:add: transformers cannot turn it into a tool schema (Cannot generate JSON "
+        "schema for add because the docstring has no description for the argument 'a'); give every argument a type "
+        "hint and a line in the docstring's Args: section",
+        f"`environment_factory.a`: {tmp_path}/env.py:Broken: building one failed (RuntimeError: no sandbox); "
+        "GRPOTrainer builds it with no arguments, once per rollout",
+        f"`environment_factory.b`: {tmp_path}/env.py:NoReset has no `reset` method; GRPOTrainer calls reset(**row) "
+        "before each rollout",
+        f"`environment_factory.c`: {tmp_path}/env.py:Loose: method `add` is a tool, and transformers cannot turn it "
+        "into a tool schema (Argument a is missing a type hint in function add); give every argument a type hint "
+        "and a line in the docstring's Args: section (or make it _private)",
+        f"`rollout_func`: {tmp_path}/value.py:rollout is a int, not a function or class",
+        f"`model_name_or_path` ({RECIPES}/smoke/policy): its chat template cannot render a tool-calling conversation "
+        "(TRL's supports_tool_calling: user -> assistant with tool_calls -> tool); use a model whose template does "
+        "(Qwen 2.5, Llama 3.1)",
+    ]
+
+
+def test_the_agent_smoke_recipe_passes_the_check(tmp_path: Path) -> None:
+    passed = {"problems": [], "heavy_in_launcher": [], "remembered": False}
+    assert run_check(tmp_path, recipe="grpo/agent-smoke") == passed
+
+
+def test_a_template_that_loses_prefixes_or_has_no_parser_is_refused() -> None:
+    """The two template checks TRL makes once it has the tools: a prefix-preserving template (or one TRL can swap)
+    and a response parser it knows; the agent stand-in's (TRL's Qwen 2.5 template) passes both."""
+    from transformers import AutoTokenizer
+
+    from rlhf_cli.rank.agent_checks import template_problems
+
+    assert template_problems(AutoTokenizer.from_pretrained(RECIPES / "smoke" / "agent"), "agent") == []
+    tokenizer = AutoTokenizer.from_pretrained(RECIPES / "smoke" / "agent")  # the check gave the first a parser
+    tokenizer.chat_template = (  # renders every part of a tool call, and marks the last turn only: loses prefixes
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}{% for t in m.tool_calls or [] %}{{ t.function.name }}"
+        "{{ t.function.arguments | tojson }}{% endfor %}{% if loop.last %}<|im_end|>{% endif %}{% endfor %}")
+    assert template_problems(tokenizer, "m") == [
+        "`model_name_or_path` (m): its chat template is not prefix-preserving (an earlier turn renders differently "
+        "once a tool result follows) and TRL has no training template for it",
+        "`model_name_or_path` (m): its tokenizer has no response schema to parse tool calls with and TRL knows none "
+        "for its chat template; set `response_template` in its tokenizer_config.json"]
 
 
 def test_a_reward_module_that_hangs_is_stopped_with_its_children(tmp_path: Path) -> None:

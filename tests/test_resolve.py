@@ -82,7 +82,10 @@ def test_every_problem_is_reported_at_once_with_place_and_fix(tmp_path: Path) ->
 def test_legacy_names_are_mapped_with_a_note_or_refused_with_todays_field(tmp_path: Path) -> None:
     path = recipe(tmp_path, "rloo_k: 4\nsft_model_path: ./other-policy\n", "legacy.yaml")
     found = problems(RunRequest("rloo", path), tmp_path)
-    assert found == [f"{path}:6: `sft_model_path` sets `model_name_or_path` again (already set by {path}:2); keep one"]
+    assert found == [f"{path}:6: `sft_model_path` sets `model_name_or_path` again (already set by {path}:2); in "
+                     "TRL 0.14's PPO `sft_model_path` was the policy and reference and `model_name_or_path` only the "
+                     "tokenizer; rlhf loads all three from `model_name_or_path`: give it the SFT model (with its "
+                     "tokenizer) and drop the other"]
     ok = write(tmp_path / "legacy2.yaml", f"rloo_k: 4\nsft_model_path: {RECIPES}/smoke/policy\n"
                                           f"reward_model_path: {RECIPES}/smoke/reward\n"
                                           f"dataset_name: {RECIPES}/smoke/prompts.jsonl\n")
@@ -144,6 +147,23 @@ def test_reward_functions_from_files_and_modules(tmp_path: Path) -> None:
     bad = write(tmp_path / "bad.yaml", SMOKE_MODELS + "reward_funcs: [missing.py:length]\n")
     assert problems(RunRequest("rloo", str(bad)), tmp_path) == [
         f"{bad}:5: `reward_funcs`: file missing.py not found"]
+
+
+def test_tools_environments_and_rollouts_are_found_like_reward_functions(tmp_path: Path) -> None:
+    """Files relative to the recipe (or, from the command line, to the working directory), modules as named; each
+    value keeps its source for --dry-run."""
+    write(tmp_path / "agent" / "tools.py", "def add(a: int) -> int:\n    return a\nclass Sandbox:\n    pass\n")
+    write(tmp_path / "my_pkg" / "rollouts.py", "def rollout(prompts, trainer):\n    return {}\n")
+    path = write(tmp_path / "agent" / "r.yaml", SMOKE_MODELS + "tools: [tools.py:add, my_pkg.rollouts:rollout]\n"
+                 "environment_factory: {math: tools.py:Sandbox}\n")
+    run = resolve(RunRequest("grpo", str(path), sets=("rollout_func=my_pkg.rollouts:rollout",)), cwd=tmp_path,
+                  cuda=False)
+    assert run.value("tools") == [f"{tmp_path}/agent/tools.py:add", "my_pkg.rollouts:rollout"]
+    assert run.value("environment_factory") == {"math": f"{tmp_path}/agent/tools.py:Sandbox"}
+    assert (run.value("rollout_func"), run.settings["rollout_func"].source) == ("my_pkg.rollouts:rollout", "--set")
+    assert run.settings["tools"].source == "recipe"
+    assert problems(RunRequest("grpo", str(path), sets=("tools=[tools.py:add]",)), tmp_path) == [
+        "--set tools: `tools`: file tools.py not found"]  # on the command line: relative to the working directory
 
 
 def test_nvme_offload_needs_a_path(tmp_path: Path) -> None:
@@ -224,6 +244,20 @@ def test_ppo_seed_command_line_translates_one_to_one(tmp_path: Path) -> None:
     assert run.value("total_episodes") == 200 and run.value("model_name_or_path") == str(RECIPES / "smoke" / "policy")
 
 
+def test_the_seeds_model_and_sft_model_path_with_one_value_are_one_value(tmp_path: Path) -> None:
+    """The seed's own command line gives --model_name_or_path and --sft_model_path the same value (before: "sets
+    model_name_or_path again"); in a recipe too, a relative path and an absolute one to the same model."""
+    policy = RECIPES / "smoke" / "policy"
+    flags = {"model_name_or_path": ("--model", str(policy))}
+    run = resolve(RunRequest("ppo", str(RECIPES / "ppo" / "smoke.yaml"), flags=flags,
+                             sets=(f"sft_model_path={policy}",)), cwd=tmp_path, cuda=False)
+    assert run.value("model_name_or_path") == str(policy)
+    path = write(tmp_path / "seed.yaml", f"model_name_or_path: {policy}\nsft_model_path: {policy}\n"
+                                         f"reward_model_path: {RECIPES}/smoke/reward\n"
+                                         f"dataset_name: {RECIPES}/smoke/prompts.jsonl\n")
+    assert resolve(RunRequest("ppo", str(path)), cwd=tmp_path, cuda=False).value("model_name_or_path") == str(policy)
+
+
 def test_ppo_stop_token_and_stop_token_id_are_not_both_set(tmp_path: Path) -> None:
     assert ppo_problems(tmp_path, "stop_token_id=2") == [
         "`stop_token` (eos) and `stop_token_id` (2) are both set; keep one"]
@@ -237,9 +271,13 @@ def test_ppo_batch_sizes_must_tile(tmp_path: Path) -> None:
         "gradient_accumulation_steps = 4)"]
     assert ppo_problems(tmp_path, "total_episodes=4", "num_mini_batches=2") == [
         "`total_episodes` (4) is less than one batch of rollouts (4 per process x 2 processes = 8)"]
-    assert ppo_problems(tmp_path, "num_mini_batches=4") == [
-        "`num_mini_batches` (4) must divide `gradient_accumulation_steps` (2): each mini-batch is one optimizer step "
-        "over whole micro-batches"]
+    assert ppo_problems(tmp_path, "num_mini_batches=3") == [
+        "`num_mini_batches` (3) must divide the rollouts per process (per_device_train_batch_size x "
+        "gradient_accumulation_steps = 4): each mini-batch is one optimizer step"]
+    # As TRL 1.12 accepted it: 4 mini-batches of 1 rollout, each a micro-batch of its own size
+    run = resolve(RunRequest("ppo", str(RECIPES / "ppo" / "smoke.yaml"), sets=("num_mini_batches=4",)), cwd=tmp_path,
+                  cuda=False)
+    assert run.value("num_mini_batches") == 4
     assert ppo_problems(tmp_path, "num_mini_batches=0") == [
         "--set num_mini_batches: `num_mini_batches`: must be at least 1, got 0"]
 

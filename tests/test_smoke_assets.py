@@ -31,3 +31,25 @@ def test_models_load_offline_and_fit_their_tokenizer() -> None:
     assert tokenizer.pad_token and tokenizer.eos_token and tokenizer.chat_template
     ids = tokenizer("Describe the big tree.", return_tensors="pt").input_ids
     assert policy(ids).logits.shape[-1] == len(tokenizer)
+
+
+def test_the_agent_stand_in_is_rebuilt_from_its_sums_and_calls_its_tool() -> None:
+    """The agent's tokenizer comes from the conversations build.py renders; the shipped stand-in, asked a sum it
+    was never shown, answers with a call to `calculate` that TRL's parser reads (so GRPO's tool loop runs)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl.chat_template_utils import add_response_schema, parse_response
+
+    builder = load_builder()
+    shipped = json.loads((RECIPES / "smoke" / "agent" / "tokenizer.json").read_text())
+    rebuilt = json.loads(builder.agent_tokenizer().backend_tokenizer.to_str())
+    assert rebuilt["model"]["vocab"] == shipped["model"]["vocab"]
+    tokenizer = add_response_schema(AutoTokenizer.from_pretrained(RECIPES / "smoke" / "agent"))
+    policy = AutoModelForCausalLM.from_pretrained(RECIPES / "smoke" / "agent")
+    calculate = builder._calculator().calculate
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 17 * 3?"}], tools=[calculate],
+                                           add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    generated = policy.generate(**prompt, max_new_tokens=40, do_sample=False)[0, prompt["input_ids"].shape[1]:]
+    parsed = parse_response(tokenizer, generated.tolist(), prefix=prompt["input_ids"][0].tolist(), tools=[calculate])
+    (call,) = parsed["tool_calls"]
+    assert call["function"]["name"] == "calculate"
+    calculate(**call["function"]["arguments"])  # well formed: two whole numbers and an operator

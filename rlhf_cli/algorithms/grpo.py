@@ -39,4 +39,5 @@ ALGORITHM = Algorithm(
     ),
     checks=group_checks,
     reward_keywords=TRL_REWARD_KEYWORDS,
+    takes_tools=True,  # GRPOTrainer(tools=, environment_factory=, rollout_func=); RLOO's and online DPO's do not
 )

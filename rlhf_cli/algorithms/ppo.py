@@ -32,9 +32,10 @@ def _checks(values: Values, num_processes: int) -> list[str]:
     per_device, accumulation = values("per_device_train_batch_size"), values("gradient_accumulation_steps")
     mini_batches, chunk = values("num_mini_batches"), values("local_rollout_forward_batch_size")
     local_batch = per_device * accumulation  # split into num_mini_batches, as in TRL 1.12
-    if accumulation % mini_batches:
-        problems.append(f"`num_mini_batches` ({mini_batches}) must divide `gradient_accumulation_steps` "
-                        f"({accumulation}): each mini-batch is one optimizer step over whole micro-batches")
+    if local_batch % mini_batches:
+        problems.append(f"`num_mini_batches` ({mini_batches}) must divide the rollouts per process "
+                        f"(per_device_train_batch_size x gradient_accumulation_steps = {local_batch}): each "
+                        "mini-batch is one optimizer step")
     if local_batch % min(chunk, local_batch):
         problems.append(f"`local_rollout_forward_batch_size` ({chunk}) must divide the rollouts per process "
                         f"(per_device_train_batch_size x gradient_accumulation_steps = {local_batch})")
@@ -75,7 +76,6 @@ ALGORITHM = Algorithm(
     batches=_batches,
     has_reference=lambda values: True,
     trains_value_model=True,
-    bf16_unless_told=False,
     # rlhf_cli/rank/ppo/trainer.py: `output.logits` over every position stays referenced through the backward,
     # with the completion's scaled logits and log-softmax; the backward adds a completion gradient or two and,
     # through the slice, one over every position: at most 2 [sequence] and 4 [completion] copies at once
@@ -94,7 +94,7 @@ ALGORITHM = Algorithm(
         StarterEntry("per_device_train_batch_size", "rollouts per GPU per micro-batch", 4),
         StarterEntry("gradient_accumulation_steps", "micro-batches per update: rollouts per GPU = this x the above",
                      4),
-        StarterEntry("num_mini_batches", "optimizer steps per pass over the rollouts; divides the above", 1),
+        StarterEntry("num_mini_batches", "optimizer steps per pass over the rollouts; divides rollouts per GPU", 1),
         StarterEntry("local_rollout_forward_batch_size", "sequences per generation pass; divides rollouts per GPU",
                      16),
         StarterEntry("num_ppo_epochs", "passes over each batch of rollouts"),

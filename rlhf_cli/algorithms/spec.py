@@ -92,6 +92,7 @@ class Algorithm:
     # the keyword arguments the trainer calls each reward function with (TRL's also pass the dataset's other
     # columns: a function takes them, or **kwargs)
     reward_keywords: tuple[str, ...] = ()
+    takes_tools: bool = False  # the trainer takes `tools`, `environment_factory` and `rollout_func` (GRPO)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "renamed", MappingProxyType(dict(self.renamed)))

@@ -9,6 +9,7 @@ import typer
 from rlhf_cli import __version__
 from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.cli import doctor, init, recipes, report
+from rlhf_cli.cli.flags import NO_VALUE
 from rlhf_cli.cli.train import EXTRA_ARGS, plan, train
 
 app = typer.Typer(
@@ -29,7 +30,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+    version: Annotated[bool, typer.Option("--version", metavar=NO_VALUE, callback=_version, is_eager=True,
                                           help="Print the version and exit.")] = False,
 ) -> None:
     """Set RLHF_DEBUG=1 (or true, yes) to see tracebacks for errors."""
@@ -56,13 +57,12 @@ for _command, _example in ((recipes.recipes, recipes.EXAMPLE), (init.init, init.
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`rlhf`: run the command; any error becomes one line per problem and an exit code (cli/errors.py)."""
-    from rlhf_cli.cli.errors import exit_code_for
-
+    """`rlhf`: run the command; any error becomes one line per problem and an exit code (cli/errors.py), which
+    is imported only then: it prints through the output layer, which a `--help` never needs."""
     try:
         return typer.main.get_command(app).main(args=argv, prog_name="rlhf", standalone_mode=False) or 0
-    except Exception as error:  # noqa: BLE001 - the one boundary: cli/errors.py decides what each type means
-        return exit_code_for(error)
-    except KeyboardInterrupt as error:
+    except (Exception, KeyboardInterrupt) as error:  # noqa: BLE001 - the one boundary: cli/errors.py decides
+        from rlhf_cli.cli.errors import exit_code_for
+
         return exit_code_for(error)
 

@@ -6,20 +6,23 @@ from dataclasses import asdict
 from typing import Annotated
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
-from rlhf_cli.cli.output import print_json, stdout
+from rlhf_cli.cli.flags import NO_VALUE
 
 EXAMPLE = "rlhf doctor   (on the GPU node, before its first run)"
 STYLES = {"ok": "green", "warning": "yellow", "problem": "bold red"}
 
 
 def doctor(
-    json_: Annotated[bool, typer.Option("--json", help="Print the checks as a JSON list, for scripts.")] = False,
+    json_: Annotated[bool, typer.Option(
+        "--json", metavar=NO_VALUE, help="Print the checks as a JSON list, for scripts.")] = False,
 ) -> None:
     """Check python, pinned packages, GPUs, DeepSpeed's build tools and accelerator, the hub; exit 1 on a problem."""
+    from rich.table import Table
+    from rich.text import Text
+
     from rlhf_cli import machine_checks as checks
+    from rlhf_cli.cli.output import print_json, stdout
 
     found = checks.run_checks()
     problems = [check for check in found if check.status == checks.PROBLEM]

@@ -15,11 +15,15 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from rlhf_cli.config.fields import OFFLOAD_DEVICES
 
 LAUNCH = "Launch and ZeRO-3"
 LORA = "LoRA"
 SHORTCUTS = "Shortcuts for recipe keys"
+
+
+# A boolean flag takes no value, so its help shows none: Typer 0.29 writes `<bool>` after it (which reads as if
+# it took one) unless its metavar is empty, Typer's public way to leave the column blank.
+NO_VALUE = ""
 
 
 @dataclass(frozen=True)
@@ -39,13 +43,16 @@ class Flag:
     complete: Callable[[], list[str]] | None = None
 
     def parameter_of_command(self) -> inspect.Parameter:
-        option = typer.Option(*self.names, help=self.help, rich_help_panel=self.panel, metavar=self.metavar,
+        metavar = NO_VALUE if self.kind is bool else self.metavar
+        option = typer.Option(*self.names, help=self.help, rich_help_panel=self.panel, metavar=metavar,
                               show_default=self.show_default, autocompletion=self.complete)
         return inspect.Parameter(self.parameter, inspect.Parameter.KEYWORD_ONLY, default=self.default,
                                  annotation=Annotated[self.kind, option])
 
 
 def _offload_devices() -> list[str]:
+    from rlhf_cli.config.fields import OFFLOAD_DEVICES  # read when completing, not for every command
+
     return list(OFFLOAD_DEVICES)
 
 

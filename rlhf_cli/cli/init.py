@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from rlhf_cli.algorithms import ALGORITHMS
-from rlhf_cli.cli.output import stderr
+from rlhf_cli.cli.flags import NO_VALUE
 from rlhf_cli.errors import RlhfError
 
 EXAMPLE = "rlhf init rloo --out my-rloo.yaml && rlhf rloo -r my-rloo.yaml --dry-run"
@@ -24,9 +24,10 @@ def init(
         show_default=False)],
     out: Annotated[Optional[Path], typer.Option(
         "--out", "-o", metavar="FILE", help="Write the recipe to FILE instead of printing it.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite FILE if it exists.")] = False,
+    force: Annotated[bool, typer.Option("--force", metavar=NO_VALUE, help="Overwrite FILE if it exists.")] = False,
 ) -> None:
     """Print or write a starter recipe with every field you are likely to change, each with a comment."""
+    from rlhf_cli.cli.output import stderr
     from rlhf_cli.config.starter import starter_recipe
 
     if out is None:

@@ -19,7 +19,7 @@ from rlhf_cli.launch.runner import Outcome
 from rlhf_cli.plan.memory import MARGIN
 
 if TYPE_CHECKING:
-    from rlhf_cli.plan.estimate import Column, Plan
+    from rlhf_cli.plan.columns import Column, Plan
 
 stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)
@@ -131,15 +131,26 @@ def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
     assert plan.work is not None and plan.hardware is not None
     hardware = plan.hardware
     command = algorithm(run.algorithm).command
-    for lora, title in ((False, f"rlhf plan {command}: GiB per GPU on {hardware.total_gpus} GPU(s)"),
-                        (True, f"with --lora ({_lora_summary(run)}): base frozen, no reference copy")):
-        print_whole(_plan_table(title, [c for c in plan.columns if c.candidate.lora == lora], hardware.gpu_memory))
+    vllm_columns = [c for c in plan.columns if c.candidate.vllm is not None]
+    tables = ((f"rlhf plan {command}: GiB per GPU on {hardware.total_gpus} GPU(s)",
+               [c for c in plan.columns if not c.candidate.lora and c.candidate.vllm is None]),
+              (f"with --lora ({_lora_summary(run)}): base frozen, no reference copy",
+               [c for c in plan.columns if c.candidate.lora and c.candidate.vllm is None]),
+              (f"with vLLM ({vllm_columns[0].candidate.vllm.description if vllm_columns else ''}): gather, "
+               "budget, no-gather = what the weight sync gathers at once", vllm_columns))
+    for title, columns in tables:
+        if columns:
+            print_whole(_plan_table(title, columns, hardware.gpu_memory))
     models = "; ".join(f"{role.name} {role.path} {_count(role.size.params)}{' (trained)' if role.trained else ''}"
                        + (f", LoRA {_count(role.adapter.params)}" if role.adapter else "") for role in plan.roles)
     work = plan.work
     lines = [f"GPU memory: {hardware.source}; fits: peak at most {1 - MARGIN:.0%} of it",
              "offload: none; opt = optimizer to CPU; opt+par = optimizer and parameters to CPU; * the run's own",
-             "peak = static rows + the largest of the gen, train and step rows", f"models: {models}"]
+             "peak = static rows + the largest of the gen, train, step and sync rows", f"models: {models}",
+             "vLLM: its budget (vllm_gpu_memory_utilization x the GPU's memory: weights / TP, KV cache) and CUDA "
+             "graphs stay while training unless it sleeps (then about 1 GiB); sync: the policy gathered at once "
+             "to refresh vLLM (gather: all, a budget, no-gather: one unit), on top of training's reserve or, "
+             "asleep, of vLLM's woken weights"]
     for line in lines:
         stdout.print(line, highlight=False, markup=False)
     stdout.print(f"per GPU: generation batch {work.generation_batch} x ({work.prompt_length} prompt + "
@@ -148,12 +159,20 @@ def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
                  f"{'on' if work.gradient_checkpointing else 'off'}, {work.attention} attention"
                  f"{', Liger kernels' if work.liger else ''}", highlight=False, markup=False)
     stdout.print(f"* the run's own: {plan.reason}", highlight=False, markup=False)
-    batch = plan.largest_generation_batch
-    stdout.print(f"generation batch: up to {batch} sequences per GPU fit with the run's own configuration (now "
-                 f"{work.generation_batch})" if batch else "generation batch: not even 1 sequence per GPU fits",
-                 highlight=False, markup=False)
+    batch, engine = plan.largest_generation_batch, plan.chosen.candidate.vllm if plan.chosen else None
+    if engine is not None and engine.mode != "colocate":
+        line = "generation batch: on the vLLM server's own GPUs, not planned here"
+    elif engine is not None:
+        line = (f"generation batch: vLLM's KV cache holds {batch or 0} sequences of {work.prompt_length} + "
+                f"{work.completion_length} tokens per process (now {work.generation_batch})")
+    else:
+        line = (f"generation batch: up to {batch} sequences per GPU fit with the run's own configuration (now "
+                f"{work.generation_batch})" if batch else "generation batch: not even 1 sequence per GPU fits")
+    stdout.print(line, highlight=False, markup=False)
     for line in plan.suggestions:
         stdout.print(f"instead: {line}", highlight=False, markup=False)
+    for line in plan.vllm_findings:
+        stdout.print(f"vLLM: {line}", highlight=False, markup=False)
     for note in plan.notes:
         stdout.print(f"note: {note}", style="yellow", highlight=False, markup=False)
 
@@ -198,6 +217,18 @@ def _precision(run: ResolvedRun) -> str:
     return "bf16" if run.value("bf16") else "fp16" if run.value("fp16") else "fp32"
 
 
+def _agent_code(run: ResolvedRun) -> str:
+    """The tools and environments a GRPO run hands the trainer; nothing for a run without (or another trainer)."""
+    tools = run.settings.get("tools")
+    factory = run.settings.get("environment_factory")
+    named = list(tools.value or []) if tools else []
+    if factory and isinstance(factory.value, dict):
+        named += [f"{name}: {spec}" for name, spec in factory.value.items()]
+    elif factory and factory.value:
+        named.append(str(factory.value))
+    return ", ".join(named)
+
+
 def print_header(run: ResolvedRun, plan: Plan) -> None:
     """The run at a glance, before the ranks start talking."""
     deepspeed = run.accelerate.get("deepspeed_config") or {}
@@ -206,6 +237,7 @@ def print_header(run: ResolvedRun, plan: Plan) -> None:
         "reward": ", ".join(filter(None, [run.value("reward_model_name_or_path"), *(run.value("reward_funcs") or [])])),
         "value model": run.value("value_model_name_or_path") if algorithm(run.algorithm).trains_value_model
         else None,
+        "tools": _agent_code(run),
         "dataset": run.value("dataset_name"),
         "processes": f"{run.accelerate.get('num_processes')} on {run.accelerate.get('num_machines') or 1} machine(s)",
         "ZeRO": f"stage {deepspeed.get('zero_stage', '-')}, " + run.generation.describe()

@@ -5,17 +5,20 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.text import Text
 
-from rlhf_cli.cli.output import print_json, stdout
+from rlhf_cli.cli.flags import NO_VALUE
 
 EXAMPLE = "rlhf recipes, then: rlhf rloo -r rloo/smoke --dry-run"
 
 
 def recipes(
-    json_: Annotated[bool, typer.Option("--json", help="Print them as a JSON list, for scripts.")] = False,
+    json_: Annotated[bool, typer.Option(
+        "--json", metavar=NO_VALUE, help="Print them as a JSON list, for scripts.")] = False,
 ) -> None:
     """List the bundled recipes: the name to pass to -r, the algorithm, the model and what each is for."""
+    from rich.text import Text
+
+    from rlhf_cli.cli.output import print_json, stdout
     from rlhf_cli.config.bundled import bundled_recipes
 
     found = bundled_recipes()

@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
-from rlhf_cli.cli.output import print_whole, stderr
 from rlhf_cli.errors import RlhfError
-from rlhf_cli.report.metrics import RunMetrics, load_metrics, sample_rows
-from rlhf_cli.report.plot import draw, image_formats
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from rlhf_cli.report.metrics import RunMetrics
 
 EXAMPLE = "rlhf report runs/rloo-20250101-120000 --out rloo.png"
 TABLE_ROWS = 20
 
 
 def _table(metrics: RunMetrics, title: str) -> Table:
+    from rich.table import Table
+    from rich.text import Text
+
+    from rlhf_cli.report.metrics import sample_rows
+
     names = [name for _, present in metrics.panels for name in present]
     rows = sample_rows(len(metrics.steps), TABLE_ROWS)
     shown = f"{len(rows)} of {len(metrics.steps)} logged steps, first and last included" \
@@ -41,6 +46,10 @@ def report(
         "--out", "-o", metavar="PNG", help="Where to write the plot. Default: RUN_DIR/report.png.")] = None,
 ) -> None:
     """Plot a run's curves (reward, KL, loss; PPO: value loss, clip fraction) to a PNG and print them as a table."""
+    from rlhf_cli.cli.output import print_whole, stderr
+    from rlhf_cli.report.metrics import load_metrics
+    from rlhf_cli.report.plot import draw, image_formats
+
     png = out or run_dir / "report.png"
     title = run_dir.resolve().name
     formats = image_formats()

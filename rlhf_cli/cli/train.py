@@ -7,8 +7,6 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from rlhf_cli.cli.flags import FLAGS, command_signature
-from rlhf_cli.cli.output import (print_header, print_notes, print_outcome, print_plan_compact, print_plan_table,
-                                 print_run_human, print_run_json)
 
 if TYPE_CHECKING:
     from rlhf_cli.config.run import ResolvedRun
@@ -21,6 +19,8 @@ EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 def train(ctx: typer.Context, **options: Any) -> None:
     """`rlhf ppo|rloo|online-dpo|...`: the command name picks the algorithm."""
+    from rlhf_cli.cli.output import print_header, print_notes, print_outcome, print_plan_compact, print_run_human, \
+        print_run_json
     from rlhf_cli.launch.faults import PlanNeeds, space_warning
     from rlhf_cli.plan.estimate import planned
 
@@ -49,6 +49,7 @@ def plan(ctx: typer.Context, **options: Any) -> None:
     It takes every option of `rlhf ALGO`, so that any training command line is planned by inserting `plan`; the
     options that only decide how a run starts (--resume, --overwrite, --dry-run, -q, -v) change nothing here.
     """
+    from rlhf_cli.cli.output import print_notes, print_plan_table
     from rlhf_cli.plan.estimate import plan_run
 
     run = _resolve(ctx, options, planning=True)

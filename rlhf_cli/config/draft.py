@@ -31,7 +31,7 @@ class Draft:
         self.cwd = cwd
         self.fields: dict[str, Field] = catalogue(request.algorithm)
         self.settings: dict[str, Setting] = {}
-        self.layers: dict[str, tuple[str, str]] = {}  # field -> (layer, where) of the value it holds
+        self.layers: dict[str, tuple[str, str, str]] = {}  # field -> (layer, where, key as given) of its value
         self.problems: list[str] = list(request.problems)
         self.notes: list[str] = []
         self.refused: set[str] = set()  # keys given a value that was refused

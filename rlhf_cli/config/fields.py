@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from rlhf_cli import algorithms
+
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 # `auto`: let the memory plan choose (rlhf_cli/plan); resolution turns it into true or false.
 GATHER_CHOICES = (True, False, "auto")
@@ -134,6 +136,19 @@ OWN_FIELDS = (
           "ZeRO-3: most parameter elements kept gathered at once; default: DeepSpeed's (1e9)."),
 )
 
+# Code a recipe names for the trainers that take it (`Algorithm.takes_tools`): constructor arguments, not config
+# fields, resolved like `reward_funcs` (rlhf_cli/config/code_refs.py) and imported in the ranks.
+AGENT_FIELDS = (
+    Field("tools", "script", ("list", "null"), None,
+          "Functions the policy may call while it generates (GRPOTrainer's `tools`): file.py:function or "
+          "package.module:function, each with type hints and a docstring with an Args: section."),
+    Field("environment_factory", "script", ("str", "dict", "null"), None,
+          "A class built once per rollout whose public methods are the tools (GRPOTrainer's environment_factory): "
+          "file.py:Class, or a mapping of environment names (the dataset's `environment` column) to classes."),
+    Field("rollout_func", "script", ("str", "null"), None,
+          "Your own generation function in place of the trainer's (GRPOTrainer's rollout_func): file.py:function."),
+)
+
 
 @cache
 def _snapshot(algorithm: str) -> dict[str, Any]:
@@ -180,6 +195,8 @@ def catalogue(algorithm: str) -> dict[str, Field]:
         for name, spec in snapshot["fields"].items()
     }
     fields.update({field.name: field for field in OWN_FIELDS})
+    if algorithms.algorithm(algorithm).takes_tools:
+        fields.update({field.name: field for field in AGENT_FIELDS})
     for name in TRL_BOOL_MEANINGS.keys() & fields.keys():
         fields[name] = replace(fields[name], kinds=(*fields[name].kinds, "bool"))
     gather = fields["ds3_gather_for_generation"]

@@ -24,6 +24,9 @@ from rlhf_cli.config.run import Setting
 _FLAG_NAMES = {"num_machines": "--num-machines", "machine_rank": "--machine-rank",
                "main_process_ip": "--main-process-ip", "main_process_port": "--main-process-port",
                "num_processes": "--num-processes"}
+SFT_MODEL_PATH_MEANING = (
+    "in TRL 0.14's PPO `sft_model_path` was the policy and reference and `model_name_or_path` only the tokenizer; "
+    "rlhf loads all three from `model_name_or_path`: give it the SFT model (with its tokenizer) and drop the other")
 # Short names people type, resolved to the field they stand for.
 ALIASES = {"gather": "ds3_gather_for_generation"}
 
@@ -66,10 +69,13 @@ def put(draft: Draft, key: str, raw: Any, source: str, where: str, base_dirs: tu
         return
     layer = "recipe" if source == "recipe" else "command line"
     if name in draft.layers and draft.layers[name][0] == layer:
+        if _same_value(draft, name, raw, where, base_dirs):
+            return  # TRL 0.x's command lines give model_name_or_path and sft_model_path alike: one value
         what = f"`{name}` is set" if key == name else f"`{key}` sets `{name}`"
-        draft.problems.append(f"{where}: {what} again (already set by {draft.layers[name][1]}); keep one")
+        why = SFT_MODEL_PATH_MEANING if "sft_model_path" in (key, draft.layers[name][2]) else "keep one"
+        draft.problems.append(f"{where}: {what} again (already set by {draft.layers[name][1]}); {why}")
         return
-    draft.layers[name] = (layer, where)
+    draft.layers[name] = (layer, where, key)
     try:
         value = coerce(draft.fields[name], raw)
     except FieldTypeError as error:
@@ -82,6 +88,20 @@ def put(draft: Draft, key: str, raw: Any, source: str, where: str, base_dirs: tu
     draft.settings[name] = Setting(locate(draft, draft.fields[name], value, where, base_dirs), source)
     if len(draft.problems) > found:  # a path not found, a bad entry: later checks must not judge it again
         draft.refused.add(name)
+
+
+def _same_value(draft: Draft, name: str, raw: Any, where: str, base_dirs: tuple[Path, ...]) -> bool:
+    """Whether `raw` is the value `name` already has (a path the same file), judged without a word."""
+    if name not in draft.settings:
+        return False
+    problems, notes = list(draft.problems), list(draft.notes)
+    try:
+        value = locate(draft, draft.fields[name], coerce(draft.fields[name], raw), where, base_dirs)
+    except FieldTypeError:
+        value = None
+    finally:
+        draft.problems[:], draft.notes[:] = problems, notes
+    return value is not None and value == draft.settings[name].value
 
 
 def apply_recipe(draft: Draft, recipe: Recipe) -> None:

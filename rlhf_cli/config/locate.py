@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rlhf_cli.config.agent_code import AGENT_CODE_FIELDS, locate_agent_code
 from rlhf_cli.config.data_files import DATA_SUFFIXES
 from rlhf_cli.config.draft import Draft, suggest
 from rlhf_cli.config.fields import Field, FieldTypeError, coerce, generation_fields, snapshot_list, trl_reward_functions
@@ -60,6 +61,8 @@ def locate(draft: Draft, field: Field, value: Any, where: str, base_dirs: tuple[
         return str((draft.cwd / Path(value).expanduser()).resolve()) if value.strip() else value
     if field.name == "reward_funcs":
         return [_reward_func(draft, spec, where, base_dirs) for spec in value]
+    if field.name in AGENT_CODE_FIELDS:
+        return locate_agent_code(field.name, value, where, base_dirs, draft.cwd, draft.problems)
     if field.name == "env":
         return _environment(draft, value, where)
     if field.name == "generation_kwargs":

@@ -1,4 +1,4 @@
-"""Reward functions named in a recipe, checked without running their code.
+"""Reward functions (and the other code a recipe names: tools, environments) checked without running them.
 
 `file.py:function` is parsed (not imported: importing runs the user's code, which may load torch, print, or hang):
 a syntax error or a missing function is found here with its line. `package.module:function` is looked up on the
@@ -80,8 +80,19 @@ def locate_reward(spec: str, trl_names: tuple[str, ...], base_dirs: tuple[Path, 
             return spec
         check_module(spec.rpartition(".")[0], cwd)  # TRL's style: package.module.function
         return spec
-    if not target or not function.isidentifier():
-        raise RewardSpecError(f"{spec!r}: write file.py:function or package.module:function")
+    return locate_code(spec, base_dirs, cwd)
+
+
+def locate_code(spec: str, base_dirs: tuple[Path, ...], cwd: Path, kind: str = "function") -> str:
+    """`file.py:name` (the file made absolute, relative to the first of `base_dirs` that holds it) or
+    `package.module:name`, checked without running it; RewardSpecError when it cannot work. `kind` names what
+    `name` is in the messages (a function, a class)."""
+    target, colon, name = spec.rpartition(":")
+    if not colon:
+        ending = f"{spec}:{kind.upper()}" if spec.endswith(".py") else f"file.py:{kind} or package.module:{kind}"
+        raise RewardSpecError(f"{spec!r} names no {kind}: write {ending}")
+    if not target or not name.isidentifier():
+        raise RewardSpecError(f"{spec!r}: write file.py:{kind} or package.module:{kind}")
     if not target.endswith(".py"):
         check_module(target, cwd)
         return spec
@@ -93,5 +104,5 @@ def locate_reward(spec: str, trl_names: tuple[str, ...], base_dirs: tuple[Path, 
         candidate, state = next(((c, s) for c, s in states if s.kind != "missing" or s.reason), (target, None))
         raise RewardSpecError(describe(candidate, state, "Python file") if state else f"file {target} not found")
     found = found.resolve()
-    check_file_function(found, function)
-    return f"{found}:{function}"
+    check_file_function(found, name)
+    return f"{found}:{name}"

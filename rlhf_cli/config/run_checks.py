@@ -240,12 +240,20 @@ def _deepspeed_stage(value: Any) -> int | None:
     return stage if isinstance(stage, int) else None
 
 
+QUANTIZATION_KEYS = ("load_in_4bit", "load_in_8bit")  # TRL's ModelConfig: QLoRA through bitsandbytes
+
+
 def check_cpu_and_lora(draft: Draft, cpu_only: bool) -> None:
-    """fp16 without a GPU, and LoRA flags given while LoRA is off: both would change nothing the user wants."""
+    """fp16 or QLoRA without a GPU, and LoRA flags given while LoRA is off: none would do what the user wants."""
     if cpu_only and draft.value("fp16") is True and draft.value("bf16") is not True:  # both: said elsewhere
         said = (draft.said("fp16") or "`fp16: {value}`").format(value="true")
         draft.problems.append(f"{said}: fp16 needs a GPU and this machine has none; set bf16: true (the CPU "
                               "has bf16) or neither")
+    for name in QUANTIZATION_KEYS:
+        if cpu_only and draft.value(name) is True:
+            said = (draft.said(name) or f"`{name}: {{value}}`").format(value="true")
+            draft.problems.append(f"{said}: QLoRA quantizes with bitsandbytes, which needs CUDA, and this machine "
+                                  f"has none; set {name}: false (LoRA without quantization runs here)")
     for name, flag in (("lora_r", "--lora-r {value}"), ("merge_adapter", "--merge-adapter")):
         setting = draft.settings.get(name)
         if setting is not None and setting.source.startswith("flag ") and draft.value("use_peft") is not True:

@@ -7,23 +7,33 @@ user's code, which may import anything, print, or never return. The launcher its
 holds no CUDA context the ranks could trip over, and the check's process is gone before the ranks start.
 What it costs: one Python start and TRL's import, a few seconds (benchmarks/launcher.py measures it), which the
 launcher spends while the launch agent imports torch and accelerate: the agent waits at a gate and starts no
-rank until the check has passed (rlhf_cli/launch/runner.py).
+rank until the check has passed (rlhf_cli/launch/runner.py). On 2 cores it cannot hide there, so a check that
+passed is remembered (`passed_checks_dir`), keyed by a hash of what it read: the resolved values, the ranks'
+environment, the installed versions, rlhf's own code, and each reward file's bytes. A run started again
+unchanged skips it; a reward function from an installed module (whose code no hash here can follow) is checked
+every time. A pass remembered wrongly costs a rank's error at start, not a wrong run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.launch.command import launch_command
-from rlhf_cli.run_dir import PREFLIGHT_STEP_MARK
+from rlhf_cli.launch.versions import installed_versions
+from rlhf_cli.run_dir import OUTPUT_MODE_ENV, PREFLIGHT_STEP_MARK, RUN_DIR_ENV
 
 PREFLIGHT_MODULE = "rlhf_cli.rank.preflight"
+CACHE_ENV = "RLHF_CACHE"  # where rlhf remembers passed checks; default ~/.cache/rlhf
+WHERE_IT_WRITES = ("output_dir", "logging_dir", "run_name")
 TIMEOUT_SECONDS = 300  # TRL's import on a slow shared file system, with room; a reward module that hangs stops here
 
 
@@ -37,6 +47,52 @@ def _last_lines(stderr: str, count: int = 3) -> str:
     return " | ".join(line.strip() for line in lines[-count:])
 
 
+def passed_checks_dir() -> Path:
+    """Where passed checks are remembered, one empty file each: $RLHF_CACHE, else rlhf's folder in the user's
+    cache (XDG_CACHE_HOME, else ~/.cache)."""
+    cache = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlhf"
+    return Path(cache) / "passed-checks"
+
+
+def _code_stamp() -> list[float | str]:
+    """rlhf's version and its newest source file: an edited checkout is checked again."""
+    package = Path(__file__).resolve().parent.parent
+    return [installed_versions()["rlhf"] or "", max(path.stat().st_mtime for path in package.rglob("*.py"))]
+
+
+def check_key(payload: dict[str, Any], rank_env: dict[str, str]) -> str | None:
+    """A hash of everything the check reads, or None when that cannot be known: a reward function imported from
+    a module (its code, and what it imports, lie beyond a file's bytes) or a reward file that cannot be read."""
+    sources = {}
+    for spec in payload["values"].get("reward_funcs") or []:
+        target, sep, _ = str(spec).rpartition(":")
+        if not sep and "." not in str(spec):
+            continue  # one of TRL's own, fixed by TRL's version
+        if not target.endswith(".py"):
+            return None
+        try:
+            sources[str(spec)] = hashlib.sha256(Path(target).read_bytes()).hexdigest()
+        except OSError:
+            return None  # the check itself says why
+    # Where a run writes and how much it prints change nothing the check looks at: a run with the default
+    # output dir (runs/ALGO-TIME) is the same check as the last one.
+    values = {key: value for key, value in payload["values"].items() if key not in WHERE_IT_WRITES}
+    env = {key: value for key, value in rank_env.items() if key not in (RUN_DIR_ENV, OUTPUT_MODE_ENV)}
+    identity = {"payload": {**payload, "values": values}, "env": env, "versions": installed_versions(),
+                "code": _code_stamp(), "python": sys.executable, "sources": sources}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _remember(key: str | None) -> None:
+    if key is None:
+        return
+    try:
+        passed_checks_dir().mkdir(parents=True, exist_ok=True)
+        (passed_checks_dir() / key).touch()
+    except OSError:
+        pass  # an unwritable cache only means the next run checks again
+
+
 class PendingCheck:
     """The check running in its own process; `wait()` returns when all is well and raises ConfigError with what
     the trainer's config or a reward function refuses."""
@@ -44,16 +100,23 @@ class PendingCheck:
     def __init__(self, run: ResolvedRun, timeout: float = TIMEOUT_SECONDS) -> None:
         payload = {"algorithm": run.algorithm, "values": run.recipe_values(),
                    "processes": int(run.accelerate.get("num_processes") or 1)}
-        env = {**os.environ, **launch_command(run).env}
+        rank_env = launch_command(run).env
         self.timeout = timeout
+        self.payload = json.dumps(payload, default=str)
+        self.key = check_key(payload, rank_env)
+        self.remembered = self.key is not None and (passed_checks_dir() / self.key).exists()
+        self.checker: subprocess.Popen | None = None
+        if self.remembered:
+            return
         # Its own session: a reward module's children are stopped with it when it runs out of time.
         self.checker = subprocess.Popen([sys.executable, "-m", PREFLIGHT_MODULE], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                        start_new_session=True)
-        self.payload = json.dumps(payload, default=str)
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        env={**os.environ, **rank_env}, start_new_session=True)
 
     def wait(self) -> None:
         checker = self.checker
+        if checker is None:
+            return  # passed before, with everything it reads unchanged
         try:
             stdout, stderr = checker.communicate(self.payload, timeout=self.timeout)
         except subprocess.TimeoutExpired:
@@ -74,6 +137,7 @@ class PendingCheck:
                               f"{_last_lines(stderr) or 'no output'}") from None
         if problems:
             raise ConfigError(*problems)
+        _remember(self.key)
 
 
 def check_before_launch(run: ResolvedRun, timeout: float = TIMEOUT_SECONDS) -> None:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import platform
 import signal
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +19,13 @@ from rlhf_cli.errors import OutputDirError
 from rlhf_cli.launch.command import launch_command, launch_script, machine_rank, run_files_dir
 from rlhf_cli.launch.faults import Failure, PlanNeeds, explain, free_space
 from rlhf_cli.launch.preflight import PendingCheck
+from rlhf_cli.launch.versions import installed_versions
 from rlhf_cli.records import read_json, try_write_json, write_atomic
 from rlhf_cli.run_dir import EXIT_PREEMPTED, START_GATE, START_GATE_ENV, RunDir
 from rlhf_cli.sizes import readable
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 UNKNOWN = PlanNeeds()  # no plan: a failure is explained without its numbers
-VERSIONED = ("torch", "transformers", "trl", "deepspeed", "accelerate", "datasets", "rlhf")
 
 
 @dataclass(frozen=True)
@@ -46,16 +44,6 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def _versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {"python": platform.python_version()}
-    for name in VERSIONED:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
 
 
 def write_run_files(run: ResolvedRun, accelerate: dict[str, Any], verbosity: str = "normal") -> None:
@@ -81,7 +69,7 @@ def _run_record(run: ResolvedRun, accelerate: dict[str, Any]) -> dict[str, Any]:
         "cwd": str(Path.cwd()),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "launcher_host": socket.gethostname(),
-        "versions": _versions(),
+        "versions": installed_versions(),
         "layout": {key: accelerate.get(key) for key in
                    ("num_machines", "num_processes", "main_process_ip", "main_process_port")},
     }
@@ -102,7 +90,8 @@ def outcome(run_dir: RunDir, code: int, signals: list[int], wall_seconds: float,
     failure = explain(run_dir, needs)
     if signals and failure is None:
         return Outcome(code, "interrupted", summary, None, None, wall_seconds)
-    failure = failure or Failure(f"the ranks exited with code {code} without recording an error; see the output above")
+    failure = failure or Failure(f"the ranks exited with code {code} without recording an error; see the output above "
+                                 f"and the ranks' logs ({run_dir.ranks}/rank-N.log)")
     return Outcome(code, "failed", summary, failure, None, wall_seconds)
 
 

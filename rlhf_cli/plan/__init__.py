@@ -1,7 +1,8 @@
 """The memory plan: will a run fit on its GPUs, and with which gather and offload choices?
 
 Modules: `models` (parameter counts from config.json), `memory` (the formulas, pure functions),
-`gpus` (GPU memory given, detected, or this machine's RAM), `workload` (lengths and batch sizes
+`gpus` (GPU memory given, detected, or this machine's RAM), `vllm` (vLLM's share of a GPU and its weight
+sync), `workload` (lengths and batch sizes
 from the trainer's fields), `estimate` (a resolved run -> its plan, and `gather: auto`).
 Nothing here imports torch, transformers, deepspeed or accelerate.
 
@@ -16,12 +17,16 @@ Nothing here imports torch, transformers, deepspeed or accelerate.
   (use_liger_kernel), `logits` (how the trainer scores tokens: `sequence_copies`, `completion_copies`,
   `fused_head`).
 - `configurations`: one object per candidate: `label`, `gather`, `gather_budget` (a budget's text, or null),
+  `engine` (`hf`: the policy generates; `vllm`: vLLM does, and `gather`/`gather_budget` size its weight sync),
+  `vllm` (its settings: `mode`, `gpu_memory_utilization`, `tensor_parallel_size`, `sleep`, `sleep_level`,
+  `enforce_eager`; null for hf),
   `lora` (adapters on the trained models, frozen base, no reference copy), `offload_optimizer`, `offload_params`,
-  `components` (row name -> GPU bytes), `phases` (`static`, `generation`, `training`, `step` -> the GPU bytes
-  of their rows), `peak_gpu` (bytes: static rows + the largest of the generation, training and optimizer-step
+  `components` (row name -> GPU bytes), `phases` (`static`, `generation`, `training`, `step`, `sync` -> the GPU bytes
+  of their rows), `peak_gpu` (bytes: static rows + the largest of the generation, training, optimizer-step and sync
   rows), `cpu_per_machine` (bytes of offloaded states), `fits`, `chosen` (the run's own).
 - `checkpoint_bytes`: one checkpoint on disk, every trained model's weights and optimizer states.
 - `reason`: one line on the chosen configuration; `suggestions`: what would fit when it does not;
   `notes`: caveats (an architecture counted approximately); `largest_generation_batch`: the most sequences one
-  GPU can generate together with the chosen configuration (null: not even one).
+  GPU can generate together with the chosen configuration (null: not even one); `vllm_findings`: what colocated
+  vLLM means for the run and the first colocated configuration that fits, or why none does.
 """

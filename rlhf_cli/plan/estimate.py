@@ -10,142 +10,32 @@ model it cannot size: the plan is then `unknown` with the reason, and only `gath
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from itertools import accumulate
 from typing import Any
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.architectures import peft_targets
 from rlhf_cli.config.accelerate import is_zero3
+from rlhf_cli.config.fields import catalogue
 from rlhf_cli.config.generation import Gather
-from rlhf_cli.config.run import ResolvedRun
+from rlhf_cli.config.run import ResolvedRun, Setting
 from rlhf_cli.errors import PlanError
 from rlhf_cli.gather_budget import Budget, ranked
 from rlhf_cli.hub import ModelConfigUnavailable, read_config
-from rlhf_cli.plan import memory
+from rlhf_cli.plan import memory, vllm, vllm_search
+from rlhf_cli.plan.columns import Candidate, Column, Plan, Role
 from rlhf_cli.plan.gpus import Hardware, detect_hardware
-from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, TRAINING, Component
+from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, SYNC, TRAINING, Component
 from rlhf_cli.plan.models import Adapter, LoraSettings, ModelSize, adapter_size, model_size
-from rlhf_cli.plan.workload import Workload, WorkloadUnknown, workload
+from rlhf_cli.plan.vllm import VllmSettings
+from rlhf_cli.plan.vllm_search import OFFLOADS
+from rlhf_cli.plan.workload import Workload, WorkloadUnknown, tool_note, workload
 from rlhf_cli.sizes import SizeError, gib, parse_size
 
-OFFLOADS = (("none", "none"), ("cpu", "none"), ("cpu", "cpu"))  # (optimizer, parameters)
 LORA_OFFLOADS = (("none", "none"), ("cpu", "cpu"))
 MAX_MACHINES_SEARCHED = 256
 MAX_GENERATION_BATCH = 1 << 16  # sequences per GPU: the search for the largest generation batch stops there
-
-
-@dataclass(frozen=True)
-class Candidate:
-    gather: bool
-    offload_optimizer: str
-    offload_params: str
-    budget: Budget | None = None  # without gathering: a gather budget of part of the policy
-    lora: bool = False  # LoRA on the trained models: frozen base shards, adapters trained, no reference copy
-
-    @property
-    def mode(self) -> str:
-        return "gather" if self.gather else f"budget {self.budget}" if self.budget else "no-gather"
-
-    @property
-    def label(self) -> str:
-        optimizer, params = self.offload_optimizer, self.offload_params
-        if optimizer == params:
-            offload = "no offload" if optimizer == "none" else f"opt+params->{optimizer}"
-        else:
-            offload = ", ".join(f"{what}->{where}" for what, where in (("optimizer", optimizer), ("params", params))
-                                if where != "none")
-        return f"{'LoRA, ' if self.lora else ''}{self.mode}, {offload}"
-
-    @property
-    def offload_short(self) -> str:
-        """none, opt (optimizer to CPU), opt+par (optimizer and parameters to CPU), or the devices spelled out."""
-        names = {("none", "none"): "none", ("cpu", "none"): "opt", ("cpu", "cpu"): "opt+par"}
-        return names.get((self.offload_optimizer, self.offload_params),
-                         f"opt:{self.offload_optimizer} par:{self.offload_params}")
-
-
-@dataclass(frozen=True)
-class Role:
-    """One model of the run: which, where from, its size, whether it is trained (and its adapter under LoRA)."""
-
-    name: str
-    path: str
-    size: ModelSize
-    trained: bool
-    adapter: Adapter | None = None
-
-
-@dataclass(frozen=True)
-class Column:
-    candidate: Candidate
-    components: list[Component]
-    peak: int
-    cpu_per_machine: int
-    fits: bool
-    chosen: bool
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The plan of one run; `known` False means it could not be made, `why_unknown` says why."""
-
-    known: bool
-    why_unknown: str = ""
-    hardware: Hardware | None = None
-    roles: list[Role] = field(default_factory=list)
-    work: Workload | None = None
-    columns: list[Column] = field(default_factory=list)
-    reason: str = ""
-    suggestions: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    largest_generation_batch: int | None = None  # per GPU, with the run's own configuration; None: not even 1
-
-    @property
-    def chosen(self) -> Column | None:
-        return next((column for column in self.columns if column.chosen), None)
-
-    @property
-    def checkpoint_bytes(self) -> int | None:
-        """Bytes of one checkpoint on disk (every trained model's weights and optimizer states, or with LoRA its
-        adapters'); None: unknown."""
-        if not self.known:
-            return None
-        assert self.work is not None
-        lora = self.chosen is not None and self.chosen.candidate.lora
-        return sum(memory.checkpoint_bytes(role.adapter.params if lora and role.adapter else role.size.params,
-                                           self.work.element_bytes) for role in self.roles if role.trained)
-
-    def column(self, gather: bool, offload_optimizer: str, offload_params: str, lora: bool = False) -> Column | None:
-        wanted = Candidate(gather, offload_optimizer, offload_params, lora=lora)
-        return next((column for column in self.columns if column.candidate == wanted), None)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The JSON form; keys documented in rlhf_cli/plan/__init__.py."""
-        if not self.known:
-            return {"known": False, "why_unknown": self.why_unknown}
-        assert self.hardware is not None and self.work is not None
-        return {
-            "known": True,
-            "gpu_memory": self.hardware.gpu_memory, "gpus_per_machine": self.hardware.gpus_per_machine,
-            "machines": self.hardware.machines, "hardware_source": self.hardware.source, "margin": memory.MARGIN,
-            "models": {role.name: {"name_or_path": role.path, "params": role.size.params,
-                                   "largest_layer": role.size.largest_layer, "trained": role.trained,
-                                   "adapter_params": role.adapter.params if role.adapter else None}
-                       for role in self.roles},
-            "workload": self.work.as_dict(),
-            "configurations": [
-                {"label": c.candidate.label, "gather": c.candidate.gather,
-                 "gather_budget": str(c.candidate.budget) if c.candidate.budget else None, "lora": c.candidate.lora,
-                 "offload_optimizer": c.candidate.offload_optimizer, "offload_params": c.candidate.offload_params,
-                 "components": {part.name: part.gpu for part in c.components},
-                 "phases": memory.phase_totals(c.components),
-                 "peak_gpu": c.peak, "cpu_per_machine": c.cpu_per_machine, "fits": c.fits, "chosen": c.chosen}
-                for c in self.columns],
-            "checkpoint_bytes": self.checkpoint_bytes,
-            "reason": self.reason, "suggestions": self.suggestions, "notes": self.notes,
-            "largest_generation_batch": self.largest_generation_batch,
-        }
 
 
 @dataclass(frozen=True)
@@ -258,9 +148,11 @@ def components(inputs: _Inputs, candidate: Candidate) -> list[Component]:
     largest = max(role.size.largest_layer for role in trained)
     trained_params = sum(adapter.params for adapter in adapters) if candidate.lora else engine
     largest_trained = max(adapter.largest for adapter in adapters) if candidate.lora else largest
-    rows.append(Component("gen weights", GENERATION, _generation_weights(inputs, candidate, engine, largest)))
+    hf = candidate.vllm is None  # with vLLM the policy does not generate: vLLM's rows instead
+    rows.append(Component("gen weights", GENERATION, _generation_weights(inputs, candidate, engine, largest) if hf
+                          else 0))
     rows.append(Component("gen KV cache", GENERATION, memory.kv_cache(
-        policy, work.generation_batch, work.prompt_length + work.completion_length, size_bytes)))
+        policy, work.generation_batch, work.prompt_length + work.completion_length, size_bytes) if hf else 0))
     rows.append(Component("train live params", TRAINING, memory.training_parameters(
         engine, size_bytes, inputs.max_live, largest, largest_trained)))
     rows.append(Component("train activations", TRAINING, sum(
@@ -273,7 +165,40 @@ def components(inputs: _Inputs, candidate: Candidate) -> list[Component]:
         size_bytes, head_trained)))
     rows.append(Component("step fp32 grads", STEP, memory.optimizer_step(
         trained_params, largest_trained, size_bytes, hw.total_gpus, optimizer_offloaded)))
-    return rows
+    return rows + _vllm_rows(inputs, candidate, rows)
+
+
+def _vllm_rows(inputs: _Inputs, candidate: Candidate, rows: list[Component]) -> list[Component]:
+    """vLLM's rows (rlhf_cli/plan/vllm.py): what it holds while the policy trains, what waking it to generate
+    adds (beside the sync's freed bucket, still in torch's cache), and the weight sync: its gathered bucket on top
+    of training's blocks, or of vLLM's woken weights."""
+    settings, hw, size_bytes = candidate.vllm, inputs.hardware, inputs.work.element_bytes
+    names = ("vLLM", "vLLM awake", "gen: sync bucket cached", "sync bucket", "sync: vLLM weights",
+             "sync: train reserve")
+    phases = (STATIC, GENERATION, GENERATION, SYNC, SYNC, SYNC)
+    if settings is None:
+        return [Component(name, phase, 0) for name, phase in zip(names, phases)]
+    policy = inputs.roles[0]
+    params = policy.size.params + (policy.adapter.params if candidate.lora and policy.adapter else 0)
+    training, bucket = memory.phase_totals(rows)[TRAINING], _sync_bucket(inputs, candidate, params)
+    return [Component(names[0], STATIC, vllm.resident(settings, hw.gpu_memory),
+                      vllm.host_weights(settings, params, size_bytes, hw.gpus_per_machine)),
+            Component(names[1], GENERATION, vllm.awake(settings, hw.gpu_memory)),
+            Component(names[2], GENERATION, bucket if settings.sleep and settings.mode == vllm.COLOCATE else 0),
+            Component(names[3], SYNC, bucket),
+            Component(names[4], SYNC, vllm.woken_weights(settings, params, size_bytes)),
+            Component(names[5], SYNC, 0 if settings.sleep else training)]
+
+
+def _sync_bucket(inputs: _Inputs, candidate: Candidate, params: int) -> int:
+    """Policy bytes gathered at once to refresh vLLM: all of it, a gather budget's, or its largest unit."""
+    size_bytes, policy = inputs.work.element_bytes, inputs.roles[0].size
+    if candidate.gather:
+        return params * size_bytes
+    largest_unit = max((unit.numel for unit in policy.units), default=policy.largest_layer)
+    if candidate.budget is None:
+        return largest_unit * size_bytes
+    return max(min(candidate.budget.numel(policy.params, size_bytes), params), largest_unit) * size_bytes
 
 
 def _generation_weights(inputs: _Inputs, candidate: Candidate, engine: int, largest: int) -> int:
@@ -290,7 +215,18 @@ def _column(inputs: _Inputs, candidate: Candidate, chosen: bool) -> Column:
     rows = components(inputs, candidate)
     peak = memory.peak(rows)
     return Column(candidate, rows, peak, sum(row.cpu for row in rows),
-                  memory.fits(peak, inputs.hardware.gpu_memory), chosen)
+                  memory.fits(peak, inputs.hardware.gpu_memory) and _vllm_starts(inputs, candidate), chosen)
+
+
+def _vllm_starts(inputs: _Inputs, candidate: Candidate) -> bool:
+    """A colocated vLLM whose budget cannot hold its weights and one sequence of its model length fails to
+    start, whatever else fits."""
+    settings = candidate.vllm
+    if settings is None:
+        return True
+    work, policy = inputs.work, inputs.roles[0].size
+    return vllm.starts(settings, inputs.hardware.gpu_memory, policy.params, work.element_bytes,
+                       vllm_search.longest_kv(settings, work, policy))
 
 
 def _fits(inputs: _Inputs, candidate: Candidate) -> bool:
@@ -333,9 +269,10 @@ def _machines_needed(inputs: _Inputs, candidate: Candidate) -> int | None:
 
 def suggestions(inputs: _Inputs, columns: list[Column], candidate: Candidate) -> list[str]:
     """What would fit when `candidate` does not: other configurations, more GPUs, shorter or smaller batches."""
-    found = [f"{c.candidate.label} fits ({gib(c.peak)})" for c in columns
+    same_engine = [c for c in columns if c.candidate.engine == candidate.engine]  # vLLM's own search is below
+    found = [f"{c.candidate.label} fits ({gib(c.peak)})" for c in same_engine
              if c.fits and c.candidate.lora == candidate.lora]
-    lora = [c for c in columns if c.fits and c.candidate.lora]
+    lora = [c for c in same_engine if c.fits and c.candidate.lora]
     if not candidate.lora and not found and lora:  # offloading parameters is the slowest way to fit; then no-gather
         best = min(lora, key=lambda c: (c.candidate.offload_params != "none", not c.candidate.gather))
         found.append(f"--lora fits ({gib(best.peak)}): {best.candidate.label}")
@@ -356,7 +293,8 @@ def _run_candidate(run: ResolvedRun, gather: bool) -> Candidate:
     deepspeed = run.accelerate.get("deepspeed_config") or {}
     budget = None if gather else run.generation.gather.budget
     return Candidate(gather, deepspeed.get("offload_optimizer_device") or "none",
-                     deepspeed.get("offload_param_device") or "none", budget, lora=bool(run.value("use_peft")))
+                     deepspeed.get("offload_param_device") or "none", budget, lora=bool(run.value("use_peft")),
+                     vllm=vllm.run_settings(run.value) if vllm.uses_vllm(run.value) else None)
 
 
 def _largest_budget(inputs: _Inputs, gathered: Candidate) -> Candidate:
@@ -375,7 +313,14 @@ def _largest_budget(inputs: _Inputs, gathered: Candidate) -> Candidate:
 
 
 def _largest_generation_batch(inputs: _Inputs, candidate: Candidate) -> int | None:
-    """The most sequences one GPU can generate together with `candidate` (the KV cache grows with them)."""
+    """The most sequences one GPU can generate together with `candidate` (the KV cache grows with them); with
+    vLLM, the sequences its KV cache holds per process; None: not even one (or, vLLM server: not planned)."""
+    if candidate.vllm is not None:
+        work, policy = inputs.work, inputs.roles[0].size
+        per_sequence = memory.kv_cache(policy, 1, work.prompt_length + work.completion_length, work.element_bytes)
+        return vllm.kv_sequences(candidate.vllm, inputs.hardware.gpu_memory, policy.params, work.element_bytes,
+                                 per_sequence) or None
+
     def fits_with(batch: int) -> bool:
         return _fits(replace(inputs, work=replace(inputs.work, generation_batch=batch)), candidate)
 
@@ -387,6 +332,10 @@ def _describe(column: Column, gpu_memory: int) -> str:
     doing = "gathering" if candidate.gather else \
         f"gathering {candidate.budget} of the policy, the rest from shards" if candidate.budget else \
         "generating from shards"
+    if candidate.vllm is not None:
+        doing = "generating with vLLM, syncing " + ("the whole policy at once" if candidate.gather else
+                                                    f"{candidate.budget} of it at once" if candidate.budget else
+                                                    "one unit at a time")
     verdict = "fits" if column.fits else "does not fit"
     return (f"{doing} ({candidate.label}) needs {gib(column.peak)} of {gib(gpu_memory)} per GPU: {verdict} "
             f"with a {memory.MARGIN:.0%} margin")
@@ -400,10 +349,13 @@ def plan_run(run: ResolvedRun) -> Plan:
     gather = run.generation.gather
     own = [_run_candidate(run, True), _run_candidate(run, False)] if gather == Gather.auto else \
         [_run_candidate(run, gather == Gather.whole)]
-    chosen = own[0] if len(own) == 1 else _largest_budget(inputs, own[0])
+    settings = vllm.run_settings(run.value)
+    chosen = own[0] if len(own) == 1 else _auto_choice(inputs, own[0], settings if _vllm_open(run) else None)
     candidates = [Candidate(g, optimizer, params) for g in (True, False) for optimizer, params in OFFLOADS]
     candidates += [Candidate(g, optimizer, params, lora=True) for g in (True, False)
                    for optimizer, params in LORA_OFFLOADS]
+    candidates += [Candidate(g, optimizer, params, vllm=settings) for g in (True, False)
+                   for optimizer, params in OFFLOADS]
     candidates += [c for c in dict.fromkeys((*own, chosen)) if c not in candidates]
     columns = [_column(inputs, candidate, candidate == chosen) for candidate in candidates]
     mine = next(column for column in columns if column.chosen)
@@ -411,10 +363,30 @@ def plan_run(run: ResolvedRun) -> Plan:
              for role in inputs.roles if role.size.approximate]
     notes += [f"{role.name} ({role.path}): LoRA adapters sized as a llama-like decoder's"
               for role in inputs.roles if role.adapter and role.adapter.approximate and not role.size.approximate]
+    notes += filter(None, [tool_note(run.algorithm, run.value, inputs.work)])
     return Plan(True, hardware=inputs.hardware, roles=inputs.roles, work=inputs.work, columns=columns,
                 reason=_describe(mine, inputs.hardware.gpu_memory),
                 suggestions=[] if mine.fits else suggestions(inputs, columns, chosen), notes=notes,
-                largest_generation_batch=_largest_generation_batch(inputs, chosen))
+                largest_generation_batch=_largest_generation_batch(inputs, chosen),
+                vllm_findings=vllm_search.findings(lambda candidate: _column(inputs, candidate, False),
+                                                   inputs.hardware, inputs.work, inputs.roles[0].size, settings,
+                                                   (own[0].offload_optimizer, own[0].offload_params)))
+
+
+def _vllm_open(run: ResolvedRun) -> bool:
+    """`gather: auto` may choose vLLM where no source set `use_vllm`, the algorithm's trainer has the key, and
+    vLLM is installed here (a launch must not switch to an engine it cannot import)."""
+    return "use_vllm" in catalogue(run.algorithm) and "use_vllm" not in run.settings and vllm.installed()
+
+
+def _auto_choice(inputs: _Inputs, gathered: Candidate, open_vllm: VllmSettings | None) -> Candidate:
+    """`gather: auto`: the largest gather (or, with vLLM, sync bucket) that fits; where the run left vLLM open,
+    the policy gathering to generate when that fits, else vLLM when it fits with some sync bucket."""
+    hf = _largest_budget(inputs, gathered)
+    if open_vllm is None or (hf.gather and _fits(inputs, hf)):
+        return hf
+    with_vllm = _largest_budget(inputs, replace(gathered, vllm=open_vllm))
+    return with_vllm if _fits(inputs, with_vllm) else hf
 
 
 def planned(run: ResolvedRun) -> tuple[ResolvedRun, Plan]:
@@ -425,26 +397,33 @@ def planned(run: ResolvedRun) -> tuple[ResolvedRun, Plan]:
 
 def settle_gather(run: ResolvedRun, plan: Plan) -> ResolvedRun:
     """`gather: auto` becomes true or false: the plan's choice (gather when it fits with the margin, else the
-    largest gather budget that fits, else no-gather), with the reason as the value's source. Errors name the fix."""
+    largest gather budget that fits, else no-gather; with vLLM, of the weight sync; where the run left vLLM open
+    and it is installed, vLLM when gathering to generate does not fit and vLLM does), with the reason as the
+    value's source. Errors name the fix."""
     if run.generation.gather != Gather.auto:
         return run
     if not plan.known:
         raise PlanError(f"gather: auto needs a memory plan, and there is none: {plan.why_unknown}; "
                         "pass --gather or --no-gather, or make config.json available")
     assert plan.hardware is not None and plan.chosen is not None
-    offload = _run_candidate(run, True)
-    gathered, sharded = (plan.column(g, offload.offload_optimizer, offload.offload_params, offload.lora)
+    offload, chosen = _run_candidate(run, True), plan.chosen.candidate
+    gathered, sharded = (plan.column(g, offload.offload_optimizer, offload.offload_params, offload.lora, offload.vllm)
                          for g in (True, False))
     assert gathered is not None and sharded is not None
     memory_text = gib(plan.hardware.gpu_memory)
+    doing = "syncing vLLM the whole policy at once" if offload.vllm else "gathering"
     if not plan.chosen.fits:
         what = "; ".join(plan.suggestions)
-        raise PlanError(f"gather: auto: neither fits: gathering needs {gib(gathered.peak)} and generating from shards "
-                        f"{gib(sharded.peak)} of {memory_text} per GPU ({memory.MARGIN:.0%} margin). {what}")
-    chosen = plan.chosen.candidate
-    why = f"gathering needs {gib(gathered.peak)} of {memory_text}"
+        raise PlanError(f"gather: auto: neither fits: {doing} needs {gib(gathered.peak)} and "
+                        f"{'one unit at a time' if offload.vllm else 'generating from shards'} {gib(sharded.peak)} "
+                        f"of {memory_text} per GPU ({memory.MARGIN:.0%} margin). {what}")
+    why = f"{doing} needs {gib(gathered.peak)} of {memory_text}"
+    if chosen.vllm is not None and offload.vllm is None:
+        why += f"; vLLM (installed, use_vllm left open) with {chosen.label} needs {gib(plan.chosen.peak)}"
+        run = replace(run, settings={**run.settings, "use_vllm": Setting(True, f"rlhf plan: {why}")})
     if chosen.budget is not None:
         why += f"; gathering {chosen.budget} of the policy needs {gib(plan.chosen.peak)}"
     gather = Gather.whole if chosen.gather else Gather.shards if chosen.budget is None else Gather.of(chosen.budget)
+    engine = "vLLM, sync " if chosen.vllm is not None else ""
     return run.with_generation(replace(run.generation, gather=gather), f"rlhf plan: {why}",
-                               f"gather: auto -> {chosen.mode}; {why}")
+                               f"gather: auto -> {engine}{chosen.mode}; {why}")

@@ -107,7 +107,9 @@ rlhf_cli/rank/lora.py; A the adapter's parameters, counted from config.json in r
 A checkpoint on disk, summed over ranks: each trained model's weights as saved (P x b) and its optimizer
 states (the fp32 master copy and Adam's two moments: 12 bytes per parameter).
 
-Not counted: the allocator's fragmentation and caching, vLLM, mixture-of-experts routing, the generation's
+vLLM (generation by vLLM instead of the policy's `generate`): rlhf_cli/plan/vllm.py.
+
+Not counted: the allocator's fragmentation and caching, mixture-of-experts routing, the generation's
 transient logits, Adam's temporaries (transformers' default is the fused AdamW: none), and adapter matrices
 below stage3_param_persistence_threshold, which ZeRO-3 keeps whole on every GPU (at most A x b).
 """
@@ -130,8 +132,8 @@ SUB_GROUP_SIZE = 1_000_000_000  # DeepSpeed's sub_group_size: parameters the opt
 FUSED_HEAD_TILE = (4096, 32768)  # TRL's fused LM head: tokens x vocabulary entries projected at once
 FUSED_HEAD_STATISTICS = 7  # fp32 values per scored token in TRL's fused LM head (max, sums, target logit...)
 FLASH_ATTENTION, SDPA, EAGER = "flash_attention_2", "sdpa", "eager"
-STATIC, GENERATION, TRAINING, STEP = "static", "generation", "training", "step"
-PHASES = (GENERATION, TRAINING, STEP)
+STATIC, GENERATION, TRAINING, STEP, SYNC = "static", "generation", "training", "step", "sync"
+PHASES = (GENERATION, TRAINING, STEP, SYNC)  # SYNC: refreshing vLLM's weights (rlhf_cli/plan/vllm.py)
 
 
 def zero3_model_states(params: int, element_bytes: int, gpus_per_machine: int, machines: int, *,

@@ -69,3 +69,15 @@ def workload(name: str, value: Callable[[str], Any], num_processes: int,
     return Workload(prompt, completion, batches.generation, batches.train, batches.score, sequence,
                     bool(checkpointing), element_bytes(name, value), value("attn_implementation") or SDPA,
                     bool(value("use_liger_kernel")), entry.logits)
+
+
+def tool_note(name: str, value: Callable[[str], Any], work: Workload) -> str | None:
+    """With tools, say what the lengths hold: TRL appends each tool result to the completion and stops it at
+    `max_completion_length`, so prompt + completion still bounds every sequence; the prompt holds the tools'
+    schemas, which only the recipe's `plan_prompt_length` can tell."""
+    if not algorithm(name).takes_tools or not (value("tools") or value("environment_factory")):
+        return None
+    prompt = f"{work.prompt_length} tokens" + ("" if value("plan_prompt_length") else
+                                               ", the default: set plan_prompt_length to the prompt as rendered")
+    return (f"tools: sequences counted as prompt ({prompt}, tools' schemas included) + completion "
+            f"({work.completion_length} tokens: generated text and tool results together, as TRL caps them)")

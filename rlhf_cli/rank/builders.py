@@ -6,7 +6,7 @@ from typing import Any
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import load_object
-from rlhf_cli.rank.inputs import RankInputs, load_prompts, reward_funcs, reward_functions
+from rlhf_cli.rank.inputs import RankInputs, agent_arguments, load_prompts, reward_funcs, reward_functions
 from rlhf_cli.rank.lora import adapt_ppo_models, peft_config
 from rlhf_cli.rank.zero3 import apply_zero3_settings
 
@@ -31,22 +31,27 @@ def _note_causal_lm_reward(inputs: RankInputs) -> None:
 
     path = inputs.script_value("reward_model_name_or_path")
     if path:
-        note_untrained_head(path, "reward model", inputs.model_init_kwargs().get("revision"))
+        init_kwargs = inputs.model_init_kwargs()
+        note_untrained_head(path, "reward model", init_kwargs.get("revision"),
+                            bool(init_kwargs.get("trust_remote_code")))
 
 
 def build_trl_generating(inputs: RankInputs) -> Any:
     """TRL's generating trainers that load the policy (and a reference, when beta is not 0) from its path (RLOO,
-    GRPO): the registry entry's `config_class` and `trainer_class`."""
+    GRPO): the registry entry's `config_class` and `trainer_class`; GRPO's also takes the recipe's tools,
+    environments and rollout function."""
     entry = algorithm(inputs.algorithm)
     config = _config(load_object(entry.config_class), inputs)
     _note_causal_lm_reward(inputs)
     train, evaluation = load_prompts(inputs)
     trainer_class = load_object(entry.trainer_class)
     return trainer_class(model=inputs.model_value("model_name_or_path"), reward_funcs=reward_funcs(inputs),
-                         args=config, train_dataset=train, eval_dataset=evaluation, peft_config=peft_config(inputs))
+                         args=config, train_dataset=train, eval_dataset=evaluation, peft_config=peft_config(inputs),
+                         **agent_arguments(inputs))
 
 
 def build_online_dpo(inputs: RankInputs) -> Any:
+    from accelerate.utils import set_seed
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 
@@ -61,10 +66,15 @@ def build_online_dpo(inputs: RankInputs) -> Any:
     lora = peft_config(inputs)
     reference = None if lora else AutoModelForCausalLM.from_pretrained(model_path, **init_kwargs)
     train, evaluation = load_prompts(inputs)
-    tokenizer = AutoTokenizer.from_pretrained(model_path, revision=init_kwargs.get("revision"))
-    return OnlineDPOTrainer(model=model_path, ref_model=reference, reward_funcs=reward_funcs(inputs), args=config,
-                            train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer,
-                            peft_config=lora)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, revision=init_kwargs.get("revision"),
+                                              trust_remote_code=config.trust_remote_code)
+    trainer = OnlineDPOTrainer(model=model_path, ref_model=reference, reward_funcs=reward_funcs(inputs), args=config,
+                               train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer,
+                               peft_config=lora)
+    # TRL's OnlineDPOTrainer seeds every rank alike (RLOO and GRPO reseed per rank as the last step of __init__):
+    # each rank samples its own random numbers, or ranks sample the same tokens on different prompts.
+    set_seed(config.seed, device_specific=True)
+    return trainer
 
 
 def _tokenize_prompts(dataset: Any, tokenizer: Any) -> Any:
@@ -92,7 +102,8 @@ def build_ppo(inputs: RankInputs) -> Any:
     policy_path = inputs.model_value("model_name_or_path")
     reward_path = inputs.script_value("reward_model_name_or_path")
     # Loaded after the config exists, so that ZeRO-3 partitions each model as it loads.
-    tokenizer = AutoTokenizer.from_pretrained(policy_path, padding_side="left", revision=init_kwargs.get("revision"))
+    tokenizer = AutoTokenizer.from_pretrained(policy_path, padding_side="left", revision=init_kwargs.get("revision"),
+                                              trust_remote_code=config.trust_remote_code)
     pad_added = add_pad_token(tokenizer)
     policy = AutoModelForCausalLM.from_pretrained(policy_path, **init_kwargs)
     # With LoRA the reference is the policy with its adapters disabled: no second copy.
@@ -110,7 +121,7 @@ def build_ppo(inputs: RankInputs) -> Any:
         reward = AutoModelForSequenceClassification.from_pretrained(reward_path, num_labels=1, **init_kwargs)
     value_path = config.value_model_name_or_path or reward_path or policy_path
     if config.value_model_name_or_path or reward_path:  # started from the policy, a new head is expected
-        note_untrained_head(value_path, "value model", init_kwargs.get("revision"))
+        note_untrained_head(value_path, "value model", init_kwargs.get("revision"), config.trust_remote_code)
     value = AutoModelForSequenceClassification.from_pretrained(value_path, num_labels=1, **init_kwargs)
     policy, value = adapt_ppo_models(policy, value, inputs)
     train, _ = load_prompts(inputs)

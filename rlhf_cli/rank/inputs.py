@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.fields import catalogue, trl_reward_factory_arguments
 from rlhf_cli.config.generation import Generation
 from rlhf_cli.config.data_files import DATA_SUFFIXES
@@ -57,11 +58,26 @@ class RankInputs:
         """How TRL's own scripts load models, from the recipe's model keys."""
         kwargs = {
             "revision": self.model_value("model_revision"),
+            "trust_remote_code": self.trainer.get("trust_remote_code"),  # a trainer key, as in TRL's scripts
             "attn_implementation": self.model_value("attn_implementation"),
             "dtype": self.model_value("dtype"),
         }
+        kwargs.update(self._quantization())
         kwargs.update(self.trainer.get("model_init_kwargs") or {})
         return kwargs
+
+    def _quantization(self) -> dict[str, Any]:
+        """QLoRA's loading as TRL's scripts do it (`get_quantization_config`), when load_in_4bit or load_in_8bit is
+        set; the resolver refuses them where there is no CUDA for bitsandbytes."""
+        if not (self.model_value("load_in_4bit") or self.model_value("load_in_8bit")):
+            return {}
+        import dataclasses
+
+        from trl import ModelConfig, get_kbit_device_map, get_quantization_config
+
+        names = {field.name for field in dataclasses.fields(ModelConfig)}
+        model_args = ModelConfig(**{name: value for name, value in self.model.items() if name in names})
+        return {"quantization_config": get_quantization_config(model_args), "device_map": get_kbit_device_map()}
 
     def config_values(self, **model_init: Any) -> dict[str, Any]:
         """The trainer config's arguments: the recipe's trainer keys, model loading as TRL's scripts do it."""
@@ -95,18 +111,19 @@ def load_prompts(inputs: RankInputs):
     return dataset[train_split], dataset[test_split] if evaluate else None
 
 
-def load_reward_function(algorithm: str, spec: str) -> Any:
+def load_reward_function(algorithm_name: str, spec: str) -> Any:
     """TRL's reward function by its bare name (a factory called as TRL's scripts call it), or `module:function`,
     `path/to/file.py:function`, TRL's `module.function`. Importing runs the module's code."""
     if ":" not in spec and "." not in spec:
         from trl import rewards
 
-        arguments = trl_reward_factory_arguments(algorithm, spec)
+        arguments = trl_reward_factory_arguments(algorithm_name, spec)
         return getattr(rewards, spec) if arguments is None else getattr(rewards, spec)(**arguments)
-    return _load_function(spec)
+    return load_code(spec)
 
 
-def _load_function(spec: str) -> Callable:
+def load_code(spec: str) -> Any:
+    """What `module:name` or `path/to/file.py:name` names (a function, a class). Importing runs the module's code."""
     target, sep, function = spec.rpartition(":")
     if not sep:
         target, _, function = spec.rpartition(".")
@@ -129,3 +146,20 @@ def reward_funcs(inputs: RankInputs) -> list[Any]:
     """TRL's `reward_funcs`: the reward model's path (loaded as a sequence classifier), then the functions."""
     model = inputs.script_value("reward_model_name_or_path")
     return ([model] if model else []) + reward_functions(inputs)
+
+
+def agent_arguments(inputs: RankInputs) -> dict[str, Any]:
+    """GRPOTrainer's `tools`, `environment_factory` and `rollout_func` as the recipe names them, imported; only
+    those it sets, so that other trainers' builders and recipes without tools pass nothing new."""
+    if not algorithm(inputs.algorithm).takes_tools:
+        return {}
+    arguments: dict[str, Any] = {}
+    if inputs.script_value("tools"):
+        arguments["tools"] = [load_code(spec) for spec in inputs.script_value("tools")]
+    factory = inputs.script_value("environment_factory")
+    if factory:
+        arguments["environment_factory"] = {name: load_code(spec) for name, spec in factory.items()} \
+            if isinstance(factory, dict) else load_code(factory)
+    if inputs.script_value("rollout_func"):
+        arguments["rollout_func"] = load_code(inputs.script_value("rollout_func"))
+    return arguments

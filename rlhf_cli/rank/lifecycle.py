@@ -15,7 +15,6 @@ import errno
 import json
 import signal
 import socket
-import sys
 import time
 import traceback
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from rlhf_cli.checkpoints import write_manifest
+from rlhf_cli.rank import terminal
 from rlhf_cli.rank.watch import PROGRESS, SAVING, TRAINING, exit_now, global_rank, lost_a_rank, stop_for_another_rank
 from rlhf_cli.records import claim, marker_says, try_write_json, unwritable
 from rlhf_cli.run_dir import FAILED, RunDir
@@ -54,7 +54,7 @@ class StopRequest:
             stop_for_another_rank(run_dir)  # stopped after a failure, not preempted: nothing left to save
         if self.signal_name is None and global_rank() == 0:
             print(f"rlhf: {signal.Signals(signum).name} received: saving a checkpoint after this step, then stopping",
-                  file=sys.stderr, flush=True)
+                  file=terminal.stderr(), flush=True)
         self.signal_name = signal.Signals(signum).name
 
 
@@ -159,5 +159,5 @@ def failures_recorded(output_dir: Path) -> Iterator[None]:
                   "kind": "error", "type": type(error).__name__, "message": message.splitlines()[0] if message else "",
                   "disk": disk_error(error, output_dir), "traceback": text, "time": time.time()}
         if not try_write_json(run_dir.rank_error(rank), record) and not record["disk"]:
-            print(f"rank {rank} on {record['hostname']} failed:\n{text}", file=sys.stderr, flush=True)
+            print(f"rank {rank} on {record['hostname']} failed:\n{text}", file=terminal.stderr(), flush=True)
         exit_now(1)

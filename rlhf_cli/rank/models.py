@@ -8,7 +8,6 @@ sequence classifier whose score head starts untrained, as TRL's PPO example did.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 PAD_TOKEN = "<|pad|>"
@@ -16,10 +15,11 @@ PAD_TOKEN = "<|pad|>"
 
 def say(message: str) -> None:
     """One line on stderr, from global rank 0 only."""
+    from rlhf_cli.rank import terminal
     from rlhf_cli.rank.watch import global_rank
 
     if global_rank() == 0:
-        print(f"rlhf: {message}", file=sys.stderr, flush=True)
+        print(f"rlhf: {message}", file=terminal.stderr(), flush=True)
 
 
 def add_pad_token(tokenizer: Any) -> bool:
@@ -43,12 +43,12 @@ def fit_embeddings(model: Any, tokenizer: Any, seed: int) -> None:
     model.generation_config.pad_token_id = tokenizer.pad_token_id
 
 
-def note_untrained_head(path: str, role: str, revision: str | None = None) -> None:
+def note_untrained_head(path: str, role: str, revision: str | None = None, trust_remote_code: bool = False) -> None:
     """Say so when the checkpoint at `path` (local or on the hub) is not a sequence classifier: loaded as one,
     its score head starts from random weights."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(path, revision=revision)
+    config = AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     architectures = config.architectures or [config.model_type]
     if not any(name.endswith("ForSequenceClassification") for name in architectures):
         say(f"the {role} {path} is a {architectures[0]}: loaded as a sequence classifier whose score head "

@@ -3,8 +3,10 @@
 {"problems": [...]} as JSON on stdout.
 
 It does once what every rank would do first, and would die of on every rank: import each reward function and
-check that it takes the arguments the trainer passes, and build the trainer's config (TRL's dataclass, ours for
-PPO) from the resolved values, where its __post_init__ checks them. Its own process, because both run code the
+check that it takes the arguments the trainer passes; import each tool and environment and check that
+transformers can describe it and the policy's chat template can render its calls (rlhf_cli/rank/agent_checks.py);
+and build the trainer's config (TRL's dataclass, ours for PPO) from the resolved values, where its __post_init__
+checks them. Its own process, because both run code the
 CLI must not: the user's modules (which may import torch, print, or hang: the launcher gives this process a time
 limit) and TRL with torch (which the CLI never imports). The config is built detached from any device
 (`compat.detached_config_class`), so this process starts no process group and takes no GPU.
@@ -20,16 +22,13 @@ from typing import Any
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import load_object
+from rlhf_cli.rank.agent_checks import agent_problems, one_line
 from rlhf_cli.rank.inputs import RankInputs, load_reward_function
 from rlhf_cli.run_dir import PREFLIGHT_STEP_MARK
 
 
 def _step(text: str) -> None:
     print(f"{PREFLIGHT_STEP_MARK}{text}", file=sys.stderr, flush=True)
-
-
-def _one_line(error: BaseException) -> str:
-    return f"{type(error).__name__}: {' '.join(str(error).split()) or 'no message'}"
 
 
 def reward_function_problems(inputs: RankInputs) -> list[str]:
@@ -41,7 +40,7 @@ def reward_function_problems(inputs: RankInputs) -> list[str]:
         try:
             function = load_reward_function(inputs.algorithm, spec)
         except (Exception, SystemExit) as error:  # noqa: BLE001 - whatever the user's module raises is the problem
-            problems.append(f"`reward_funcs`: {spec}: importing it failed ({_one_line(error)}); fix the module")
+            problems.append(f"`reward_funcs`: {spec}: importing it failed ({one_line(error)}); fix the module")
             continue
         if not callable(function):
             problems.append(f"`reward_funcs`: {spec} is a {type(function).__name__}, not a function")
@@ -68,13 +67,13 @@ def trainer_config_problem(inputs: RankInputs, processes: int) -> str | None:
     try:
         config_class(**inputs.config_values())
     except Exception as error:  # noqa: BLE001 - the config's own validation: any type it raises is the message
-        return f"{entry.config_name} refuses these values: {_one_line(error)}"
+        return f"{entry.config_name} refuses these values: {one_line(error)}"
     return None
 
 
 def check(payload: dict[str, Any]) -> list[str]:
     inputs = RankInputs.from_values(payload["algorithm"], payload["values"])
-    problems = reward_function_problems(inputs)
+    problems = reward_function_problems(inputs) + agent_problems(inputs, _step)
     config_problem = trainer_config_problem(inputs, payload["processes"])
     return problems + ([config_problem] if config_problem else [])
 

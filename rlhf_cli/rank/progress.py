@@ -6,19 +6,15 @@ picked from the logged metrics; everything is still in trainer_state.json and th
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 from transformers import TrainerCallback
 
 from rlhf_cli.algorithms import algorithm
-from rlhf_cli.run_dir import OUTPUT_MODE_ENV
+from rlhf_cli.rank import terminal
+from rlhf_cli.rank.terminal import PHASES, output_mode
 from rlhf_cli.rank.zero3 import GenerationClock
-
-
-def output_mode() -> str:
-    return os.environ.get(OUTPUT_MODE_ENV, "normal")
 
 
 def _clock(seconds: float) -> str:
@@ -33,7 +29,7 @@ class TrainingProgress(TrainerCallback):
         from rich.console import Console
 
         self.algorithm = algorithm(name)
-        self.console = console or Console()
+        self.console = console or Console(file=terminal.stdout())
         self.live = self.console.is_terminal
         self.progress: Any = None
         self.task: Any = None
@@ -44,7 +40,11 @@ class TrainingProgress(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         self.started = time.monotonic()
         self.first_step = self.logged_step = state.global_step  # a resumed run's ETA counts the steps done now
+        PHASES.stop()
+        first = "generating the first completions"
         if not self.live:
+            self.console.print(f"{first}  elapsed {_clock(time.monotonic() - PHASES.started)}", markup=False,
+                               highlight=False, soft_wrap=True)
             return
         from rich.progress import (
             BarColumn,
@@ -60,7 +60,7 @@ class TrainingProgress(TrainerCallback):
             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[metrics]}"),
             console=self.console,
         )
-        self.task = self.progress.add_task("train", total=state.max_steps, completed=state.global_step, metrics="")
+        self.task = self.progress.add_task("train", total=state.max_steps, completed=state.global_step, metrics=first)
         self.progress.start()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:

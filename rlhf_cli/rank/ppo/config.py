@@ -1,4 +1,4 @@
-"""PPO's settings: TRL's former PPOConfig field names, so old command lines translate one to one."""
+"""PPO's settings: TRL 1.12's PPOConfig, its field names and defaults, so its command lines translate one to one."""
 
 from __future__ import annotations
 
@@ -43,5 +43,29 @@ class PPOConfig(TrainingArguments):
     model_init_kwargs: dict[str, Any] | None = field(
         default=None, metadata={"help": "Keyword arguments for `from_pretrained` of the models."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})
+    # TRL 1.12's defaults where its PPOConfig differs from TrainingArguments (its _BaseConfig, as TRL 1.16's trainers)
     learning_rate: float = field(default=3e-6, metadata={"help": "The initial learning rate for AdamW."})
-    logging_steps: float = field(default=1, metadata={"help": "Log every this many PPO updates."})
+    logging_steps: float = field(default=10, metadata={
+        "help": "Log every this many PPO updates; below 1, a share of the run."})
+    gradient_checkpointing: bool = field(default=True, metadata={
+        "help": "Enable gradient checkpointing to trade compute for memory."})
+    bf16: bool | None = field(default=None, metadata={
+        "help": "bf16 (mixed) precision instead of 32-bit; unset: on unless fp16 is set, where the hardware has bf16."})
+
+    def __post_init__(self) -> None:
+        if self.bf16 is None:  # TRL turns bf16 on unless fp16 is set; here only where the hardware has it
+            self.bf16 = not self.fp16 and has_bf16(self.use_cpu)
+            if not self.bf16 and not self.fp16:
+                from rlhf_cli.rank.models import say
+
+                say("bf16 off: this GPU has no bf16 (TRL 1.12's PPOConfig turns it on unless told); training in fp32")
+        super().__post_init__()
+
+
+def has_bf16(use_cpu: bool) -> bool:
+    """Whether the run's device computes in bf16: the CPU does (torch), CUDA GPUs from Ampere on."""
+    import torch
+
+    if use_cpu or not torch.cuda.is_available():
+        return True  # without CUDA, rlhf's resolver sets bf16 itself (off on DeepSpeed's CPU path)
+    return torch.cuda.is_bf16_supported()

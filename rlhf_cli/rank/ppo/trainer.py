@@ -7,114 +7,32 @@ reward functions, and checkpoints that resume.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn as nn
-from peft import PeftModel
 from torch.utils.data import DataLoader
-from transformers import GenerationConfig, PreTrainedTokenizerBase, Trainer, TrainerState, set_seed
+from transformers import PreTrainedTokenizerBase, Trainer, TrainerState, set_seed
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 
 from rlhf_cli import compat
-from rlhf_cli.rank.ppo import core
+from rlhf_cli.rank.ppo import core, saving
 from rlhf_cli.rank.ppo.config import PPOConfig
+from rlhf_cli.rank.ppo.modules import (
+    PolicyAndValue,
+    disable_dropout,
+    model_inputs,
+    only_this_generation_config,
+    rollout_generation_config,
+    sequence_scores,
+)
 from rlhf_cli.run_dir import TRAINER_STATE
 
 RANK_SEED_STRIDE = 100003  # rank r samples with seed + r x this prime, as TRL's PPOTrainer did
-
-
-class PolicyAndValue(nn.Module):
-    """One module for DeepSpeed to shard and optimise: the policy and the value model."""
-
-    def __init__(self, policy: nn.Module, value_model: nn.Module) -> None:
-        super().__init__()
-        self.policy = policy
-        self.value_model = value_model
-        self.config = policy.config  # DeepSpeed sizes its buckets from this
-
-    # TRL's generation context turns checkpointing off and on again by these names.
-    @property
-    def generating_model(self) -> nn.Module:
-        """What generates (rlhf_cli/rank/zero3.py): a gather budget is spent on the policy, not the value model."""
-        return self.policy
-
-    @property
-    def is_gradient_checkpointing(self) -> bool:
-        return self.policy.is_activation_checkpointing
-
-    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict[str, Any] | None = None) -> None:
-        for model in (self.policy, self.value_model):
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=gradient_checkpointing_kwargs)
-
-    def gradient_checkpointing_disable(self) -> None:
-        for model in (self.policy, self.value_model):
-            model.activation_checkpointing_disable()
-
-    def forward(self, **kwargs: Any) -> tuple[Any, torch.Tensor]:
-        value_model = _transformers_model(self.value_model)
-        backbone = getattr(value_model, value_model.base_model_prefix)
-        hidden = backbone(**kwargs).last_hidden_state
-        return self.policy(**kwargs), value_model.score(hidden)
-
-
-def _transformers_model(model: nn.Module) -> nn.Module:
-    """The transformers model itself: under LoRA, the one inside PEFT's wrapper (its adapters in place)."""
-    return model.get_base_model() if isinstance(model, PeftModel) else model
-
-
-def rollout_generation_config(max_new_tokens: int, temperature: float, pad_token_id: int,
-                              stop_token_id: int | None) -> GenerationConfig:
-    """Samples of softmax(logits / temperature), the distribution old log-probs are computed from: no top-k,
-    top-p or repetition penalty; stop at the stop token, or run to `max_new_tokens` without one."""
-    return GenerationConfig(max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature + 1e-7, top_k=0,
-                            top_p=1.0, repetition_penalty=1.0, pad_token_id=pad_token_id, eos_token_id=stop_token_id)
-
-
-@contextlib.contextmanager
-def only_this_generation_config(model: nn.Module, config: GenerationConfig) -> Iterator[None]:
-    """transformers 5 fills every field a passed config leaves unset from the checkpoint's
-    generation_config.json (its EOS ids, a repetition penalty, ...); with `config` as the model's own for
-    the call, nothing of the checkpoint's is left to fill from."""
-    own = model.generation_config
-    model.generation_config = config
-    try:
-        yield
-    finally:
-        model.generation_config = own
-
-
-def _inputs(query_responses: torch.Tensor, pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Forward inputs for left-padded prompts followed by right-padded responses."""
-    attention_mask = query_responses != pad_token_id
-    position_ids = attention_mask.cumsum(1) - attention_mask.long()
-    return {"input_ids": torch.masked_fill(query_responses, ~attention_mask, 0), "attention_mask": attention_mask,
-            "position_ids": position_ids, "use_cache": False}
-
-
-def sequence_scores(reward_model: nn.Module, query_responses: torch.Tensor, pad_token_id: int,
-                    context_length: int) -> torch.Tensor:
-    """The reward model's score at the last real token of each response."""
-    backbone = getattr(reward_model, reward_model.base_model_prefix)
-    hidden = backbone(**_inputs(query_responses, pad_token_id)).last_hidden_state
-    logits = reward_model.score(hidden).squeeze(-1)
-    last = core.first_true_indices(query_responses[:, context_length:] == pad_token_id) - 1 + context_length
-    return logits[torch.arange(logits.size(0), device=logits.device), last]
-
-
-def disable_dropout(model: nn.Module) -> None:
-    """Dropout off for good, as TRL did: the log-probs of an update must be those its rollouts were sampled
-    with. Dropout layers (GPT-2's are 0.1), and the attention dropout Llama-style models read from a float."""
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
-        if isinstance(getattr(module, "attention_dropout", None), float):
-            module.attention_dropout = 0.0
 
 
 class PPOTrainer(Trainer):
@@ -131,14 +49,16 @@ class PPOTrainer(Trainer):
         super().__init__(model=self.policy_and_value, args=args, train_dataset=train_dataset,
                          processing_class=processing_class)
         # As TRL 1.12: rollouts per process = per_device_train_batch_size x gradient_accumulation_steps, split
-        # into num_mini_batches; each mini-batch is one optimizer step over its micro-batches.
-        if args.gradient_accumulation_steps % args.num_mini_batches:
-            raise ValueError(f"num_mini_batches ({args.num_mini_batches}) must divide gradient_accumulation_steps "
-                             f"({args.gradient_accumulation_steps})")
-        self.micro_batches_per_step = args.gradient_accumulation_steps // args.num_mini_batches
+        # into num_mini_batches; each mini-batch is one optimizer step over micro-batches of at most
+        # per_device_train_batch_size (a mini-batch smaller than that is one micro-batch of its own size).
         self.local_batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        if self.local_batch_size % args.num_mini_batches:
+            raise ValueError(f"num_mini_batches ({args.num_mini_batches}) must divide the rollouts per process "
+                             f"(per_device_train_batch_size x gradient_accumulation_steps = {self.local_batch_size})")
         self.batch_size = self.local_batch_size * self.accelerator.num_processes
         self.local_mini_batch_size = self.local_batch_size // args.num_mini_batches
+        self.micro_batch_size = min(args.per_device_train_batch_size, self.local_mini_batch_size)
+        self.micro_batches_per_step = math.ceil(self.local_mini_batch_size / self.micro_batch_size)
         # transformers leaves accumulation to its own loop (1 here); ours uses `accelerator.accumulate`. Without
         # sync_with_dataloader off, accelerate steps at every micro-batch while the loader is at its last batch.
         self.accelerator.gradient_accumulation_steps = self.micro_batches_per_step
@@ -146,8 +66,8 @@ class PPOTrainer(Trainer):
         if self.is_deepspeed_enabled:  # DeepSpeed divides each micro-batch's loss by its own accumulation count
             self.accelerator.state.deepspeed_plugin.deepspeed_config.update(
                 gradient_accumulation_steps=self.micro_batches_per_step,
-                train_batch_size=args.per_device_train_batch_size * self.micro_batches_per_step
-                * self.accelerator.num_processes)
+                train_micro_batch_size_per_gpu=self.micro_batch_size,
+                train_batch_size=self.micro_batch_size * self.micro_batches_per_step * self.accelerator.num_processes)
         # The run's length: max_steps updates when set (`--max-steps`, as for every algorithm; it wins over the
         # episodes as transformers' max_steps wins over epochs), else TRL's former total_episodes, else
         # num_train_epochs passes over the prompts.
@@ -220,11 +140,11 @@ class PPOTrainer(Trainer):
             core.truncate_after_stop(responses, self.stop_token_id, pad_id)
         for start in range(0, queries.size(0), chunk):
             part = slice(start, start + chunk)
-            output, value = self.model_wrapped(**_inputs(query_responses[part], pad_id))
+            output, value = self.model_wrapped(**model_inputs(query_responses[part], pad_id))
             logits = output.logits[:, context_length - 1:-1] / (args.temperature + 1e-7)
             logprobs.append(torch.gather(logits.log_softmax(-1), 2, responses[part].unsqueeze(-1)).squeeze(-1))
             values.append(value[:, context_length - 1:-1].squeeze(-1))
-            ref_logits = self._reference_logits(_inputs(query_responses[part], pad_id))
+            ref_logits = self._reference_logits(model_inputs(query_responses[part], pad_id))
             ref_logits = ref_logits[:, context_length - 1:-1] / (args.temperature + 1e-7)
             ref_logprobs.append(torch.gather(ref_logits.log_softmax(-1), 2,
                                              responses[part].unsqueeze(-1)).squeeze(-1))
@@ -252,8 +172,11 @@ class PPOTrainer(Trainer):
         if self.reward_funcs:
             prompts = tokenizer.batch_decode(query_responses[:, :context_length], skip_special_tokens=True)
             completions = tokenizer.batch_decode(responses, skip_special_tokens=True)
+            # Each completion's own tokens, as TRL's trainers pass them: up to its first pad
+            lengths = core.first_true_indices(responses == tokenizer.pad_token_id).tolist()
+            completion_ids = [row[:length] for row, length in zip(responses.tolist(), lengths, strict=True)]
             for func in self.reward_funcs:
-                values = list(func(prompts=prompts, completions=completions, completion_ids=responses.tolist()))
+                values = list(func(prompts=prompts, completions=completions, completion_ids=completion_ids))
                 if None in values:  # as NaN it would spread through whitening and the all-reduce to every rank
                     sample = values.index(None)
                     name = getattr(func, "__name__", type(func).__name__)
@@ -273,6 +196,8 @@ class PPOTrainer(Trainer):
                                 if isinstance(cb, compat.exportable_state_class())])
         if args.activation_checkpointing:  # transformers turns it on only in its own train loop, replaced here
             self.policy_and_value.gradient_checkpointing_enable(args.activation_checkpointing_kwargs)
+        if resume_from_checkpoint and not self.is_deepspeed_enabled:  # DeepSpeed's own checkpoint holds both
+            saving.load_trained_state(self.policy_and_value, resume_from_checkpoint)
         model, loader = compat.prepare_for_training(self, self.num_updates, loader, resume_from_checkpoint)
         # Every rank samples its own random numbers (one seed for all made their samples agree on most tokens).
         set_seed(args.seed + self.accelerator.process_index * RANK_SEED_STRIDE)
@@ -280,7 +205,9 @@ class PPOTrainer(Trainer):
             self.state = TrainerState.load_from_json(f"{resume_from_checkpoint}/{TRAINER_STATE}")
             compat.load_rng_state(self, resume_from_checkpoint)
         self.state.max_steps = self.num_updates
-        self.state.logging_steps, self.state.save_steps = args.logging_steps, args.save_steps
+        # A fraction below 1 is a share of the run, as in TrainingArguments and TRL 1.12
+        self.state.logging_steps, self.state.save_steps = (math.ceil(self.num_updates * steps) if steps < 1 else steps
+                                                           for steps in (args.logging_steps, args.save_steps))
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         batches = self._batches(loader, skip=self.state.global_step)
         started = time.time()
@@ -305,86 +232,104 @@ class PPOTrainer(Trainer):
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
 
     def _optimise(self, model: nn.Module, rollout: dict[str, torch.Tensor]) -> dict[str, float]:
-        args = self.args
-        tokenizer = self.processing_class
-        context_length = rollout["context_length"]
-        responses, postprocessed = rollout["responses"], rollout["postprocessed"]
-        with torch.no_grad():
-            scores = core.penalise_missing_eos(rollout["scores"], postprocessed, tokenizer.eos_token_id,
-                                               args.missing_eos_penalty)
-            lengths = core.first_true_indices(postprocessed == tokenizer.pad_token_id) - 1
-            padding, padding_p1 = core.response_masks(lengths, responses.size(1))
-            logprobs = torch.masked_fill(rollout["logprobs"], padding, core.INVALID_LOGPROB)
-            ref_logprobs = torch.masked_fill(rollout["ref_logprobs"], padding, core.INVALID_LOGPROB)
-            values = torch.masked_fill(rollout["values"], padding_p1, 0)
-            kl = core.kl_estimate(logprobs, ref_logprobs, args.kl_estimator)
-            rewards, non_score = core.token_rewards(scores, kl, args.kl_coef, lengths)
-            if args.whiten_rewards:
-                rewards = torch.masked_fill(core.masked_whiten(rewards, ~padding_p1, shift_mean=False), padding_p1, 0)
-            advantages, returns = core.gae(rewards, values, args.gamma, args.lam)
-            advantages = torch.masked_fill(core.masked_whiten(advantages, ~padding), padding, 0)
+        """One PPO update on a batch of rollouts: advantages, num_ppo_epochs passes of mini-batches, statistics."""
+        targets = self._advantages(rollout)
+        collected = self._epochs(model, rollout, targets)
+        return self._statistics(rollout, targets, collected)
 
+    @torch.no_grad()
+    def _advantages(self, rollout: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Scores, masks, KL, per-token rewards, whitened GAE advantages and returns of the rollouts."""
+        args, tokenizer = self.args, self.processing_class
+        responses, postprocessed = rollout["responses"], rollout["postprocessed"]
+        scores = core.penalise_missing_eos(rollout["scores"], postprocessed, tokenizer.eos_token_id,
+                                           args.missing_eos_penalty)
+        lengths = core.first_true_indices(postprocessed == tokenizer.pad_token_id) - 1
+        padding, padding_p1 = core.response_masks(lengths, responses.size(1))
+        logprobs = torch.masked_fill(rollout["logprobs"], padding, core.INVALID_LOGPROB)
+        ref_logprobs = torch.masked_fill(rollout["ref_logprobs"], padding, core.INVALID_LOGPROB)
+        values = torch.masked_fill(rollout["values"], padding_p1, 0)
+        kl = core.kl_estimate(logprobs, ref_logprobs, args.kl_estimator)
+        rewards, non_score = core.token_rewards(scores, kl, args.kl_coef, lengths)
+        if args.whiten_rewards:
+            rewards = torch.masked_fill(core.masked_whiten(rewards, ~padding_p1, shift_mean=False), padding_p1, 0)
+        advantages, returns = core.gae(rewards, values, args.gamma, args.lam)
+        advantages = torch.masked_fill(core.masked_whiten(advantages, ~padding), padding, 0)
+        return {"scores": scores, "padding": padding, "padding_p1": padding_p1, "logprobs": logprobs, "kl": kl,
+                "non_score": non_score, "values": values, "advantages": advantages, "returns": returns}
+
+    def _epochs(self, model: nn.Module, rollout: dict[str, torch.Tensor],
+                targets: dict[str, torch.Tensor]) -> dict[str, list[torch.Tensor]]:
+        """num_ppo_epochs passes over the rollouts in shuffled mini-batches, one optimizer step each; the
+        statistics of every micro-batch."""
+        args = self.args
         collected: dict[str, list[torch.Tensor]] = defaultdict(list)
         model.train()
         for _ in range(args.num_ppo_epochs):
-            order = torch.randperm(self.local_batch_size, device=responses.device)
+            order = torch.randperm(self.local_batch_size, device=rollout["responses"].device)
             for mini_start in range(0, self.local_batch_size, self.local_mini_batch_size):
                 mini = order[mini_start:mini_start + self.local_mini_batch_size]
-                for micro_start in range(0, self.local_mini_batch_size, args.per_device_train_batch_size):
-                    micro = mini[micro_start:micro_start + args.per_device_train_batch_size]
+                for micro_start in range(0, self.local_mini_batch_size, self.micro_batch_size):
+                    micro = mini[micro_start:micro_start + self.micro_batch_size]
                     with self.accelerator.accumulate(model):
-                        output, predicted = model(**_inputs(rollout["query_responses"][micro],
-                                                            tokenizer.pad_token_id))
-                        logits = output.logits[:, context_length - 1:-1] / (args.temperature + 1e-7)
-                        all_logprobs = logits.log_softmax(-1)
-                        new_logprobs = torch.gather(all_logprobs, 2, responses[micro].unsqueeze(-1)).squeeze(-1)
-                        new_logprobs = torch.masked_fill(new_logprobs, padding[micro], core.INVALID_LOGPROB)
-                        predicted = torch.masked_fill(predicted[:, context_length - 1:-1].squeeze(-1),
-                                                      padding_p1[micro], 0)
-                        vf_loss, vf_clipfrac = core.value_loss(predicted, values[micro], returns[micro],
-                                                               args.cliprange_value, ~padding_p1[micro])
-                        pg_loss, pg_clipfrac, approxkl = core.policy_loss(
-                            new_logprobs, logprobs[micro], advantages[micro], args.cliprange, ~padding[micro])
-                        loss = pg_loss + args.vf_coef * vf_loss
-                        self.accelerator.backward(loss)
-                        self.optimizer.step()
-                        self.optimizer.zero_grad()
-                    with torch.no_grad():
-                        entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
-                        collected["policy/approxkl_avg"].append(approxkl)
-                        collected["policy/clipfrac_avg"].append(pg_clipfrac)
-                        collected["loss/policy_avg"].append(pg_loss)
-                        collected["loss/value_avg"].append(vf_loss)
-                        collected["val/clipfrac_avg"].append(vf_clipfrac)
-                        collected["policy/entropy_avg"].append(core.masked_mean(entropy, ~padding[micro]))
-                        collected["val/ratio"].append(
-                            core.masked_mean((new_logprobs - logprobs[micro]).exp(), ~padding[micro]))
+                        for name, value in self._micro_batch(model, rollout, targets, micro).items():
+                            collected[name].append(value)
+        return collected
 
+    def _micro_batch(self, model: nn.Module, rollout: dict[str, torch.Tensor], targets: dict[str, torch.Tensor],
+                     micro: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Forward, clipped losses and backward on one micro-batch (the optimizer steps when accelerate syncs)."""
+        args, context_length = self.args, rollout["context_length"]
+        padding, padding_p1 = targets["padding"][micro], targets["padding_p1"][micro]
+        old_logprobs = targets["logprobs"][micro]
+        output, predicted = model(**model_inputs(rollout["query_responses"][micro], self.processing_class.pad_token_id))
+        logits = output.logits[:, context_length - 1:-1] / (args.temperature + 1e-7)
+        all_logprobs = logits.log_softmax(-1)
+        new_logprobs = torch.gather(all_logprobs, 2, rollout["responses"][micro].unsqueeze(-1)).squeeze(-1)
+        new_logprobs = torch.masked_fill(new_logprobs, padding, core.INVALID_LOGPROB)
+        predicted = torch.masked_fill(predicted[:, context_length - 1:-1].squeeze(-1), padding_p1, 0)
+        vf_loss, vf_clipfrac = core.value_loss(predicted, targets["values"][micro], targets["returns"][micro],
+                                               args.cliprange_value, ~padding_p1)
+        pg_loss, pg_clipfrac, approxkl = core.policy_loss(new_logprobs, old_logprobs, targets["advantages"][micro],
+                                                          args.cliprange, ~padding)
+        self.accelerator.backward(pg_loss + args.vf_coef * vf_loss)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
         with torch.no_grad():
-            gather = self.accelerator.gather_for_metrics
-            mean_kl = (kl * ~padding).sum(1)
-            stats = {
-                "objective/kl": gather(mean_kl).mean(),
-                "objective/entropy": gather((-logprobs * ~padding).sum(1)).mean(),
-                "objective/non_score_reward": gather((non_score * ~padding).sum(1)).mean(),
-                "objective/rlhf_reward": gather(scores - args.kl_coef * mean_kl).mean(),
-                "objective/scores": gather(scores).mean(),
-                "val/num_eos_tokens": (postprocessed == tokenizer.eos_token_id).sum().float(),
-            }
-            stats.update({name: gather(torch.stack(values_)).mean() for name, values_ in collected.items()})
-            ratios = gather(torch.stack(collected["val/ratio"]))  # one per micro-batch, on every rank
-            stats["val/ratio_var"] = ratios.var(correction=1 if ratios.numel() > 1 else 0)
+            entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
+            return {"policy/approxkl_avg": approxkl, "policy/clipfrac_avg": pg_clipfrac, "loss/policy_avg": pg_loss,
+                    "loss/value_avg": vf_loss, "val/clipfrac_avg": vf_clipfrac,
+                    "policy/entropy_avg": core.masked_mean(entropy, ~padding),
+                    "val/ratio": core.masked_mean((new_logprobs - old_logprobs).exp(), ~padding)}
+
+    @torch.no_grad()
+    def _statistics(self, rollout: dict[str, torch.Tensor], targets: dict[str, torch.Tensor],
+                    collected: dict[str, list[torch.Tensor]]) -> dict[str, float]:
+        """The update's logged numbers, averaged over every rank."""
+        gather = self.accelerator.gather_for_metrics
+        real = ~targets["padding"]
+        scores, mean_kl = targets["scores"], (targets["kl"] * real).sum(1)
+        stats = {
+            "objective/kl": gather(mean_kl).mean(),
+            "objective/entropy": gather((-targets["logprobs"] * real).sum(1)).mean(),
+            "objective/non_score_reward": gather((targets["non_score"] * real).sum(1)).mean(),
+            "objective/rlhf_reward": gather(scores - self.args.kl_coef * mean_kl).mean(),
+            "objective/scores": gather(scores).mean(),
+            "val/num_eos_tokens": (rollout["postprocessed"] == self.processing_class.eos_token_id).sum().float(),
+        }
+        stats.update({name: gather(torch.stack(values)).mean() for name, values in collected.items()})
+        ratios = gather(torch.stack(collected["val/ratio"]))  # one per micro-batch, on every rank
+        stats["val/ratio_var"] = ratios.var(correction=1 if ratios.numel() > 1 else 0)
         return {name: value.item() for name, value in stats.items()}
 
     # -- saving ---------------------------------------------------------------------------------
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Only the policy, whole (consolidated from ZeRO-3 shards), loadable with from_pretrained; under LoRA its
-        adapter (PEFT's save_pretrained keeps the adapter's weights of the state dict)."""
+        """The policy, whole or under LoRA its adapters only, loadable with from_pretrained (rlhf_cli/rank/ppo/
+        saving.py); in a checkpoint without DeepSpeed also the trained weights of the policy and value model."""
         output_dir = output_dir or self.args.output_dir
-        engine = self.model_wrapped
-        state = self.accelerator.get_state_dict(engine)
+        state = saving.policy_state(self)
         if self.accelerator.is_main_process:
-            policy_state = {key.removeprefix("policy."): value for key, value in state.items()
-                            if key.startswith("policy.")}
-            self.policy_and_value.policy.save_pretrained(output_dir, state_dict=policy_state)
+            self.policy_and_value.policy.save_pretrained(output_dir, state_dict=state)
             self.processing_class.save_pretrained(output_dir)
+            if _internal_call and not self.is_deepspeed_enabled:
+                saving.save_trained_state(self.policy_and_value, output_dir)
