@@ -128,5 +128,6 @@ def test_trl_style_flags_get_the_checks_of_set(cli) -> None:
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert lines == ["Error: --learning_rate: `learning_rate` is set again (already set by --learning_rate); keep one",
-                     "Error: --lerning_rate: unknown key `lerning_rate`; did you mean `learning_rate`?",
+                     "Error: --lerning_rate: unknown key `lerning_rate`; did you mean `learning_rate`? (nor an option: see "
+                     "`rlhf grpo --help`)",
                      "Error: --max_steps: `max_steps`: expected an integer, got 'many' (str)"], result.output

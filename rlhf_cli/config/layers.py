@@ -58,7 +58,8 @@ def canonical(draft: Draft, key: str, where: str) -> str | None:
                               "file given to --accelerate-config")
         return None
     names = sorted(set(draft.fields) | set(ALIASES))
-    draft.problems.append(f"{where}: unknown key `{key}`{suggest(key, names)}")
+    options = f" (nor an option: see `rlhf {entry.command} --help`)" if where == f"--{key}" else ""
+    draft.problems.append(f"{where}: unknown key `{key}`{suggest(key, names)}{options}")
     return None
 
 
