@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +19,26 @@ class ModelConfigUnavailable(Exception):
     """A model whose config.json cannot be read here; the message says why."""
 
 
-def hub_cache() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+def hub_cache(env: Mapping[str, str] | None = None) -> Path:
+    """The hub cache as huggingface_hub finds it, with `env` (a recipe's `env:` block, what the ranks see) over
+    this process's environment."""
+    environ = {**os.environ, **(env or {})}
+    if environ.get("HF_HUB_CACHE"):
+        return Path(environ["HF_HUB_CACHE"]).expanduser()
+    if environ.get("HF_HOME"):
+        return Path(environ["HF_HOME"]).expanduser() / "hub"
+    cache_home = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
     return cache_home / "huggingface" / "hub"
 
 
-def find_config(name_or_path: str, revision: str | None = None) -> Path:
+def find_config(name_or_path: str, revision: str | None = None, env: Mapping[str, str] | None = None) -> Path:
     """config.json of a local model directory, or of a hub id at `revision` in the hub cache."""
     local = Path(name_or_path).expanduser()
     if (local / "config.json").is_file():
         return local / "config.json"
     if local.is_absolute() or name_or_path.startswith((".", "~")):
         raise ModelConfigUnavailable(f"{name_or_path} has no config.json")
-    repo = hub_cache() / f"models--{name_or_path.replace('/', '--')}"
+    repo = hub_cache(env) / f"models--{name_or_path.replace('/', '--')}"
     revision = revision or "main"
     commit = revision if COMMIT.match(revision) else None
     if commit is None and (repo / "refs" / revision).is_file():
@@ -42,13 +46,14 @@ def find_config(name_or_path: str, revision: str | None = None) -> Path:
     config = repo / "snapshots" / (commit or revision) / "config.json"
     if not config.is_file():
         raise ModelConfigUnavailable(
-            f"config.json of {name_or_path}@{revision} is not in the hub cache {hub_cache()} "
+            f"config.json of {name_or_path}@{revision} is not in the hub cache {hub_cache(env)} "
             f"(`hf download {name_or_path} config.json` fetches it)")
     return config
 
 
-def read_config(name_or_path: str, revision: str | None = None) -> dict[str, Any]:
-    path = find_config(name_or_path, revision)
+def read_config(name_or_path: str, revision: str | None = None,
+                env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    path = find_config(name_or_path, revision, env)
     try:
         config = json.loads(path.read_text())
     except (OSError, ValueError) as error:

@@ -541,6 +541,10 @@ CASES = [
     recipe("message", "eval_strategy: no\n", "`eval_strategy`: expected one of no, steps, epoch, got False (bool); "
            "YAML reads an unquoted no as false: write 'no'"),
     recipe("message", "learning_rat: 1.0e-5\n", "unknown key `learning_rat`; did you mean `learning_rate`?"),
+    recipe("message", "max_prompt_length: 512\n", "`max_prompt_length` has no counterpart in today's rloo: remove it; "
+           "TRL 1.16's trainers do not truncate prompts (the memory plan's prompt length is `plan_prompt_length`)"),
+    recipe("message", "overwrite_output_dir: true\n", "`overwrite_output_dir` has no counterpart in today's rloo: "
+           "remove it; transformers 5 dropped it: pass --overwrite to reuse an output dir"),
     recipe("message", "mixed_precision: bf16\n", "`mixed_precision` is an option of `accelerate launch` (`trl rloo "
            "--config` passes it on); rlhf takes it from the accelerate config"),
     recipe("message", "gpu_ids: 0,1\n", "`gpu_ids` is an option of `accelerate launch`"),

@@ -61,10 +61,10 @@ def test_rlhf_debug_shows_the_traceback_and_keeps_the_exit_code(cli, monkeypatch
 
 
 def test_a_usage_error_of_the_parser_is_one_line(cli) -> None:
-    result = cli("rloo", "-r", "rloo/smoke", "--frobnicate")
+    result = cli("rloo", "-r", "rloo/smoke", "--frobnicate")  # read as a TRL-style flag: a recipe key
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [
-        "Error: No such option: --frobnicate (see `rlhf rloo --help`)"]
+        "Error: --frobnicate: unknown key `frobnicate` (nor an option: see `rlhf rloo --help`)"]
 
 
 def test_a_bug_is_one_line_exit_1_without_a_traceback(cli, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -706,3 +706,15 @@ def test_the_plan_of_any_depth_handles_alike_layers_once() -> None:
                        LoraSettings(rank=8, targets=r"model\.layers\.1\.self_attn\.(q|v)_proj"))
     assert sorted((len(modules), count) for modules, count in one.layers) == [(0, 2), (2, 1)]
     assert one.params * 100_000 == deep.params  # two adapters in one layer, against two in each of 100,000
+
+
+def test_the_recipes_env_block_names_the_hub_cache_the_plan_reads(tmp_path: Path) -> None:
+    cache_model("org/model", "pythia-70m")
+    moved = Path(os.environ["HF_HOME"]) / "hub"
+    elsewhere = tmp_path / "elsewhere"
+    moved.rename(elsewhere)  # the model is only in the cache the ranks will use
+    path = write(tmp_path / "r.yaml", f"model_name_or_path: org/model\nreward_model_name_or_path: org/model\n"
+                                      f"dataset_name: {RECIPES}/smoke/prompts.jsonl\nenv:\n  HF_HUB_CACHE: {elsewhere}\n")
+    run = resolve(RunRequest("rloo", str(path), planning=True), cwd=tmp_path, cuda=False)
+    policy = next(role for role in plan_run(run).roles if role.name == "policy")
+    assert policy.size.params > 0 and policy.path == "org/model"

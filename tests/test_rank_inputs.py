@@ -47,8 +47,10 @@ def test_reward_model_and_functions_from_files_modules_and_trl(tmp_path: Path, m
     write(tmp_path / "mypkg" / "rewards.py", "def one(completions, **kwargs):\n    return [1.0] * len(completions)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     funcs = reward_funcs(inputs_for(tmp_path, reward_funcs=f"[{tmp_path}/scores.py:length, mypkg.rewards:one, "
-                                                           "think_format_reward]"))
+                                                           "think_format_reward, get_soft_overlong_punishment]"))
     assert funcs[0] == str(RECIPES / "smoke" / "reward")
     assert funcs[1](["ab", "abcd"]) == [2.0, 4.0]
     assert funcs[2](["x"]) == [1.0]
     assert funcs[3].__name__ == "think_format_reward"
+    # built as TRL's scripts build it: max_completion_len 1280, soft_punish_cache 256 (no penalty up to 1024 tokens)
+    assert funcs[4](completion_ids=[[1] * 1024, [1] * 1100]) == [0.0, -(1100 - 1024) / 256]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from helpers import RECIPES, write
-from rlhf_cli.config.resolve import RunRequest, resolve
+from rlhf_cli.config.resolve import RunRequest, Setting, resolve
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.ownership import record_end
 from rlhf_cli.run_dir import RunDir
@@ -221,8 +221,8 @@ def test_resolved_recipe_round_trips(tmp_path: Path) -> None:
 def test_bare_reward_names_must_be_trls(tmp_path: Path) -> None:
     path = recipe(tmp_path, "reward_funcs: [think_format_reward, lenght]\n")
     assert problems(RunRequest("rloo", path), tmp_path) == [
-        f"{path}:5: `reward_funcs`: 'lenght' is not one of TRL's (accuracy_reward, reasoning_accuracy_reward, "
-        "think_format_reward); write module:function or file.py:function"]
+        f"{path}:5: `reward_funcs`: 'lenght' is not one of TRL's (accuracy_reward, "
+        "get_soft_overlong_punishment, reasoning_accuracy_reward, think_format_reward); write module:function or file.py:function"]
 
 
 def ppo_problems(tmp_path: Path, *sets: str) -> list[str]:
@@ -319,3 +319,64 @@ def test_ppo_tokenizer_needs_eos_and_stop_token_in_vocab_but_not_pad(tmp_path: P
     found = ppo_problems(tmp_path, f"model_name_or_path={model}", "stop_token=null", "stop_token_id=100000")
     assert found == [f"`model_name_or_path`: the tokenizer in {model} has no eos_token; PPO needs one",
                      f"`stop_token_id` 100000 is not in the vocabulary of {model} (0..499)"]
+
+
+def test_values_trl_takes_beyond_its_type_are_taken_with_trls_meaning(tmp_path: Path) -> None:
+    path = recipe(tmp_path, "scale_rewards: false\nresume_from_checkpoint: false\ntorch_dtype: bfloat16\n"
+                            "reward_funcs: [get_soft_overlong_punishment, think_format_reward]\n")
+    run = resolve(RunRequest("grpo", path), cwd=tmp_path, cuda=False)
+    assert run.value("scale_rewards") == "none"  # GRPOConfig.__post_init__ maps false to "none", true to "group"
+    assert run.value("resume_from_checkpoint") is None  # Trainer.train(False): start from the beginning
+    assert run.value("dtype") == "bfloat16"
+    assert f"{path}:7: `torch_dtype` is the old name of `dtype`; using it as `dtype`" in run.notes
+    assert run.value("reward_funcs") == ["get_soft_overlong_punishment", "think_format_reward"]
+    overridden = resolve(RunRequest("grpo", path, sets=("scale_rewards=batch",)), cwd=tmp_path, cuda=False)
+    assert overridden.settings["scale_rewards"].value == "batch"
+    assert overridden.settings["scale_rewards"].source == "--set"
+    grouped = resolve(RunRequest("grpo", path, sets=("scale_rewards=true",)), cwd=tmp_path, cuda=False)
+    assert grouped.value("scale_rewards") == "group"
+
+
+def test_resume_from_checkpoint_true_is_resume_auto(tmp_path: Path) -> None:
+    path = recipe(tmp_path, "resume_from_checkpoint: true\n")
+    out = tmp_path / "out"
+    run = resolve(RunRequest("rloo", path, flags={"output_dir": ("--output-dir", str(out))}), cwd=tmp_path,
+                  cuda=False)
+    assert run.value("resume_from_checkpoint") is None
+    assert run.settings["resume_from_checkpoint"].source == "recipe auto: nothing to resume"
+    assert problems(RunRequest("rloo", path), tmp_path) == [
+        "--resume auto looks for checkpoints in the output dir, and the default runs/ALGO-TIME is new every time: "
+        "pass --output-dir DIR"]
+
+
+def test_a_key_given_twice_is_reported_with_the_files_other_problems(tmp_path: Path) -> None:
+    path = recipe(tmp_path, "seed: 1\nseed: 1\nmax_steps: many\n")
+    assert problems(RunRequest("rloo", path, sets=("bogus=1",)), tmp_path) == [
+        f"{path}:6: `seed` is given again (first on line 5); YAML would keep only the last: keep one",
+        f"{path}:7: `max_steps`: expected an integer, got 'many' (str)",
+        "--set bogus: unknown key `bogus`"]
+    accelerate = write(tmp_path / "accelerate.yaml", "num_processes: 2\nnum_processes: 2\nnum_machines: -1\n")
+    found = problems(RunRequest("rloo", recipe(tmp_path, "", "plain.yaml"),
+                                flags={"accelerate_config": ("--accelerate-config", str(accelerate))}), tmp_path)
+    assert f"{accelerate}:2: `num_processes` is given again (first on line 1); YAML would keep only the last: " \
+           "keep one" in found
+    assert len(found) == 2, found
+
+
+def test_without_a_process_count_the_run_starts_what_trl_would(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    home = tmp_path / "hf"
+    environ = {"HF_HOME": str(home)}
+    plain = recipe(tmp_path, "")
+    run = resolve(RunRequest("rloo", plain), cwd=tmp_path, cuda=False, environ=environ)
+    assert run.settings["num_processes"] == Setting(1, "one process: no GPU visible")  # not the bundled config's 8
+    assert run.accelerate["num_processes"] == 1
+    gpus = recipe(tmp_path, "env:\n  CUDA_VISIBLE_DEVICES: '0,1,2'\n", "gpus.yaml")
+    run = resolve(RunRequest("rloo", gpus), cwd=tmp_path, cuda=False, environ=environ)
+    assert run.settings["num_processes"] == Setting(3, "one per visible GPU (CUDA_VISIBLE_DEVICES=0,1,2)")
+    config = write(home / "accelerate" / "default_config.yaml", "num_processes: 4\n")
+    run = resolve(RunRequest("rloo", gpus), cwd=tmp_path, cuda=False, environ=environ)
+    assert run.settings["num_processes"] == Setting(4, f"your default accelerate config {config}")
+    given = resolve(RunRequest("rloo", recipe(tmp_path, "num_processes: 2\n", "two.yaml")), cwd=tmp_path,
+                    cuda=False, environ=environ)
+    assert given.settings["num_processes"] == Setting(2, "recipe")

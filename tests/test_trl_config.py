@@ -3,6 +3,7 @@ rank, its `datasets:` mixture is loaded, TRL's bundled accelerate configs are fo
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 from pathlib import Path
@@ -97,3 +98,36 @@ def test_a_trl_config_with_an_env_block_runs_unchanged_and_every_rank_sees_it(tm
     assert {path.name: path.read_text() for path in tmp_path.glob("rank-*.txt")} == \
         {"rank-0.txt": "hello from env", "rank-1.txt": "hello from env"}
     assert "RLHF_GREETING" not in os.environ  # set in the ranks, not in the caller
+
+
+# A command line as TRL's GRPO docs write it (`trl grpo ...`), with the smoke models for the hub ids.
+TRL_DOCS_LINE = (f"--model_name_or_path {RECIPES}/smoke/policy --dataset_name {RECIPES}/smoke/prompts.jsonl "
+                 f"--reward_model_name_or_path={RECIPES}/smoke/reward --reward_funcs think_format_reward "
+                 "--learning_rate 1e-6 --per_device_train_batch_size=2 --num_generations 2 --max_completion_length 8 "
+                 "--scale_rewards none --loss_type dr_grpo --gradient_checkpointing --bf16 false --num_processes 2")
+
+
+def test_a_trl_command_line_pastes_unchanged_after_the_command(cli, tmp_path: Path) -> None:
+    result = cli("grpo", *shlex.split(TRL_DOCS_LINE), "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.stdout)
+    trainer, sources = shown["trainer"], shown["sources"]
+    assert trainer["learning_rate"] == 1e-6 and sources["learning_rate"] == "flag --learning_rate"
+    assert trainer["per_device_train_batch_size"] == 2
+    assert sources["per_device_train_batch_size"] == "flag --per_device_train_batch_size"
+    assert trainer["gradient_checkpointing"] is True  # a boolean flag without a value
+    assert sources["gradient_checkpointing"] == "flag --gradient_checkpointing"
+    assert trainer["bf16"] is False and trainer["scale_rewards"] == "none" and trainer["loss_type"] == "dr_grpo"
+    assert shown["model"]["model_name_or_path"] == str(RECIPES / "smoke" / "policy")
+    assert shown["script"]["reward_funcs"] == ["think_format_reward"]
+
+
+def test_trl_style_flags_get_the_checks_of_set(cli) -> None:
+    result = cli("grpo", "-r", "grpo/smoke", "--learning_rate", "1e-6", "--learning_rate=2e-6", "--lerning_rate",
+                 "3", "--max_steps", "many", "--dry-run")
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert lines == ["Error: --learning_rate: `learning_rate` is set again (already set by --learning_rate); keep one",
+                     "Error: --lerning_rate: unknown key `lerning_rate`; did you mean `learning_rate`? (nor an option: see "
+                     "`rlhf grpo --help`)",
+                     "Error: --max_steps: `max_steps`: expected an integer, got 'many' (str)"], result.output

@@ -10,12 +10,16 @@ COMMON_RENAMED = {
     "sft_model_path": "model_name_or_path",
     "reward_model_path": "reward_model_name_or_path",
     "exp_name": "run_name",
+    "torch_dtype": "dtype",  # transformers 4.56 renamed it; TRL 1.x's ModelConfig has `dtype`
 }
 
 COMMON_RETIRED = {
     "num_sample_generations": "remove it",
     "token_level_kl": "remove it; today's trainers apply `beta` per token",
     "normalize_reward": "remove it; today's trainers normalise within each prompt's group",
+    "max_prompt_length": "remove it; TRL 1.16's trainers do not truncate prompts (the memory plan's prompt length "
+                         "is `plan_prompt_length`)",
+    "overwrite_output_dir": "remove it; transformers 5 dropped it: pass --overwrite to reuse an output dir",
 }
 
 # The old PPO/RLOO knobs that TRL 1.x's generating trainers (RLOO, GRPO, online DPO) no longer have.

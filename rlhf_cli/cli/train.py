@@ -12,9 +12,9 @@ if TYPE_CHECKING:
     from rlhf_cli.config.run import ResolvedRun
 
 
-# `--gather auto`: Typer flags take no value, so `auto` arrives as an extra argument (`ctx.args`); the
-# commands are registered with EXTRA_ARGS to allow it.
-EXTRA_ARGS = {"allow_extra_args": True}
+# Extra arguments reach the command in `ctx.args`: `auto` of `--gather auto` (Typer flags take no value), and
+# TRL-style flags (`--learning_rate 1e-6`, `--use_vllm`), any trainer field as TRL's CLI spells it.
+EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
 def train(ctx: typer.Context, **options: Any) -> None:
@@ -69,7 +69,8 @@ def _resolve(ctx: typer.Context, options: dict[str, Any], planning: bool) -> Res
     flags = {key: (flag, options[parameter]) for key, (flag, parameter) in FLAGS.items()
              if options.get(parameter) is not None}
     problems = _flag_problems(options, planning)
-    gather = _gather_flag(options["gather"], options["no_gather"], ctx.args, problems)
+    trl_flags, extra = trl_style_flags(ctx.args)
+    gather = _gather_flag(options["gather"], options["no_gather"], extra, problems)
     if gather is not None:
         flags["ds3_gather_for_generation"] = gather
     if options["vllm"] is not None and options["no_vllm"]:
@@ -87,7 +88,27 @@ def _resolve(ctx: typer.Context, options: dict[str, Any], planning: bool) -> Res
         flags["merge_adapter"] = ("--merge-adapter", True)
     algorithm = ctx.info_name.replace("-", "_")
     return resolve(RunRequest(algorithm, options["recipe"], flags, tuple(options["set_"] or ()),
-                              options.get("overwrite", False), planning=planning, problems=tuple(problems)))
+                              options.get("overwrite", False), planning=planning, problems=tuple(problems),
+                              trl_flags=trl_flags))
+
+
+def trl_style_flags(args: list[str]) -> tuple[tuple[tuple[str, str | None], ...], list[str]]:
+    """TRL's CLI spelling of recipe keys among the extra arguments: `--key value`, `--key=value`, or `--key`
+    alone (true), as (flag as typed, value text or None); the other arguments are returned as they came."""
+    found: list[tuple[str, str | None]] = []
+    rest: list[str] = []
+    index = 0
+    while index < len(args):
+        token = args[index]
+        index += 1
+        if not token.startswith("--") or token == "--":
+            rest.append(token)
+            continue
+        flag, equals, text = token.partition("=")
+        if not equals and index < len(args) and not args[index].startswith("--"):
+            text, index = args[index], index + 1
+        found.append((flag, text if equals or text else None))
+    return tuple(found), rest
 
 
 def _flag_problems(options: dict[str, Any], planning: bool) -> list[str]:

@@ -85,6 +85,7 @@ def _load(path: Path, problems: list[str]) -> dict[str, Any]:
     if not isinstance(loaded.values, dict):
         problems.append(f"{path}: an accelerate config is a mapping, got {type(loaded.values).__name__}")
         return {}
+    problems.extend(loaded.problems)
     return _checked(loaded.values, path, loaded.lines, problems)
 
 

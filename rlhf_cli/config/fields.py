@@ -25,6 +25,14 @@ OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 GATHER_CHOICES = (True, False, "auto")
 
 
+RESUME_AUTO = "auto"  # `--resume auto`: the newest whole checkpoint in the output dir
+# Fields TRL types as one kind but also takes true/false for, and what its __post_init__ or Trainer.train makes of them.
+TRL_BOOL_MEANINGS = {
+    "scale_rewards": {True: "group", False: "none"},  # GRPOConfig.__post_init__
+    "resume_from_checkpoint": {True: RESUME_AUTO, False: None},  # Trainer.train: true = the newest in output_dir
+}
+
+
 INT64 = 2**63  # every integer must fit: torch, NumPy and DeepSpeed store them in 64 bits
 # YAML 1.1 reads these words unquoted as true or false.
 YAML_BOOL_WORDS = {True: ("yes", "on", "true", "y"), False: ("no", "off", "false", "n")}
@@ -162,7 +170,13 @@ def _limits(spec: Mapping[str, Any] | None) -> Limits | None:
 
 
 def trl_reward_functions(algorithm: str) -> tuple[str, ...]:
+    """The names TRL's scripts take in `reward_funcs` (their `reward_funcs_registry`)."""
     return tuple(_snapshot(algorithm)["reward_functions"])
+
+
+def trl_reward_factory_arguments(algorithm: str, name: str) -> dict[str, Any] | None:
+    """What TRL's scripts call the factory `name` with (`get_soft_overlong_punishment`), or None for a function."""
+    return _snapshot(algorithm)["reward_functions"][name]
 
 
 def snapshot_list(algorithm: str, name: str) -> tuple[str, ...]:
@@ -183,6 +197,8 @@ def catalogue(algorithm: str) -> dict[str, Field]:
     fields.update({field.name: field for field in OWN_FIELDS})
     if algorithms.algorithm(algorithm).takes_tools:
         fields.update({field.name: field for field in AGENT_FIELDS})
+    for name in TRL_BOOL_MEANINGS.keys() & fields.keys():
+        fields[name] = replace(fields[name], kinds=(*fields[name].kinds, "bool"))
     gather = fields["ds3_gather_for_generation"]
     fields[gather.name] = replace(gather, kinds=(*gather.kinds, "str"), choices=GATHER_CHOICES)
     for name, spec in ranges()["fields"].items():
@@ -269,6 +285,8 @@ def coerce(field: Field, value: Any) -> Any:
             return None
         raise FieldTypeError(f"expected {field.describe_type()}, got null")
     if isinstance(value, bool):
+        if field.name in TRL_BOOL_MEANINGS:
+            return TRL_BOOL_MEANINGS[field.name][value]
         if "bool" in kinds:
             return value
     elif isinstance(value, int) and "int" in kinds:

@@ -58,7 +58,8 @@ def canonical(draft: Draft, key: str, where: str) -> str | None:
                               "file given to --accelerate-config")
         return None
     names = sorted(set(draft.fields) | set(ALIASES))
-    draft.problems.append(f"{where}: unknown key `{key}`{suggest(key, names)}")
+    options = f" (nor an option: see `rlhf {entry.command} --help`)" if where == f"--{key}" else ""
+    draft.problems.append(f"{where}: unknown key `{key}`{suggest(key, names)}{options}")
     return None
 
 
@@ -107,6 +108,7 @@ def _same_value(draft: Draft, name: str, raw: Any, where: str, base_dirs: tuple[
 def apply_recipe(draft: Draft, recipe: Recipe) -> None:
     draft.recipe_path = recipe.path
     bases = (recipe.path.parent, draft.cwd)
+    draft.problems.extend(recipe.problems)
     for key, value in recipe.values.items():
         put(draft, key, value, "recipe", recipe.where(key), bases)
 
@@ -128,17 +130,32 @@ def apply_command_line(draft: Draft) -> None:
     bases = (draft.cwd,)
     for name, (flag, value) in draft.request.flags.items():
         put(draft, name, value, f"flag {flag}", flag, bases)
+    for flag, text in draft.request.trl_flags:  # TRL's spelling: `--learning_rate 1e-6`, `--use_vllm`
+        key = flag[2:].replace("-", "_")
+        if text is None:
+            put(draft, key, True, f"flag {flag}", flag, bases)
+        elif (value := _yaml_value(draft, flag, text, f"{flag}='{text}'")) is not _INVALID:
+            put(draft, key, value, f"flag {flag}", flag, bases)
     for pair in draft.request.sets:
         key, sep, text = pair.partition("=")
         key = key.strip()
         if not sep or not key:
             draft.problems.append(f"--set {pair}: expected KEY=VALUE")
             continue
-        try:
-            value = yaml.safe_load(text) if text.strip() else None
-        except yaml.YAMLError as error:
-            problem = getattr(error, "problem", None) or "not valid YAML"
-            draft.problems.append(f"--set {key}: {text!r} is not valid YAML ({problem}); to give it as text, "
-                                  f"quote it: --set \"{key}='{text}'\"")
-            continue
-        put(draft, key, value, "--set", f"--set {key}", bases)
+        value = _yaml_value(draft, f"--set {key}", text, f"--set \"{key}='{text}'\"")
+        if value is not _INVALID:
+            put(draft, key, value, "--set", f"--set {key}", bases)
+
+
+_INVALID = object()  # a command-line value that is not YAML (already reported)
+
+
+def _yaml_value(draft: Draft, where: str, text: str, quoted: str) -> Any:
+    """A command-line value read as a YAML scalar, as the recipe would hold it; _INVALID after reporting why not."""
+    try:
+        return yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as error:
+        problem = getattr(error, "problem", None) or "not valid YAML"
+        draft.problems.append(f"{where}: {text!r} is not valid YAML ({problem}); to give it as text, quote it: "
+                              f"{quoted}")
+        return _INVALID

@@ -53,17 +53,18 @@ def lora_problems(values: Values, entry: Algorithm, zero3: bool) -> list[str]:
             return [*problems, f"`lora_target_modules`: {targets!r} is not a regular expression ({error}); a single "
                                "entry that is not a plain module name is one, matched against whole module paths"]
     models = [(role, path, arch) for role, path, classifier in adapted_models(values, entry)
-              if (arch := _architecture(path, classifier, values("model_revision"))) is not None]
+              if (arch := _architecture(path, classifier, values("model_revision"), values("env"))) is not None]
     return problems + _target_problems(models, targets, entry)
 
 
-def _architecture(path: object, classifier: bool, revision: str | None) -> Architecture | None:
+def _architecture(path: object, classifier: bool, revision: str | None,
+                  env: dict[str, str] | None) -> Architecture | None:
     """The adaptable modules of a model whose config.json is here; None for a hub model not downloaded yet or an
     architecture not listed (PEFT checks those when they load)."""
     if not isinstance(path, str):
         return None
     try:
-        config = read_config(path, revision)
+        config = read_config(path, revision, env)  # the ranks' HF_HUB_CACHE / HF_HOME
     except ModelConfigUnavailable:
         return None
     return architecture(config, sequence_classifier=classifier)

@@ -23,6 +23,7 @@ from rlhf_cli.config.draft import Draft
 from rlhf_cli.config.generation import Generation
 from rlhf_cli.config.layers import apply_command_line, apply_environment, apply_recipe
 from rlhf_cli.config.prelaunch import run_problems
+from rlhf_cli.config.processes import default_process_count
 from rlhf_cli.config.recipe import Recipe, load_recipe
 from rlhf_cli.config.run import RESUME_AUTO, ResolvedRun, RunRequest, Setting
 from rlhf_cli.errors import ConfigError
@@ -60,6 +61,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
                   run_checks.check_mixture, run_checks.check_stall_timeout):
         check(draft)
     cpu_only = not (_cuda_present() if cuda is None else cuda) or environ.get("DS_ACCELERATOR") == "cpu"
+    _default_process_count(draft, environ)
     accelerate, accelerate_notes = build_accelerate_config(_accelerate_choices(draft, cpu_only), draft.problems)
     run_checks.check_deepspeed_field(draft, accelerate)
     if not request.planning:  # the plan reads config.json alone: it plans a model before its weights are there
@@ -90,6 +92,15 @@ class _Given:
 
     def where(self, name: str) -> str:
         return self.draft.layers.get(name, ("", f"`{name}`"))[1]
+
+
+def _default_process_count(draft: Draft, environ: Mapping[str, str]) -> None:
+    """Nothing gives the count (no num_processes, num_gpus, accelerate config or scheduler): TRL's, not the
+    bundled config's placeholder; the recipe's `env:` counts as the ranks' environment."""
+    if {"num_processes", "num_gpus", "accelerate_config"} & (draft.settings.keys() | draft.refused):
+        return
+    count, source = default_process_count({**environ, **(draft.value("env") or {})})
+    draft.settings["num_processes"] = Setting(count, source)
 
 
 def _read_recipe(draft: Draft) -> Recipe | None:

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rlhf_cli.config.fields import catalogue
+from rlhf_cli.config.fields import RESUME_AUTO, catalogue
 from rlhf_cli.config.generation import Generation
 
-RESUME_AUTO = "auto"  # `--resume auto`: the newest whole checkpoint in the output dir
+__all__ = ["RESUME_AUTO", "ResolvedRun", "RunRequest", "Setting"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class RunRequest:
     overwrite: bool = False
     planning: bool = False  # `rlhf plan`: nothing will be written, so the output dir and resume point are not checked
     problems: tuple[str, ...] = ()  # found in the command line itself (flags that contradict each other)
+    trl_flags: tuple[tuple[str, str | None], ...] = ()  # `--learning_rate 1e-6`: (flag, text), None for `--use_vllm`
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from rlhf_cli.sizes import SizeError, parse_size
 
 # The trainers' collective timeout, unless the recipe sets one: a backstop for what the stall watch does not judge
 # (a rank hung while loading or saving), long enough for the saves and loads that make the others wait.
+NOTHING_TO_RESUME = ": nothing to resume"  # the source of `--resume auto` that found no checkpoint
 COLLECTIVE_TIMEOUT_FACTOR = 5
 
 
@@ -118,7 +119,7 @@ def find_resume_point(draft: Draft) -> None:
     draft.notes.extend(f"warning: --resume auto: skipping {line}" for line in point.skipped)
     if point.checkpoint is None:
         draft.notes.append(f"--resume auto: no complete checkpoint in {output_dir}; starting from the beginning")
-        draft.settings["resume_from_checkpoint"] = Setting(None, f"{setting.source} auto: nothing to resume")
+        draft.settings["resume_from_checkpoint"] = Setting(None, f"{setting.source} auto{NOTHING_TO_RESUME}")
     else:
         draft.notes.append(f"--resume auto: continuing from {point.checkpoint}")
         draft.settings["resume_from_checkpoint"] = Setting(str(point.checkpoint), f"{setting.source} auto")

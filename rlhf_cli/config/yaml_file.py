@@ -26,6 +26,7 @@ _LOADER = yaml.SafeLoader
 class YamlFile:
     values: Any
     lines: dict[str, int]  # top-level key -> 1-based line
+    problems: tuple[str, ...] = ()  # found, but the values are still read (keys given twice): the caller adds theirs
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:
@@ -50,9 +51,10 @@ def _duplicate_keys(node: yaml.MappingNode, path: Path) -> list[str]:
     return problems
 
 
-def check_nodes(root: yaml.Node, path: Path) -> list[str]:
-    """Duplicate keys, aliases that refer to themselves, and more than MAX_VALUES values once aliases expand."""
-    problems: list[str] = []
+def check_nodes(root: yaml.Node, path: Path) -> tuple[list[str], list[str]]:
+    """What stops reading (aliases that refer to themselves, more than MAX_VALUES values once aliases expand),
+    then keys given twice (the file is still read, as YAML reads it, so that its other problems are found too)."""
+    duplicates: list[str] = []
     sizes: dict[int, int] = {}
     in_progress: set[int] = set()  # the nodes on the path from the root: an alias back to one is a cycle
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
@@ -64,18 +66,18 @@ def check_nodes(root: yaml.Node, path: Path) -> list[str]:
             sizes[key] = 1 + sum(sizes[id(child)] for child in _children(node))
             if sizes[key] > MAX_VALUES:
                 return [f"{path}:{node.start_mark.line + 1}: YAML aliases (*name) expand to more than {MAX_VALUES} "
-                        "values here; write the values out"]
+                        "values here; write the values out"], duplicates
             continue
         if key in sizes:
             continue
         if key in in_progress:
-            return [f"{path}:{node.start_mark.line + 1}: a YAML alias refers to a value that contains it"]
+            return [f"{path}:{node.start_mark.line + 1}: a YAML alias refers to a value that contains it"], duplicates
         in_progress.add(key)
         if isinstance(node, yaml.MappingNode):
-            problems += _duplicate_keys(node, path)
+            duplicates += _duplicate_keys(node, path)
         stack.append((node, True))
         stack.extend((child, False) for child in _children(node) if id(child) not in sizes)
-    return problems
+    return [], duplicates
 
 
 def _text(path: Path, what: str) -> str:
@@ -105,9 +107,9 @@ def read_yaml(path: Path, what: str) -> YamlFile:
                           f"(is the {what} a text file?)") from None
     try:
         node = loader.get_single_node()
-        problems = check_nodes(node, path) if node is not None else []
-        if problems:
-            raise ConfigError(*problems)
+        fatal, duplicates = check_nodes(node, path) if node is not None else ([], [])
+        if fatal:
+            raise ConfigError(*fatal)  # the values cannot be read: nothing else about them is known
         values = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
@@ -121,4 +123,4 @@ def read_yaml(path: Path, what: str) -> YamlFile:
     lines = {}
     if isinstance(node, yaml.MappingNode):
         lines = {key.value: key.start_mark.line + 1 for key, _ in node.value if isinstance(key, yaml.ScalarNode)}
-    return YamlFile(values, lines)
+    return YamlFile(values, lines, tuple(duplicates))

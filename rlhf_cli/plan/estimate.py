@@ -66,7 +66,7 @@ def _roles(run: ResolvedRun) -> list[Role]:
     lora = lora_settings(run.value)
 
     def role(name: str, path: str, classifier: bool, trained: bool) -> Role:
-        config = read_config(path, revision)
+        config = read_config(path, revision, run.value("env"))  # the ranks' HF_HUB_CACHE / HF_HOME
         size = model_size(config, sequence_classifier=classifier)
         return Role(name, path, size, trained, adapter_size(config, lora, sequence_classifier=classifier)
                     if trained else None)

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from rlhf_cli.algorithms import algorithm
-from rlhf_cli.config.fields import catalogue
+from rlhf_cli.config.fields import catalogue, trl_reward_factory_arguments
 from rlhf_cli.config.generation import Generation
 from rlhf_cli.config.data_files import DATA_SUFFIXES
 
@@ -111,13 +111,14 @@ def load_prompts(inputs: RankInputs):
     return dataset[train_split], dataset[test_split] if evaluate else None
 
 
-def load_reward_function(spec: str) -> Any:
-    """TRL's reward function by its bare name, or `module:function`, `path/to/file.py:function`, TRL's
-    `module.function`. Importing runs the module's code."""
+def load_reward_function(algorithm_name: str, spec: str) -> Any:
+    """TRL's reward function by its bare name (a factory called as TRL's scripts call it), or `module:function`,
+    `path/to/file.py:function`, TRL's `module.function`. Importing runs the module's code."""
     if ":" not in spec and "." not in spec:
         from trl import rewards
 
-        return getattr(rewards, spec)
+        arguments = trl_reward_factory_arguments(algorithm_name, spec)
+        return getattr(rewards, spec) if arguments is None else getattr(rewards, spec)(**arguments)
     return load_code(spec)
 
 
@@ -138,7 +139,7 @@ def load_code(spec: str) -> Any:
 
 def reward_functions(inputs: RankInputs) -> list[Callable]:
     """The recipe's Python reward functions: TRL's by name, or module:function / file.py:function."""
-    return [load_reward_function(spec) for spec in inputs.script_value("reward_funcs") or []]
+    return [load_reward_function(inputs.algorithm, spec) for spec in inputs.script_value("reward_funcs") or []]
 
 
 def reward_funcs(inputs: RankInputs) -> list[Any]:

@@ -38,7 +38,7 @@ def reward_function_problems(inputs: RankInputs) -> list[str]:
     for spec in inputs.script_value("reward_funcs") or []:
         _step(f"importing reward function {spec}")
         try:
-            function = load_reward_function(spec)
+            function = load_reward_function(inputs.algorithm, spec)
         except (Exception, SystemExit) as error:  # noqa: BLE001 - whatever the user's module raises is the problem
             problems.append(f"`reward_funcs`: {spec}: importing it failed ({one_line(error)}); fix the module")
             continue

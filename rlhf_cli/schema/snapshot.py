@@ -130,11 +130,23 @@ def describe(groups: dict[str, tuple[type, ...]]) -> dict[str, dict[str, Any]]:
     return fields
 
 
-def _reward_functions() -> list[str]:
-    """TRL's ready-made reward functions, usable by bare name in `reward_funcs` (not its factories)."""
-    import trl.rewards
+def _script_reward_registry() -> dict[str, dict[str, Any] | None]:
+    """The names `trl grpo` / `trl rloo` take in `reward_funcs` (the `reward_funcs_registry` of TRL's scripts),
+    read from the scripts' source: each maps to None (the function itself) or the keyword arguments its factory
+    is called with."""
+    import ast
+    import importlib.util
 
-    return sorted(name for name in trl.rewards.__all__ if not name.startswith("get_") and not name.endswith("s"))
+    registries = []
+    for script in ("trl.scripts.grpo", "trl.scripts.rloo"):
+        tree = ast.parse(Path(importlib.util.find_spec(script).origin).read_text())
+        found = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                     and any(getattr(target, "id", "") == "reward_funcs_registry" for target in node.targets))
+        registries.append({ast.literal_eval(key): {word.arg: ast.literal_eval(word.value) for word in value.keywords}
+                           if isinstance(value, ast.Call) else None for key, value in zip(found.keys, found.values)})
+    if registries[0] != registries[1]:
+        raise RuntimeError("TRL's grpo and rloo scripts name different reward functions; snapshot each")
+    return registries[0]
 
 
 def _generation_keys() -> list[str]:
@@ -161,7 +173,7 @@ def _dataset_entry_keys() -> list[str]:
 def build() -> dict[str, dict[str, Any]]:
     import trl
 
-    shared = {"trl_version": trl.__version__, "reward_functions": _reward_functions(),
+    shared = {"trl_version": trl.__version__, "reward_functions": _script_reward_registry(),
               "generation_keys": _generation_keys(), "accelerate_launch_options": _accelerate_launch_options(),
               "dataset_entry_keys": _dataset_entry_keys()}
     return {algorithm: {**shared, "fields": describe(groups)} for algorithm, groups in _algorithm_dataclasses().items()}
