@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SMALL_BUCKETS, launch_rlhf, sets
+from helpers import RECIPES, SMALL_BUCKETS, launch_rlhf, sets
 
 pytestmark = pytest.mark.launch
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import rlhf_argv
+from helpers import RECIPES, rlhf_argv
 from fixtures.rewards import BLOCKED_FILE_ENV, MARKUP
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
 from rlhf_cli.checkpoints import incomplete_reason

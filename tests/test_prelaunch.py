@@ -7,7 +7,6 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
 
 from helpers import RECIPES
 from rlhf_cli.config import prelaunch

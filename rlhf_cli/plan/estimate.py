@@ -27,7 +27,7 @@ from rlhf_cli.plan import memory, vllm, vllm_search
 from rlhf_cli.plan.columns import Candidate, Column, Plan, Role
 from rlhf_cli.plan.gpus import Hardware, detect_hardware
 from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, SYNC, TRAINING, Component
-from rlhf_cli.plan.models import Adapter, LoraSettings, ModelSize, adapter_size, model_size
+from rlhf_cli.plan.models import LoraSettings, adapter_size, model_size
 from rlhf_cli.plan.vllm import VllmSettings
 from rlhf_cli.plan.vllm_search import OFFLOADS
 from rlhf_cli.plan.workload import Workload, WorkloadUnknown, tool_note, workload
