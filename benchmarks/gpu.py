@@ -37,7 +37,7 @@ from _common import (RECIPES, REPO, RESULTS, WORK, CommandFailed, json_output, m
                      print_table, python_module, run_timed, write_markdown)
 
 sys.path.insert(0, str(REPO))  # this checkout's rlhf_cli, as the commands run it
-from rlhf_cli.plan.gpus import nvidia_gpu_memory, nvidia_smi  # noqa: E402 (imports no torch)
+from rlhf_cli.machine.probe import nvidia_gpu_memory, nvidia_smi  # noqa: E402 (imports no torch)
 from rlhf_cli.sizes import parse_size  # noqa: E402
 
 GIB = 2**30
@@ -371,7 +371,7 @@ def measure(planned: Planned, timeout: float) -> Measured:
 def rank_error(out: Path) -> str:
     """Why the ranks failed, as rlhf itself says it, where they left a record."""
     from rlhf_cli.launch.faults import PlanNeeds, explain
-    from rlhf_cli.run_dir import RunDir
+    from rlhf_cli.output.run_dir import RunDir
 
     failure = explain(RunDir(out), PlanNeeds())
     return f"\n{failure.line}" if failure else ""

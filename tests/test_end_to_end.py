@@ -14,7 +14,7 @@ import pytest
 
 from helpers import SMALL_BUCKETS, launch_rlhf, sets
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
-from rlhf_cli.run_dir import PROBE_CUDA_MEMORY_ENV, PROBE_GENERATION_ENV
+from rlhf_cli.output.run_dir import PROBE_CUDA_MEMORY_ENV, PROBE_GENERATION_ENV
 
 pytestmark = pytest.mark.launch
 

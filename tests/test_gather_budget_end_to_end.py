@@ -67,8 +67,8 @@ def test_every_budget_generates_and_trains_the_same(command: str, tmp_path: Path
 
     # The gathered share follows the budget: 1 gathers everything (PPO: the value model too, one engine); 0.5
     # gathers whole units once, at most half the policy, and at its peak holds more than 0 and less than 1.
-    from rlhf_cli.hub import read_config
-    from rlhf_cli.plan.models import model_size
+    from rlhf_cli.models.hub import read_config
+    from rlhf_cli.plan.model_sizes import model_size
 
     policy_bytes = 4 * model_size(read_config(str(RECIPES / "smoke" / "policy"))).params
     for rank in (0, 1):

@@ -16,10 +16,10 @@ import pytest
 from helpers import rlhf_argv
 from fixtures.rewards import BLOCKED_FILE_ENV, MARKUP
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
-from rlhf_cli.checkpoints import incomplete_reason
+from rlhf_cli.output.checkpoints import incomplete_reason
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.plan.estimate import plan_run
-from rlhf_cli.run_dir import MANIFEST, RunDir
+from rlhf_cli.output.run_dir import MANIFEST, RunDir
 
 pytestmark = pytest.mark.launch
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from rlhf_cli import compat
 from rlhf_cli.gather_budget import Budget, Unit, choose
-from rlhf_cli.run_dir import PROBE_CUDA_MEMORY_ENV, PROBE_GENERATION_ENV, STOCK_TRL_ENV
+from rlhf_cli.output.run_dir import PROBE_CUDA_MEMORY_ENV, PROBE_GENERATION_ENV, STOCK_TRL_ENV
 
 
 class GenerationClock:
