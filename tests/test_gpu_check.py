@@ -16,7 +16,7 @@ import pytest
 
 from helpers import REPO
 from rlhf_cli.rank.record import write_rank_record
-from rlhf_cli.rank.zero3 import PhaseMemory
+from rlhf_cli.rank.probes import PhaseMemory
 from rlhf_cli.output.run_dir import PROBE_CUDA_MEMORY_ENV as PHASE_MEMORY_ENV
 
 BENCHMARKS = REPO / "benchmarks"

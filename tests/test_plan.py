@@ -18,7 +18,7 @@ from rlhf_cli.errors import ConfigError, PlanError
 from rlhf_cli.plan import memory, vllm
 from rlhf_cli.plan.estimate import plan_run, planned
 from rlhf_cli.machine.probe import available_ram
-from rlhf_cli.plan.gpus import detect_hardware
+from rlhf_cli.plan.hardware import detect_hardware
 from rlhf_cli.models.hub import ModelConfigUnavailable, find_config, read_config
 from rlhf_cli.plan.model_sizes import model_size
 from rlhf_cli.sizes import SizeError, parse_size

@@ -25,7 +25,7 @@ from rlhf_cli.gather_budget import Budget, ranked
 from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
 from rlhf_cli.plan import memory, vllm, vllm_search
 from rlhf_cli.plan.columns import Candidate, Column, Plan, Role
-from rlhf_cli.plan.gpus import Hardware, detect_hardware
+from rlhf_cli.plan.hardware import Hardware, detect_hardware
 from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, SYNC, TRAINING, Component
 from rlhf_cli.plan.model_sizes import Adapter, LoraSettings, ModelSize, adapter_size, model_size
 from rlhf_cli.plan.vllm import VllmSettings

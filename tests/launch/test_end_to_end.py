@@ -16,8 +16,6 @@ from helpers import SMALL_BUCKETS, launch_rlhf, sets
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
 from rlhf_cli.output.run_dir import PROBE_CUDA_MEMORY_ENV, PROBE_GENERATION_ENV
 
-pytestmark = pytest.mark.launch
-
 # PPO, our own trainer, has its own end-to-end tests (test_ppo_end_to_end.py).
 TRL_COMMANDS = [entry.command for entry in ALGORITHMS.values() if entry.name != "ppo"]
 PROBES = {PROBE_GENERATION_ENV: "1", PROBE_CUDA_MEMORY_ENV: "1"}
