@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SMALL_BUCKETS, launch_rlhf, sets
+from helpers import RECIPES, SMALL_BUCKETS, launch_rlhf, sets
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
 from rlhf_cli.output.run_dir import PROBE_CUDA_MEMORY_ENV, PROBE_GENERATION_ENV
 
