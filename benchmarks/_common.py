@@ -129,7 +129,7 @@ def probe_calls(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
 
 def rank_generations(run_dirs: Sequence[Path]) -> list[RankGeneration]:
     """One summary per rank over several runs of the same mode: their calls pooled, their steps added up."""
-    from rlhf_cli.run_dir import RunDir
+    from rlhf_cli.output.run_dir import RunDir
 
     merged: dict[int, dict[str, Any]] = {}
     for run_dir in run_dirs:

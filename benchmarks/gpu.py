@@ -6,7 +6,7 @@ are the first of the models' 50304; sampled ids beyond it decode to nothing). Ea
 with --gather and with --no-gather (ZeRO-3's live parameters bounded), and PPO once more with the optimizer
 offloaded to the CPU: a few steps each through `python -m rlhf_cli ALGO ...`, 1 process, with
 RLHF_PROBE_CUDA_MEMORY=1, under which the rank records the peak CUDA memory of each phase (load, generation,
-train) and the start and length of every generation call (`rlhf_cli/rank/zero3.py`, `ranks/rank-0.json`).
+train) and the start and length of every generation call (`rlhf_cli/rank/probes.py`, `ranks/rank-0.json`).
 Beside each run: `rlhf plan ALGO <the same flags> --gpu-memory <the GPU's> --json`.
 
     python benchmarks/gpu.py --dry-run   # any machine, seconds: write the configs, build and check every command
@@ -37,7 +37,7 @@ from _common import (RECIPES, REPO, RESULTS, WORK, CommandFailed, json_output, m
                      print_table, python_module, run_timed, write_markdown)
 
 sys.path.insert(0, str(REPO))  # this checkout's rlhf_cli, as the commands run it
-from rlhf_cli.plan.gpus import nvidia_gpu_memory, nvidia_smi  # noqa: E402 (imports no torch)
+from rlhf_cli.machine.probe import nvidia_gpu_memory, nvidia_smi  # noqa: E402 (imports no torch)
 from rlhf_cli.sizes import parse_size  # noqa: E402
 
 GIB = 2**30
@@ -371,7 +371,7 @@ def measure(planned: Planned, timeout: float) -> Measured:
 def rank_error(out: Path) -> str:
     """Why the ranks failed, as rlhf itself says it, where they left a record."""
     from rlhf_cli.launch.faults import PlanNeeds, explain
-    from rlhf_cli.run_dir import RunDir
+    from rlhf_cli.output.run_dir import RunDir
 
     failure = explain(RunDir(out), PlanNeeds())
     return f"\n{failure.line}" if failure else ""
@@ -504,7 +504,7 @@ READING = """How to read it:
 - s/step: median spacing of the generation calls, one per step (the first step's warm-up is left out);
   gen s/call: median wall time of a generation call, gathering and release included; gen tokens/s: the
   plan's generation batch x completion length / gen s/call.
-- load, gen and train: the rank's phases (`rlhf_cli/rank/zero3.py`, `PhaseMemory`): until the first generation,
+- load, gen and train: the rank's phases (`rlhf_cli/rank/probes.py`, `PhaseMemory`): until the first generation,
   inside TRL's generation context, and between generations (scoring, reference, forward and backward,
   optimizer step). allocated: `torch.cuda.max_memory_allocated` in the phase; device: its
   `max_memory_reserved` plus what the GPU had in use beyond the allocator (CUDA context, NCCL, library

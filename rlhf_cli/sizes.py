@@ -1,10 +1,8 @@
-"""Memory sizes as people write them (`24GiB`, `24GB`, `24576MiB`, bytes), as Linux reports them, and as rlhf prints
-them."""
+"""Memory sizes as people write them (`24GiB`, `24GB`, `24576MiB`, bytes) and as rlhf prints them."""
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -44,13 +42,3 @@ def readable(value: int) -> str:
             return f"{value / scale:.1f} {unit}"
     return f"{value} B"
 
-
-def meminfo(field: str, path: Path = Path("/proc/meminfo")) -> int | None:
-    """A `/proc/meminfo` field (MemTotal, MemAvailable) in bytes; None where there is none."""
-    try:
-        for line in path.read_text().splitlines():
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
+FIXTURES = REPO / "tests" / "fixtures"
 # ZeRO-3's buckets and live-parameter limit sized for the tiny smoke models, so that 2 CPU ranks really fetch and
 # release parameters module by module (the defaults would hold a whole tiny model at once).
 SMALL_BUCKETS = ("stage3_prefetch_bucket_size=2000", "stage3_param_persistence_threshold=0",

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from helpers import RECIPES, write
-from rlhf_cli.checkpoints import incomplete_reason, newest_complete_checkpoint, write_manifest
+from rlhf_cli.output.checkpoints import incomplete_reason, newest_complete_checkpoint, write_manifest
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
-from rlhf_cli.ownership import record_end
-from rlhf_cli.run_dir import RunDir
+from rlhf_cli.output.ownership import record_end
+from rlhf_cli.output.run_dir import RunDir
 
 
 def checkpoint(run_dir: Path, step: int, complete: bool = True) -> Path:

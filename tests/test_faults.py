@@ -15,14 +15,14 @@ from rich.console import Console
 
 from helpers import RECIPES
 from fixtures.rewards import MARKUP
-from rlhf_cli.checkpoints import write_manifest
+from rlhf_cli.output.checkpoints import write_manifest
 from rlhf_cli.cli import output
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import OutputDirError
 from rlhf_cli.launch import faults, runner
 from rlhf_cli.launch.agent import record_exits
 from rlhf_cli.launch.faults import Failure, PlanNeeds, explain, space_warning
-from rlhf_cli.run_dir import FAILED, RUN_DIR_ENV, RunDir
+from rlhf_cli.output.run_dir import FAILED, RUN_DIR_ENV, RunDir
 
 HOST = socket.gethostname()
 GIB = 2**30

@@ -14,8 +14,8 @@ from rlhf_cli.errors import ConfigError
 from rlhf_cli.gather_budget import Budget, BudgetError, Unit, choose, parse_budget
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.estimate import plan_run, planned
-from rlhf_cli.hub import read_config
-from rlhf_cli.plan.models import model_size
+from rlhf_cli.models.hub import read_config
+from rlhf_cli.plan.model_sizes import model_size
 from test_plan import ARCHITECTURES, SEED, SEED_HARDWARE, TINY, seed_models, seed_run  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("nothing_launches")

@@ -16,8 +16,8 @@ import pytest
 
 from helpers import REPO
 from rlhf_cli.rank.record import write_rank_record
-from rlhf_cli.rank.zero3 import PhaseMemory
-from rlhf_cli.run_dir import PROBE_CUDA_MEMORY_ENV as PHASE_MEMORY_ENV
+from rlhf_cli.rank.probes import PhaseMemory
+from rlhf_cli.output.run_dir import PROBE_CUDA_MEMORY_ENV as PHASE_MEMORY_ENV
 
 BENCHMARKS = REPO / "benchmarks"
 PYTHIA_1B_PARAMETERS = 1_011_781_632  # EleutherAI/pythia-1b, as published
@@ -231,7 +231,7 @@ def test_on_a_gpu_machine_the_run_resolves_to_cuda_and_bf16(gpu, setup, cli, mon
     """The checks that only a GPU machine runs pass for what rlhf resolves there (CUDA seen without a GPU here)."""
     from rlhf_cli.config import resolve
 
-    monkeypatch.setattr(resolve, "_cuda_present", lambda: True)
+    monkeypatch.setattr(resolve, "cuda_present", lambda: True)
     for run in gpu.all_runs(gpu.ALGORITHMS[:3]):
         result = cli(run.algorithm.command, *run.flags(setup), "--dry-run", "--json")
         assert result.exit_code == 0, result.output

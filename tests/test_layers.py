@@ -11,12 +11,15 @@ PACKAGE = REPO / "rlhf_cli"
 # Data flows one way: flags + recipe -> resolved run -> plan -> launch -> ranks -> trainer. A layer may import
 # the leaves and the layers listed for it, never one above it.
 # gather_budget is one: the config layer checks a budget, the plan and the ranks choose its units with it.
-# `records` is one: the launcher, the launch agent and the ranks all write and read the output dir's small files.
-# `ownership` is one: the config layer reads which files of an output dir a run wrote, the launcher records them.
-# `architectures` (the modules LoRA adapts, from config.json) is read by resolution's checks, the plan and the ranks.
-LEAVES = {"rlhf_cli", "rlhf_cli.errors", "rlhf_cli.sizes", "rlhf_cli.run_dir", "rlhf_cli.checkpoints",
-          "rlhf_cli.hub", "rlhf_cli.gather_budget", "rlhf_cli.records", "rlhf_cli.architectures",
-          "rlhf_cli.ownership"}
+# `output` (the output dir's contract: its names, small files, checkpoints and ownership) is read and written by
+# the config layer, the launcher, the launch agent and the ranks. `models` (config.json without weights, and the
+# modules LoRA adapts) is read by resolution's checks, the plan and the ranks. `machine.probe` (GPUs, CUDA, memory,
+# free disk, no torch) is asked by resolution, the plan, the launcher and `rlhf doctor`.
+LEAVES = {"rlhf_cli", "rlhf_cli.errors", "rlhf_cli.sizes", "rlhf_cli.gather_budget", "rlhf_cli.machine.probe",
+          "rlhf_cli.output", "rlhf_cli.output.run_dir", "rlhf_cli.output.files", "rlhf_cli.output.checkpoints",
+          "rlhf_cli.output.ownership", "rlhf_cli.models", "rlhf_cli.models.hub", "rlhf_cli.models.architectures"}
+# The top: the CLI and `python -m rlhf_cli` may import any layer.
+TOP = {"cli", "__main__"}
 MAY_IMPORT = {
     "algorithms": {"algorithms"},
     "config": {"algorithms", "config"},
@@ -26,7 +29,7 @@ MAY_IMPORT = {
     "compat": set(),
     "report": {"report"},
     "schema": {"algorithms", "schema"},
-    "machine_checks": {"plan"},
+    "machine": {"plan"},
 }
 
 
@@ -103,6 +106,16 @@ def test_layers_import_only_downwards() -> None:
             target_layer = _layer(target)
             if target_layer is not None and target_layer != layer and target_layer not in MAY_IMPORT[layer]:
                 wrong.append(f"{module} imports {target}")
+    assert wrong == []
+
+
+def test_every_module_is_a_leaf_or_in_a_layer() -> None:
+    assert [module for module in import_graph() if _layer(module) not in {None, *MAY_IMPORT, *TOP}] == []
+
+
+def test_leaves_import_only_leaves() -> None:
+    wrong = [f"{module} imports {target}" for module, imported in import_graph().items() if module in LEAVES
+             for target in imported if target not in LEAVES]
     assert wrong == []
 
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from rlhf_cli.rank.lifecycle import disk_error
-from rlhf_cli.run_dir import FAILED, RunDir
+from rlhf_cli.output.run_dir import FAILED, RunDir
 
 RAISING_RANK = """
 import sys

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from helpers import RECIPES, REPO, write
-from rlhf_cli.architectures import architecture, peft_targets, targeted
+from rlhf_cli.models.architectures import architecture, peft_targets, targeted
 from rlhf_cli.plan import memory
-from rlhf_cli.plan.models import LoraSettings, adapter_size, model_size
+from rlhf_cli.plan.model_sizes import LoraSettings, adapter_size, model_size
 
 pytestmark = pytest.mark.usefixtures("nothing_launches")  # no test here starts ranks
 

@@ -18,7 +18,7 @@ import pytest
 from helpers import RECIPES
 from rlhf_cli.launch import runner
 from rlhf_cli.launch.command import Launch
-from rlhf_cli.run_dir import RunDir
+from rlhf_cli.output.run_dir import RunDir
 
 USER_RECIPE = "# my own recipe, with comments\nmax_steps: 2\n"
 REWARD = "def score(prompts, completions, **kwargs):\n    return [0.0 for _ in completions]\n"

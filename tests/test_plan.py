@@ -17,9 +17,10 @@ from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError, PlanError
 from rlhf_cli.plan import memory, vllm
 from rlhf_cli.plan.estimate import plan_run, planned
-from rlhf_cli.plan.gpus import available_ram, detect_hardware
-from rlhf_cli.hub import ModelConfigUnavailable, find_config, read_config
-from rlhf_cli.plan.models import model_size
+from rlhf_cli.machine.probe import available_ram
+from rlhf_cli.plan.hardware import detect_hardware
+from rlhf_cli.models.hub import ModelConfigUnavailable, find_config, read_config
+from rlhf_cli.plan.model_sizes import model_size
 from rlhf_cli.sizes import SizeError, parse_size
 
 FIXTURES = REPO / "tests" / "fixtures" / "models"
@@ -696,7 +697,7 @@ def test_a_run_with_tools_is_planned_as_prompt_plus_completion_and_says_so() -> 
 def test_the_plan_of_any_depth_handles_alike_layers_once() -> None:
     """100,000 decoder layers adapted alike are one group (the plan stays under a second: benchmarks/plan_depth.py);
     a pattern naming one layer splits them, with the same totals as counting layer by layer."""
-    from rlhf_cli.plan.models import LoraSettings, adapter_size
+    from rlhf_cli.plan.model_sizes import LoraSettings, adapter_size
 
     config = {**json.loads((RECIPES / "smoke" / "policy" / "config.json").read_text()), "num_hidden_layers": 100_000}
     deep = adapter_size(config, LoraSettings(rank=8, targets=["q_proj", "v_proj"]))

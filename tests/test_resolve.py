@@ -11,8 +11,8 @@ import pytest
 from helpers import RECIPES, write
 from rlhf_cli.config.resolve import RunRequest, Setting, resolve
 from rlhf_cli.errors import ConfigError
-from rlhf_cli.ownership import record_end
-from rlhf_cli.run_dir import RunDir
+from rlhf_cli.output.ownership import record_end
+from rlhf_cli.output.run_dir import RunDir
 
 SMOKE_MODELS = f"""
 model_name_or_path: {RECIPES}/smoke/policy

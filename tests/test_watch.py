@@ -25,7 +25,7 @@ from rlhf_cli.rank.watch import (
     judge,
     process_alive,
 )
-from rlhf_cli.run_dir import FAILED, STALLED, RunDir
+from rlhf_cli.output.run_dir import FAILED, STALLED, RunDir
 
 NOW, TIMEOUT = 1000.0, 120.0
 HERE = "boot-a/pid:[1]"  # the pids that the judging rank sees: those of host a's ranks
@@ -101,7 +101,7 @@ RANK = """
 import sys, threading
 from pathlib import Path
 from rlhf_cli.rank.watch import PROGRESS, TRAINING, Watch
-from rlhf_cli.run_dir import RunDir
+from rlhf_cli.output.run_dir import RunDir
 
 def waits_in_a_collective():
     PROGRESS.enter_collective()

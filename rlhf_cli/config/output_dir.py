@@ -1,7 +1,7 @@
 """May a run write into its output directory? Never over a file the user wrote, nor in or around its own inputs.
 
 A run writes its model, checkpoints and records into the output dir, replacing files of the same name. So the
-directory must be new, empty, or hold only what an earlier run wrote (rlhf_cli/ownership.py); it must not be,
+directory must be new, empty, or hold only what an earlier run wrote (rlhf_cli/output/ownership.py); it must not be,
 contain or lie inside any input the run reads (models, data, reward files, the recipe), unless that input is the
 run's own earlier output; and `--overwrite` removes only an earlier run's files, never one the run still reads.
 """
@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlhf_cli.ownership import LISTED, Holdings, holdings, listing
+from rlhf_cli.output.ownership import LISTED, Holdings, holdings, listing
 
 
 @dataclass(frozen=True)

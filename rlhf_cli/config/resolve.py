@@ -27,15 +27,11 @@ from rlhf_cli.config.processes import default_process_count
 from rlhf_cli.config.recipe import Recipe, load_recipe
 from rlhf_cli.config.run import RESUME_AUTO, ResolvedRun, RunRequest, Setting
 from rlhf_cli.errors import ConfigError
+from rlhf_cli.machine.probe import cuda_present
 
 __all__ = ["RESUME_AUTO", "ResolvedRun", "RunRequest", "Setting", "resolve"]
 
 MACHINE_FIELDS = ("num_machines", "machine_rank", "main_process_ip", "main_process_port")
-
-
-def _cuda_present() -> bool:
-    """Whether this machine has an NVIDIA GPU, asked without importing torch."""
-    return any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia/version"))
 
 
 def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None = None,
@@ -60,7 +56,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     for check in (run_checks.check_nvme_path, run_checks.check_gpu_memory, run_checks.check_data,
                   run_checks.check_mixture, run_checks.check_stall_timeout):
         check(draft)
-    cpu_only = not (_cuda_present() if cuda is None else cuda) or environ.get("DS_ACCELERATOR") == "cpu"
+    cpu_only = not (cuda_present() if cuda is None else cuda) or environ.get("DS_ACCELERATOR") == "cpu"
     _default_process_count(draft, environ)
     accelerate, accelerate_notes = build_accelerate_config(_accelerate_choices(draft, cpu_only), draft.problems)
     run_checks.check_deepspeed_field(draft, accelerate)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_cli.algorithms import algorithm
-from rlhf_cli.checkpoints import incomplete_reason, newest_complete_checkpoint
+from rlhf_cli.output.checkpoints import incomplete_reason, newest_complete_checkpoint
 from rlhf_cli.config.accelerate import is_zero3, zero_stage
 from rlhf_cli.config.checks import check_model_config, check_reward_model, cross_field_problems
 from rlhf_cli.config.data_files import READERS, DataFileError, check_prompts
@@ -23,7 +23,7 @@ from rlhf_cli.config.paths import path_state, writable_dir_problem
 from rlhf_cli.config.run import RESUME_AUTO, Setting
 from rlhf_cli.config.vllm import length_problems, vllm_problems
 from rlhf_cli.gather_budget import BudgetError, parse_budget
-from rlhf_cli.run_dir import MANIFEST
+from rlhf_cli.output.run_dir import MANIFEST
 from rlhf_cli.sizes import SizeError, parse_size
 
 # The trainers' collective timeout, unless the recipe sets one: a backstop for what the stall watch does not judge

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_cli.launch.faults import machine_memory
-from rlhf_cli.records import claim, try_write_json
-from rlhf_cli.run_dir import FAILED, OUTPUT_MODE_ENV, RUN_DIR_ENV, START_GATE, START_GATE_ENV, RunDir
+from rlhf_cli.output.files import claim, try_write_json
+from rlhf_cli.output.run_dir import FAILED, OUTPUT_MODE_ENV, RUN_DIR_ENV, START_GATE, START_GATE_ENV, RunDir
 
 
 def _exit_code(code: int) -> int:

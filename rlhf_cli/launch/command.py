@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhf_cli.config.run import ResolvedRun
-from rlhf_cli.run_dir import OUTPUT_MODE_ENV, RUN_DIR_ENV, RunDir
+from rlhf_cli.output.run_dir import OUTPUT_MODE_ENV, RUN_DIR_ENV, RunDir
 
 # Seconds the ranks get to checkpoint after a preemption signal before torch's agent kills them.
 PREEMPTION_GRACE_SECONDS = 300

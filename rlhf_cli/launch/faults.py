@@ -12,17 +12,17 @@ itself (full, unwritable). The rules, in order:
 
 from __future__ import annotations
 
-import shutil
 import signal
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlhf_cli.checkpoints import newest_complete_checkpoint
-from rlhf_cli.records import read_json, unwritable
-from rlhf_cli.run_dir import RunDir
-from rlhf_cli.sizes import meminfo, readable
+from rlhf_cli.machine.probe import existing, free_space, meminfo
+from rlhf_cli.output.checkpoints import newest_complete_checkpoint
+from rlhf_cli.output.files import read_json, unwritable
+from rlhf_cli.output.run_dir import RunDir
+from rlhf_cli.sizes import readable
 
 HINTS = {
     signal.SIGKILL: "often the out-of-memory killer",
@@ -57,26 +57,12 @@ def machine_memory() -> int | None:
     return min(total, limit) if total else limit
 
 
-def _existing(path: Path) -> Path:
-    """`path`, or the nearest directory above it that exists (an output dir not created yet)."""
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
-def free_space(path: Path) -> int | None:
-    try:
-        return shutil.disk_usage(_existing(path)).free
-    except OSError:
-        return None
-
-
 def space_warning(output_dir: Path, checkpoint_bytes: int | None) -> str | None:
     """A warning when the output dir has less free space than one checkpoint of this run needs."""
     free = free_space(output_dir)
     if checkpoint_bytes is None or free is None or free >= checkpoint_bytes:
         return None
-    return (f"warning: {_existing(output_dir)} has {readable(free)} free, and one checkpoint of this run takes "
+    return (f"warning: {existing(output_dir)} has {readable(free)} free, and one checkpoint of this run takes "
             f"about {readable(checkpoint_bytes)} (model weights and optimizer states): saving it will fail")
 
 

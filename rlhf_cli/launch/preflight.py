@@ -29,7 +29,7 @@ from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.launch.command import launch_command
 from rlhf_cli.launch.versions import installed_versions
-from rlhf_cli.run_dir import OUTPUT_MODE_ENV, PREFLIGHT_STEP_MARK, RUN_DIR_ENV
+from rlhf_cli.output.run_dir import OUTPUT_MODE_ENV, PREFLIGHT_STEP_MARK, RUN_DIR_ENV
 
 PREFLIGHT_MODULE = "rlhf_cli.rank.preflight"
 CACHE_ENV = "RLHF_CACHE"  # where rlhf remembers passed checks; default ~/.cache/rlhf

@@ -17,12 +17,13 @@ import yaml
 from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.errors import OutputDirError
 from rlhf_cli.launch.command import launch_command, launch_script, machine_rank, run_files_dir
-from rlhf_cli.launch.faults import Failure, PlanNeeds, explain, free_space
+from rlhf_cli.launch.faults import Failure, PlanNeeds, explain
 from rlhf_cli.launch.preflight import PendingCheck
 from rlhf_cli.launch.versions import installed_versions
-from rlhf_cli.ownership import record_end, record_start, remove_owned
-from rlhf_cli.records import read_json, try_write_json, write_atomic
-from rlhf_cli.run_dir import EXIT_PREEMPTED, START_GATE, START_GATE_ENV, RunDir
+from rlhf_cli.machine.probe import free_space
+from rlhf_cli.output.ownership import record_end, record_start, remove_owned
+from rlhf_cli.output.files import read_json, try_write_json, write_atomic
+from rlhf_cli.output.run_dir import EXIT_PREEMPTED, START_GATE, START_GATE_ENV, RunDir
 from rlhf_cli.sizes import readable
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)

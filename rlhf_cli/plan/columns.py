@@ -11,9 +11,9 @@ from typing import Any
 
 from rlhf_cli.gather_budget import Budget
 from rlhf_cli.plan import memory
-from rlhf_cli.plan.gpus import Hardware
+from rlhf_cli.plan.hardware import Hardware
 from rlhf_cli.plan.memory import Component
-from rlhf_cli.plan.models import Adapter, ModelSize
+from rlhf_cli.plan.model_sizes import Adapter, ModelSize
 from rlhf_cli.plan.vllm import VllmSettings
 from rlhf_cli.plan.workload import Workload
 

@@ -15,19 +15,19 @@ from itertools import accumulate
 from typing import Any
 
 from rlhf_cli.algorithms import algorithm
-from rlhf_cli.architectures import peft_targets
+from rlhf_cli.models.architectures import peft_targets
 from rlhf_cli.config.accelerate import is_zero3
 from rlhf_cli.config.fields import catalogue
 from rlhf_cli.config.generation import Gather
 from rlhf_cli.config.run import ResolvedRun, Setting
 from rlhf_cli.errors import PlanError
 from rlhf_cli.gather_budget import Budget, ranked
-from rlhf_cli.hub import ModelConfigUnavailable, read_config
+from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
 from rlhf_cli.plan import memory, vllm, vllm_search
 from rlhf_cli.plan.columns import Candidate, Column, Plan, Role
-from rlhf_cli.plan.gpus import Hardware, detect_hardware
+from rlhf_cli.plan.hardware import Hardware, detect_hardware
 from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, SYNC, TRAINING, Component
-from rlhf_cli.plan.models import LoraSettings, adapter_size, model_size
+from rlhf_cli.plan.model_sizes import LoraSettings, adapter_size, model_size
 from rlhf_cli.plan.vllm import VllmSettings
 from rlhf_cli.plan.vllm_search import OFFLOADS
 from rlhf_cli.plan.workload import Workload, WorkloadUnknown, tool_note, workload

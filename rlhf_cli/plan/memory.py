@@ -82,7 +82,7 @@ b-byte cast is the module gradient counted above) and the hidden states' (4 + b 
 CUDA context and communication buffers: a fixed CONTEXT_ALLOWANCE.
 
 LoRA (`--lora`: PEFT adapters on the trained models, through TRL's `peft_config` or, for PPO,
-rlhf_cli/rank/lora.py; A the adapter's parameters, counted from config.json in rlhf_cli/plan/models.py):
+rlhf_cli/rank/lora.py; A the adapter's parameters, counted from config.json in rlhf_cli/plan/model_sizes.py):
 - the base weights stay frozen ZeRO-3 shards, P x b / G, like a reference model's (in CPU memory with
   parameter offload); the adapters train: A (rank x in) and B (out x rank) per adapted module, DoRA's
   magnitudes, modules_to_save copies (PPO's value head), with the trained model's states above applied to A
@@ -120,9 +120,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rlhf_cli.algorithms.spec import LogitsModel
-from rlhf_cli.architectures import ATTENTION_OUTPUT, Module
+from rlhf_cli.models.architectures import ATTENTION_OUTPUT, Module
 from rlhf_cli.gather_budget import Unit, choose
-from rlhf_cli.plan.models import Adapter, ModelSize
+from rlhf_cli.plan.model_sizes import Adapter, ModelSize
 
 GIB = 2**30
 CONTEXT_ALLOWANCE = int(1.5 * GIB)  # CUDA context (~0.5 GiB), DeepSpeed's reduce bucket (5e8 x 2 bytes), NCCL

@@ -10,8 +10,8 @@ from dataclasses import replace
 
 from rlhf_cli.plan import memory, vllm
 from rlhf_cli.plan.columns import Candidate, Column
-from rlhf_cli.plan.gpus import Hardware
-from rlhf_cli.plan.models import ModelSize
+from rlhf_cli.plan.hardware import Hardware
+from rlhf_cli.plan.model_sizes import ModelSize
 from rlhf_cli.plan.vllm import VllmSettings
 from rlhf_cli.plan.workload import Workload
 from rlhf_cli.sizes import gib

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_cli.rank.inputs import RankInputs
-from rlhf_cli.run_dir import EXIT_PREEMPTED
+from rlhf_cli.output.run_dir import EXIT_PREEMPTED
 
 VLLM_CPU_KVCACHE_GIB = "1"  # a colocated vLLM's KV cache on CPU, unless VLLM_CPU_KVCACHE_SPACE says otherwise
 
@@ -23,7 +23,7 @@ def main(argv: list[str]) -> int:
     inputs = RankInputs.read(name, Path(recipe_path))
     output_dir = Path(inputs.trainer["output_dir"])
     from rlhf_cli.rank import terminal
-    from rlhf_cli.run_dir import RunDir
+    from rlhf_cli.output.run_dir import RunDir
 
     rank = int(os.environ.get("RANK", "0"))
     # Before torch, DeepSpeed and datasets are imported: what they print goes to the rank's log file.

@@ -43,7 +43,7 @@ def _install_vllm(config: Any, inputs: RankInputs) -> None:
 
 def _note_causal_lm_reward(inputs: RankInputs) -> None:
     """TRL loads a reward model path as a sequence classifier: say when its score head starts untrained."""
-    from rlhf_cli.rank.models import note_untrained_head
+    from rlhf_cli.rank.loading import note_untrained_head
 
     path = inputs.script_value("reward_model_name_or_path")
     if path:
@@ -109,7 +109,7 @@ def _tokenize_prompts(dataset: Any, tokenizer: Any) -> Any:
 def build_ppo(inputs: RankInputs) -> Any:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    from rlhf_cli.rank.models import add_pad_token, fit_embeddings, note_untrained_head, say
+    from rlhf_cli.rank.loading import add_pad_token, fit_embeddings, note_untrained_head, say
     from rlhf_cli.rank.ppo.config import PPOConfig
     from rlhf_cli.rank.ppo.trainer import PPOTrainer
 

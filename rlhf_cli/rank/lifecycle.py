@@ -24,11 +24,11 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from rlhf_cli.checkpoints import write_manifest
+from rlhf_cli.output.checkpoints import write_manifest
 from rlhf_cli.rank import terminal
 from rlhf_cli.rank.watch import PROGRESS, SAVING, TRAINING, exit_now, global_rank, lost_a_rank, stop_for_another_rank
-from rlhf_cli.records import claim, marker_says, try_write_json, unwritable
-from rlhf_cli.run_dir import FAILED, RunDir
+from rlhf_cli.output.files import claim, marker_says, try_write_json, unwritable
+from rlhf_cli.output.run_dir import FAILED, RunDir
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 # A failed write into the output dir, as the error says it: errno, or the text of libraries that keep no errno.

@@ -13,9 +13,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from rlhf_cli.architectures import peft_targets
+from rlhf_cli.models.architectures import peft_targets
 from rlhf_cli.rank.inputs import RankInputs
-from rlhf_cli.run_dir import RunDir
+from rlhf_cli.output.run_dir import RunDir
 
 SEQUENCE_CLASSIFIER = "SEQ_CLS"  # PEFT's task type that trains a classifier's score head whole
 

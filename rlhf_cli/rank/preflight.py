@@ -24,7 +24,7 @@ from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import load_object
 from rlhf_cli.rank.agent_checks import agent_problems, one_line
 from rlhf_cli.rank.inputs import RankInputs, load_reward_function
-from rlhf_cli.run_dir import PREFLIGHT_STEP_MARK
+from rlhf_cli.output.run_dir import PREFLIGHT_STEP_MARK
 
 
 def _step(text: str) -> None:

@@ -8,8 +8,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from rlhf_cli.rank.zero3 import GenerationProbe, PhaseMemory
-from rlhf_cli.run_dir import RunDir, checkpoint_step
+from rlhf_cli.rank.probes import GenerationProbe, PhaseMemory
+from rlhf_cli.output.run_dir import RunDir, checkpoint_step
 
 
 def write_rank_record(trainer: Any) -> Path:

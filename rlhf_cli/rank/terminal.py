@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from rlhf_cli.run_dir import OUTPUT_MODE_ENV
+from rlhf_cli.output.run_dir import OUTPUT_MODE_ENV
 
 _kept: dict[int, TextIO] = {}  # 1 and 2: the terminal (or the launcher's pipes), for rlhf's own lines
 

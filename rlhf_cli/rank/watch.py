@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rlhf_cli.records import claim, marker_says, read_json, try_write_json
-from rlhf_cli.run_dir import FAILED, STALLED, RunDir
+from rlhf_cli.output.files import claim, marker_says, read_json, try_write_json
+from rlhf_cli.output.run_dir import FAILED, STALLED, RunDir
 
 BEAT_SECONDS = 2.0
 LOADING, TRAINING, SAVING, DONE = "loading", "training", "saving", "done"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhf_cli.errors import RlhfError
-from rlhf_cli.run_dir import TRAINER_STATE, RunDir
+from rlhf_cli.output.run_dir import TRAINER_STATE, RunDir
 
 
 @dataclass(frozen=True)

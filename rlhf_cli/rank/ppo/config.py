@@ -76,7 +76,7 @@ class PPOConfig(TrainingArguments):
         if self.bf16 is None:  # TRL turns bf16 on unless fp16 is set; here only where the hardware has it
             self.bf16 = not self.fp16 and has_bf16(self.use_cpu)
             if not self.bf16 and not self.fp16:
-                from rlhf_cli.rank.models import say
+                from rlhf_cli.rank.loading import say
 
                 say("bf16 off: this GPU has no bf16 (TRL 1.12's PPOConfig turns it on unless told); training in fp32")
         super().__post_init__()

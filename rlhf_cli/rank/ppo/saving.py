@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from rlhf_cli import compat
-from rlhf_cli.run_dir import POLICY_AND_VALUE
+from rlhf_cli.output.run_dir import POLICY_AND_VALUE
 
 POLICY_PREFIX = "policy."
 

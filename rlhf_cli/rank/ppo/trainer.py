@@ -31,7 +31,7 @@ from rlhf_cli.rank.ppo.modules import (
     rollout_generation_config,
     sequence_scores,
 )
-from rlhf_cli.run_dir import TRAINER_STATE
+from rlhf_cli.output.run_dir import TRAINER_STATE
 
 RANK_SEED_STRIDE = 100003  # rank r samples with seed + r x this prime, as TRL's PPOTrainer did
 

@@ -13,17 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RECIPES, rlhf_argv
+from helpers import FIXTURES, RECIPES, rlhf_argv
 from fixtures.rewards import BLOCKED_FILE_ENV, MARKUP
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
-from rlhf_cli.checkpoints import incomplete_reason
+from rlhf_cli.output.checkpoints import incomplete_reason
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.plan.estimate import plan_run
-from rlhf_cli.run_dir import MANIFEST, RunDir
+from rlhf_cli.output.run_dir import MANIFEST, RunDir
 
-pytestmark = pytest.mark.launch
-
-FIXTURES = Path(__file__).parent / "fixtures"
 COMMANDS = [entry.command for entry in ALGORITHMS.values()]
 # Twelve steps: PPO counts episodes (8 per update in its smoke recipe), the others steps.
 TWELVE_STEPS = {"ppo": ("--set", "total_episodes=96")}

@@ -25,13 +25,12 @@ from pathlib import Path
 import pytest
 
 from families.build import FAMILIES
-from helpers import RECIPES, SMALL_BUCKETS, launch_rlhf, sets
+from helpers import FIXTURES, RECIPES, SMALL_BUCKETS, launch_rlhf, sets
 from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.algorithms.spec import Algorithm
 
-pytestmark = [pytest.mark.launch, pytest.mark.conformance]
+pytestmark = pytest.mark.conformance
 
-FIXTURES = Path(__file__).parent / "fixtures"
 UNTRAINED_HEAD = "loaded as a sequence classifier whose score head starts untrained"
 
 

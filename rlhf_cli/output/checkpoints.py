@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhf_cli.run_dir import MANIFEST, RunDir
+from rlhf_cli.output.run_dir import MANIFEST, RunDir
 
 
 def write_manifest(checkpoint: Path) -> Path:

@@ -5,11 +5,10 @@ No torch: `nvidia-smi` answers in a few milliseconds and needs no CUDA initialis
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from dataclasses import dataclass
 
-from rlhf_cli.sizes import gib, meminfo
+from rlhf_cli.machine.probe import available_ram, nvidia_gpu_memory
+from rlhf_cli.sizes import gib
 
 
 @dataclass(frozen=True)
@@ -24,28 +23,6 @@ class Hardware:
     @property
     def total_gpus(self) -> int:
         return self.gpus_per_machine * self.machines
-
-
-def nvidia_smi(fields: str) -> list[list[str]]:
-    """`nvidia-smi --query-gpu=FIELDS`: one row of values per GPU; empty without nvidia-smi or when it fails."""
-    command = shutil.which("nvidia-smi")
-    if command is None:
-        return []
-    try:
-        done = subprocess.run([command, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=20, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [[value.strip() for value in line.split(",")] for line in done.stdout.splitlines() if line.strip()]
-
-
-def nvidia_gpu_memory() -> list[int]:
-    """Total memory of each NVIDIA GPU on this machine in bytes; empty without nvidia-smi or GPUs."""
-    return [int(float(row[0])) * 2**20 for row in nvidia_smi("memory.total")]
-
-
-def available_ram() -> int | None:
-    return meminfo("MemAvailable")
 
 
 def detect_hardware(gpu_memory: int | None, processes: int, machines: int) -> Hardware | str:

@@ -16,15 +16,13 @@ from typing import Any
 
 import pytest
 
-from helpers import RECIPES, SMALL_BUCKETS, launch_rlhf, sets
-
-pytestmark = pytest.mark.launch
+from helpers import FIXTURES, RECIPES, SMALL_BUCKETS, launch_rlhf, sets
 
 PPO_METRICS = ("objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
                "objective/scores", "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg",
                "val/clipfrac_avg", "policy/entropy_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens", "lr",
                "episode")
-LEARNABLE = ("reward_model_name_or_path=null", f"reward_funcs=[{Path(__file__).parent}/fixtures/rewards.py:letter_e]",
+LEARNABLE = ("reward_model_name_or_path=null", f"reward_funcs=[{FIXTURES}/rewards.py:letter_e]",
              "total_episodes=160", "learning_rate=1e-2", "temperature=1.0", "missing_eos_penalty=null",
              "num_ppo_epochs=4", "kl_coef=0.0")
 

@@ -12,11 +12,7 @@ import json
 import math
 from pathlib import Path
 
-import pytest
-
 from helpers import RECIPES, launch_rlhf
-
-pytestmark = pytest.mark.launch
 
 CPU_SIZED = ("--num-processes", "2", "--no-gather", "--set", "gradient_accumulation_steps=2", "--set",
              "total_episodes=8", "--set", "local_rollout_forward_batch_size=2", "--set", "response_length=16")

@@ -15,8 +15,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhf_cli.records import read_json, write_atomic
-from rlhf_cli.run_dir import RunDir
+from rlhf_cli.output.files import read_json, write_atomic
+from rlhf_cli.output.run_dir import RunDir
 
 LISTED = 4  # entries a message names before "and N more"
 

@@ -14,9 +14,7 @@ import pytest
 
 from helpers import RECIPES, SMALL_BUCKETS, launch_rlhf, sets
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
-from rlhf_cli.run_dir import PROBE_CUDA_MEMORY_ENV, PROBE_GENERATION_ENV
-
-pytestmark = pytest.mark.launch
+from rlhf_cli.output.run_dir import PROBE_CUDA_MEMORY_ENV, PROBE_GENERATION_ENV
 
 # PPO, our own trainer, has its own end-to-end tests (test_ppo_end_to_end.py).
 TRL_COMMANDS = [entry.command for entry in ALGORITHMS.values() if entry.name != "ppo"]
