@@ -166,13 +166,18 @@ def launch(run: ResolvedRun, verbosity: str = "normal", needs: PlanNeeds = UNKNO
     code = 128 - code if code < 0 else code
     result = outcome(run_dir, code, received, time.monotonic() - started, needs)
     if machine_rank(run) == 0:
-        record = read_json(run_dir.run_record) or {}
-        record.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), status=result.status,
-                      exit_code=result.exit_code, wall_seconds=round(result.wall_seconds, 1),
-                      ranks=[read_json(path) for path in run_dir.rank_records()])
-        try_write_json(run_dir.run_record, record)  # on a full disk the error line says it all
-        try:
-            record_end(run_dir)
-        except OSError:
-            pass  # the record still says `running`: every entry counts as the run's, which they are
+        _record_the_end(run_dir, result)
     return result
+
+
+def _record_the_end(run_dir: RunDir, result: Outcome) -> None:
+    """How the run ended, in run.json beside every rank's record, and the run's files marked finished."""
+    record = read_json(run_dir.run_record) or {}
+    record.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), status=result.status,
+                  exit_code=result.exit_code, wall_seconds=round(result.wall_seconds, 1),
+                  ranks=[read_json(path) for path in run_dir.rank_records()])
+    try_write_json(run_dir.run_record, record)  # on a full disk the error line says it all
+    try:
+        record_end(run_dir)
+    except OSError:
+        pass  # the record still says `running`: every entry counts as the run's, which they are
