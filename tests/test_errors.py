@@ -80,8 +80,9 @@ def test_a_bug_is_one_line_exit_1_without_a_traceback(cli, monkeypatch: pytest.M
         "Error: internal error (KeyError: 'settings'); rerun with RLHF_DEBUG=1 for the traceback and report it"]
 
 
-def test_text_from_the_user_is_printed_as_text_not_markup(cli, tmp_path: Path) -> None:
+def test_text_from_the_user_is_printed_as_text_not_markup(cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A path holding `[/x]` (rich's closing tag) in an error, in the dry run's tables and in its launch line."""
+    monkeypatch.setenv("COLUMNS", "250")  # the long temporary path stays on one line of the table
     missing = cli("rloo", "-r", "[/x]/r.yaml")
     assert missing.exit_code == 2
     assert missing.output.strip() == "Error: [/x]/r.yaml: recipe not found; give a YAML file or a bundled recipe " \
