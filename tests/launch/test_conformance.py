@@ -9,7 +9,7 @@ rank generated as the gather mode asked (the probe's share of the policy gathere
 tokenizer load with `from_pretrained`, have been trained and produce finite logits; for PPO, the ranks sampled
 differently.
 
-LoRA (`--lora --merge-adapter`) in PPO's no-gather runs and in the pythia and GPT-2 runs of the other algorithms
+LoRA (`--lora --merge-adapter`) in PPO's no-gather runs and in the pythia and Qwen2.5 runs of the other algorithms
 (one gathering, one not, for each): the reference is the policy with its adapters off, so the KL of the first step
 is exactly 0 and not of the last; the adapter loads on the base resized to the saved tokenizer (GPT-2, Llama 3 and
 Mistral get a pad row) and the merged model loads by itself and computes the same.
@@ -80,9 +80,15 @@ def prompt_kind(family_index: int, algorithm_index: int, mode: str) -> str:
     return "chat" if (algorithm_index + family_index // 2 + flip) % 2 == 0 else "plain"
 
 
+# The other algorithms' LoRA families: in the default run one gathers, the other not. Neither has dropout: TRL's
+# trainers keep it on (`disable_dropout` false), and with it the reference pass (adapters off, the same module)
+# draws other masks, so GPT-2's first KL is not 0 (PPO turns dropout off, as TRL 1.12's PPO did).
+TRL_LORA_FAMILIES = ("pythia", "qwen2.5")
+
+
 def with_lora(entry: Algorithm, family_index: int, mode: str) -> bool:
-    """PPO's no-gather runs; the first two families of the others (their default runs: one gathers, one not)."""
-    return mode == "no-gather" if entry.name == "ppo" else family_index < 2
+    """PPO's no-gather runs; the other algorithms' runs on TRL_LORA_FAMILIES."""
+    return mode == "no-gather" if entry.name == "ppo" else list(FAMILIES)[family_index] in TRL_LORA_FAMILIES
 
 
 CASES = [pytest.param(entry, family, mode, prompt_kind(f, a, mode), with_lora(entry, f, mode),
