@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -198,8 +199,11 @@ def test_bash_completion_completes_commands_and_choices(tmp_path: Path) -> None:
         done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=env)
         answers[line] = done.stdout.split()
         assert answers[line] == [*expected.split(), "HEAVY", "[]"], done.stderr[-2000:]
-    script = subprocess.run([sys.executable, "-c", "from rlhf_cli.cli.app import app; app(prog_name='rlhf')",
-                             "--show-completion", "bash"], capture_output=True, text=True, cwd=tmp_path)
+    # From bash, as a user would: Typer names the shell by looking for one among the program's parent processes
+    # (`; exit` keeps bash from replacing itself with the program).
+    show = f"{shlex.quote(sys.executable)} -c \"from rlhf_cli.cli.app import app; app(prog_name='rlhf')\" " \
+           "--show-completion; exit $?"
+    script = subprocess.run(["bash", "-c", show], capture_output=True, text=True, cwd=tmp_path)
     assert "_RLHF_COMPLETE=complete_bash" in script.stdout and "complete -o default -F _rlhf_completion rlhf" in \
         script.stdout
 

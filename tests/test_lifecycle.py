@@ -24,7 +24,7 @@ def run_raising_ranks(*output_dirs: Path) -> list[subprocess.CompletedProcess]:
     """One raising rank per output dir, side by side (each spends seconds importing transformers)."""
     ranks = [subprocess.Popen([sys.executable, "-c", RAISING_RANK, str(output_dir)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for output_dir in output_dirs]
-    outputs = [rank.communicate(timeout=60) for rank in ranks]
+    outputs = [rank.communicate(timeout=300) for rank in ranks]  # imports torch: slow on a loaded machine
     return [subprocess.CompletedProcess(rank.args, rank.returncode, *output)
             for rank, output in zip(ranks, outputs, strict=True)]
 
