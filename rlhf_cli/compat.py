@@ -34,7 +34,8 @@ INTERNALS = (
     Internal("trl.models.utils:_unwrap_model_for_generation",
              "the one generation context every TRL trainer (and our PPO) enters; wrapped to invalidate ZeRO-3's "
              "stale fetch trace after no-gather generation, and to measure generation",
-             "TRL invalidates the trace on its no-gather path (the canary test in tests/launch/test_end_to_end.py passes)",
+             "TRL invalidates the trace on its no-gather path "
+             "(the canary test in tests/launch/test_end_to_end.py passes)",
              ("model", "accelerator", "gather_deepspeed3_params")),
     Internal("deepspeed.runtime.zero.parameter_offload:DeepSpeedZeRoOffload.get_param_coordinator",
              "reaches the ZeRO-3 parameter coordinator of an engine", "as above"),
@@ -374,7 +375,7 @@ def replace_trl_vllm_engine(factory: Callable[..., Any]) -> None:
     import trl.generation.vllm_generation as generation
 
     for module in (generation, online_dpo):
-        original = getattr(module, "LLM")
+        original = module.LLM
         factory.__wrapped__ = getattr(original, "__wrapped__", original)  # type: ignore[attr-defined]
         module.LLM = factory
 
