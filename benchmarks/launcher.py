@@ -5,14 +5,16 @@ reward model and prompts (TRL reads a local dataset as a directory, so the promp
 one), the same accelerate config (2 processes, ZeRO-3, CPU) and the same environment (DS_ACCELERATOR=cpu),
 started with `accelerate launch` (see `trl_run` for why not `trl rloo`).
 Both run with --gather: stock TRL crashes without it. The two are timed end to end (start to exit),
-interleaved, `--repeats` times each, in one run of this script; the ratio of the medians is reported.
+interleaved, `--repeats` times each, in one run of this script; the ratio of the medians is reported. `rlhf`
+runs twice a repeat: first with an empty cache of passed pre-launch checks (the check runs, as on a run's first
+start), then again with that cache (the check is remembered, as on every later start of the same run).
 
 Start-up: the median of 5 runs of `rlhf --help`, `rlhf rloo -r rloo/smoke --dry-run`, `trl --help` and
 `accelerate --help`; and the pre-launch check's own seconds (the trainer config built and the reward functions
 imported in a process of their own, rlhf_cli/launch/preflight.py), which a launch spends while the launch agent
 imports torch and accelerate.
 
-    python benchmarks/launcher.py [--steps 4] [--repeats 2] [--out benchmarks/results] [--startup-only]
+    python benchmarks/launcher.py [--steps 4] [--repeats 5] [--out benchmarks/results] [--startup-only]
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from _common import (REPO, RECIPES, RESULTS, WORK, bar_charts, json_output, mark
 RECIPE = RECIPES / "rloo" / "smoke.yaml"
 CACHE_ENV = "RLHF_CACHE"  # rlhf_cli/launch/preflight.py: where passed pre-launch checks are remembered
 STARTUP_REPEATS = 5
+COLD, WARM, TRL = "rlhf rloo, check cold", "rlhf rloo, check remembered", "TRL rloo.py"
 
 
 def console_script(name: str) -> str:
@@ -108,10 +111,26 @@ def preflight_seconds(work: Path, repeats: int) -> float:
     return statistics.median(seconds)
 
 
+def timed_runs(work: Path, steps: int, repeats: int, trl_argv: list[str],
+               trl_env: dict[str, str]) -> dict[str, list[float]]:
+    """Wall seconds of each launcher, interleaved: per repeat `rlhf rloo` with an empty cache of passed checks
+    (the check runs), the same run again with that cache (the check is remembered), then TRL's script."""
+    seconds: dict[str, list[float]] = {COLD: [], WARM: [], TRL: []}
+    for repeat in range(repeats):
+        print(f"repeat {repeat + 1}/{repeats}: {', '.join(seconds)} ...", flush=True)
+        with tempfile.TemporaryDirectory() as cache:
+            for name in (COLD, WARM):
+                shutil.rmtree(work / "rlhf-run", ignore_errors=True)  # each starts from an empty output dir
+                seconds[name].append(run_timed(rlhf_argv(work / "rlhf-run", steps), env={CACHE_ENV: cache}).seconds)
+        shutil.rmtree(work / "trl-run", ignore_errors=True)
+        seconds[TRL].append(run_timed(trl_argv, env=trl_env).seconds)
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=4, help="training steps per run (the smoke recipe's 4)")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each launcher, interleaved")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each launcher, interleaved")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--work-dir", type=Path, default=WORK, help="where the runs go (not in git)")
     parser.add_argument("--startup-only", action="store_true",
@@ -126,21 +145,15 @@ def main() -> None:
         return
 
     trl_argv, trl_env = trl_run(work, args.steps)
-    seconds: dict[str, list[float]] = {"rlhf rloo": [], "TRL rloo.py": []}
-    for repeat in range(args.repeats):
-        print(f"repeat {repeat + 1}/{args.repeats}: rlhf rloo, TRL rloo.py ...", flush=True)
-        for run in ("rlhf-run", "trl-run"):  # both start from an empty output directory
-            shutil.rmtree(work / run, ignore_errors=True)
-        seconds["rlhf rloo"].append(run_timed(rlhf_argv(work / "rlhf-run", args.steps)).seconds)
-        seconds["TRL rloo.py"].append(run_timed(trl_argv, env=trl_env).seconds)
+    seconds = timed_runs(work, args.steps, args.repeats, trl_argv, trl_env)
     medians = {name: statistics.median(values) for name, values in seconds.items()}
-    ratio = medians["rlhf rloo"] / medians["TRL rloo.py"]
+    ratios = {name: medians[name] / medians[TRL] for name in (COLD, WARM)}
 
     title = (f"Launcher overhead: RLOO smoke run, {args.steps} steps, 2 CPU processes, ZeRO-3, gather; "
              f"{args.repeats} interleaved runs each")
     run_columns = ["launcher", "wall s (each run)", "median s", "ratio rlhf/trl"]
     run_rows = [[name, ", ".join(f"{value:.1f}" for value in values), f"{medians[name]:.1f}",
-                 f"{ratio:.3f}" if name == "rlhf rloo" else ""] for name, values in seconds.items()]
+                 f"{ratios[name]:.3f}" if name in ratios else ""] for name, values in seconds.items()]
     print_table(title, run_columns, run_rows)
     print_table("Start-up", startup_columns, startup_rows)
     bar_charts(args.out / "launcher.png", title, [("wall seconds, median", medians), ("start-up seconds", startup)])

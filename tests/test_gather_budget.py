@@ -198,12 +198,13 @@ def test_the_plan_reports_the_largest_generation_batch_that_fits(seed_models) ->
     from dataclasses import replace
 
     from rlhf_cli.plan import estimate
+    from rlhf_cli.plan.inputs import read_inputs
 
     run = seed_run(ds3_gather_for_generation=("--no-gather", False))
     plan = plan_run(run)
     largest = plan.largest_generation_batch
     assert largest and largest > plan.work.generation_batch
-    inputs = estimate._inputs(run)
+    inputs = read_inputs(run)
     for batch, fits in ((largest, True), (largest + 1, False)):
         sized = replace(inputs, work=replace(inputs.work, generation_batch=batch))
         assert estimate._column(sized, plan.chosen.candidate, True).fits is fits

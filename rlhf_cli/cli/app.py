@@ -13,12 +13,18 @@ from rlhf_cli.cli import doctor, init, recipes, report, vllm_serve
 from rlhf_cli.cli.flags import NO_VALUE
 from rlhf_cli.cli.train import EXTRA_ARGS, plan, train
 
+# Click leaves an absent `--help` or completion flag None, and Typer 0.29 checks a None flag's value through a
+# pydantic validator it builds on first use: pydantic's import is a fifth of a subcommand's `--help`. A default
+# of False, through click's public `default_map`, is a flag's value as it is and skips that.
+ABSENT_FLAGS = {"help": False, "install_completion": False, "show_completion": False}
+
 app = typer.Typer(
     name="rlhf",
     help="Launch PPO, RLOO, online DPO and GRPO under DeepSpeed ZeRO-3, with gather and offload as flags.",
     no_args_is_help=True,
     add_completion=True,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    context_settings={"help_option_names": ["-h", "--help"],
+                      "default_map": {**ABSENT_FLAGS, "plan": ABSENT_FLAGS, "vllm-serve": ABSENT_FLAGS}},
     rich_markup_mode="rich",
 )
 

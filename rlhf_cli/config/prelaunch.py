@@ -106,7 +106,8 @@ def environment_problems(env: dict[str, str], where: str, cuda: bool) -> list[st
     if port is not None and (not port.isdigit() or not PRIVILEGED_PORTS <= int(port) <= 65535):
         problems.append(f"{where}: `env.MASTER_PORT` {port!r}: the rendezvous needs a port from {PRIVILEGED_PORTS} "
                         "to 65535 (lower ones are privileged); set --main-process-port instead")
-    problems += [problem for name in CACHE_VARIABLES if (problem := _cache_dir_problem(env, name, f"{where}: `env.{{name}}` {{value}}"))]
+    problems += [problem for name in CACHE_VARIABLES
+                 if (problem := _cache_dir_problem(env, name, f"{where}: `env.{{name}}` {{value}}"))]
     return problems
 
 

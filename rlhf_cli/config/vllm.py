@@ -45,9 +45,9 @@ def _where(said: Said, name: str, value: Any) -> str:
 
 def vllm_problems(values: Values, said: Said, processes: int, cuda: bool, planning: bool = False,
                   installed: Callable[[], tuple[str, str] | None] = installed_vllm) -> list[str]:
-    """What stops a run with `use_vllm` before launch (a mistyped `vllm_mode` is a choice field's error): the install, sleep mode without a GPU, tensor
-    parallelism that does not divide the processes. `rlhf plan` plans for another machine as well: it skips what
-    depends on this one (the install, the GPU)."""
+    """What stops a run with `use_vllm` before launch (a mistyped `vllm_mode` is a choice field's error): the
+    install, sleep mode without a GPU, tensor parallelism that does not divide the processes. `rlhf plan` plans
+    for another machine as well: it skips what depends on this one (the install, the GPU)."""
     mode = values("vllm_mode")
     problems: list[str] = []
     if not values("use_vllm"):

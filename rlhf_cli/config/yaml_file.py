@@ -103,8 +103,8 @@ def read_yaml(path: Path, what: str) -> YamlFile:
         loader = _LOADER(text)  # it checks every character first
     except yaml.reader.ReaderError as error:
         line = text.count("\n", 0, error.position) + 1
-        raise ConfigError(f"{path}:{line}: a control character (U+{error.character:04X}) YAML does not allow; remove it "
-                          f"(is the {what} a text file?)") from None
+        raise ConfigError(f"{path}:{line}: a control character (U+{error.character:04X}) YAML does not allow; "
+                          f"remove it (is the {what} a text file?)") from None
     try:
         node = loader.get_single_node()
         fatal, duplicates = check_nodes(node, path) if node is not None else ([], [])

@@ -64,7 +64,8 @@ class RunDir:
 
     @property
     def written(self) -> Path:
-        """The top-level entries rlhf's runs wrote here (rlhf_cli/output/ownership.py): all that `--overwrite` removes."""
+        """The top-level entries rlhf's runs wrote here (rlhf_cli/output/ownership.py): all that `--overwrite`
+        removes."""
         return self.path / "rlhf-files.json"
 
     @property

@@ -1,9 +1,10 @@
 """The memory plan: will a run fit on its GPUs, and with which gather and offload choices?
 
-Modules: `models` (parameter counts from config.json), `memory` (the formulas, pure functions),
-`gpus` (GPU memory given, detected, or this machine's RAM), `vllm` (vLLM's share of a GPU and its weight
-sync), `workload` (lengths and batch sizes
-from the trainer's fields), `estimate` (a resolved run -> its plan, and `gather: auto`).
+Modules: `model_sizes` (parameter counts from config.json), `memory` (the formulas, pure functions),
+`hardware` (GPU memory given, detected, or this machine's RAM), `vllm` (vLLM's share of a GPU and its weight
+sync, and its rows of a column), `vllm_search` (the first colocated vLLM configuration that fits), `workload`
+(lengths and batch sizes from the trainer's fields), `inputs` (what the arithmetic reads from a resolved run),
+`columns` (a plan's candidates, columns and JSON form), `estimate` (a resolved run -> its plan, and `gather: auto`).
 Nothing here imports torch, transformers, deepspeed or accelerate.
 
 `rlhf plan ALGO ... --json` prints `Plan.as_dict()`:

@@ -10,109 +10,31 @@ model it cannot size: the plan is then `unknown` with the reason, and only `gath
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import accumulate
 from typing import Any
 
 from rlhf_cli.algorithms import algorithm
-from rlhf_cli.models.architectures import peft_targets
-from rlhf_cli.config.accelerate import is_zero3
 from rlhf_cli.config.fields import catalogue
 from rlhf_cli.config.generation import Gather
 from rlhf_cli.config.run import ResolvedRun, Setting
 from rlhf_cli.errors import PlanError
 from rlhf_cli.gather_budget import Budget, ranked
-from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
 from rlhf_cli.plan import memory, vllm, vllm_search
-from rlhf_cli.plan.columns import Candidate, Column, Plan, Role
-from rlhf_cli.plan.hardware import Hardware, detect_hardware
-from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, SYNC, TRAINING, Component
-from rlhf_cli.plan.model_sizes import LoraSettings, adapter_size, model_size
+from rlhf_cli.plan.columns import Candidate, Column, Plan
+from rlhf_cli.plan.inputs import Inputs, read_inputs
+from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, TRAINING, Component
 from rlhf_cli.plan.vllm import VllmSettings
 from rlhf_cli.plan.vllm_search import OFFLOADS
-from rlhf_cli.plan.workload import Workload, WorkloadUnknown, tool_note, workload
-from rlhf_cli.sizes import SizeError, gib, parse_size
+from rlhf_cli.plan.workload import tool_note, workload
+from rlhf_cli.sizes import gib
 
 LORA_OFFLOADS = (("none", "none"), ("cpu", "cpu"))
 MAX_MACHINES_SEARCHED = 256
 MAX_GENERATION_BATCH = 1 << 16  # sequences per GPU: the search for the largest generation batch stops there
 
 
-@dataclass(frozen=True)
-class _Inputs:
-    """Everything the arithmetic needs, read once from the run."""
-
-    algorithm: str
-    roles: list[Role]
-    work: Workload
-    hardware: Hardware
-    max_live: int
-    zero_init: bool
-    value: Callable[[str], Any]
-    mask_bytes: int  # per element of a LoRA dropout mask: CUDA's is bool, the CPU's has the model's dtype
-
-    def role(self, name: str) -> Role | None:
-        return next((role for role in self.roles if role.name == name), None)
-
-
-def lora_settings(value: Callable[[str], Any]) -> LoraSettings:
-    """The run's LoRA keys, as the ranks pass them to PEFT; LoRA columns use them whether the run sets use_peft."""
-    return LoraSettings(value("lora_r"), peft_targets(value("lora_target_modules")),
-                        tuple(value("lora_modules_to_save") or ()), value("lora_dropout") > 0, bool(value("use_dora")))
-
-
-def _roles(run: ResolvedRun) -> list[Role]:
-    revision = run.value("model_revision")
-    lora = lora_settings(run.value)
-
-    def role(name: str, path: str, classifier: bool, trained: bool) -> Role:
-        config = read_config(path, revision, run.value("env"))  # the ranks' HF_HUB_CACHE / HF_HOME
-        size = model_size(config, sequence_classifier=classifier)
-        return Role(name, path, size, trained, adapter_size(config, lora, sequence_classifier=classifier)
-                    if trained else None)
-
-    entry = algorithm(run.algorithm)
-    policy_path = run.value("model_name_or_path")
-    reward_path = run.value("reward_model_name_or_path")
-    roles = [role("policy", policy_path, False, True)]
-    if entry.has_reference(run.value):
-        roles.append(Role("reference", policy_path, roles[0].size, False))
-    if reward_path:
-        roles.append(role("reward", reward_path, True, False))
-    if entry.trains_value_model:
-        value_path = run.value("value_model_name_or_path") or reward_path or policy_path
-        roles.append(role("value", value_path, True, True))
-    return roles
-
-
-def _hardware(run: ResolvedRun) -> Hardware | str:
-    given = run.value("gpu_memory")
-    machines = int(run.accelerate.get("num_machines") or 1)
-    processes = int(run.accelerate.get("num_processes") or 1)
-    return detect_hardware(parse_size(given) if given is not None else None, processes, machines)
-
-
-def _inputs(run: ResolvedRun) -> _Inputs | str:
-    """The planner's inputs, or why there are none."""
-    if not is_zero3(run.accelerate):
-        return "the accelerate config is not DeepSpeed ZeRO-3, which is all rlhf plan models"
-    try:
-        roles = _roles(run)
-        hardware = _hardware(run)
-        if isinstance(hardware, str):
-            return hardware
-        work = workload(run.algorithm, run.value, hardware.total_gpus, roles[0].size.max_positions)
-    except (ModelConfigUnavailable, SizeError, WorkloadUnknown) as error:
-        return str(error)
-    deepspeed = run.accelerate.get("deepspeed_config") or {}
-    return _Inputs(
-        run.algorithm, roles, work, hardware,
-        max_live=run.value("stage3_max_live_parameters") or memory.DEFAULT_MAX_LIVE_PARAMETERS,
-        zero_init=bool(deepspeed.get("zero3_init_flag", False)), value=run.value,
-        mask_bytes=work.element_bytes if run.cpu_only else 1)
-
-
-def components(inputs: _Inputs, candidate: Candidate) -> list[Component]:
+def components(inputs: Inputs, candidate: Candidate) -> list[Component]:
     """Every row of one candidate's column. Each trained model has a states row (with LoRA: its adapters') and
     a shard row (with LoRA: its frozen base); under LoRA the reference is the policy with adapters off: no copy."""
     hw, work = inputs.hardware, inputs.work
@@ -165,32 +87,13 @@ def components(inputs: _Inputs, candidate: Candidate) -> list[Component]:
         size_bytes, head_trained)))
     rows.append(Component("step fp32 grads", STEP, memory.optimizer_step(
         trained_params, largest_trained, size_bytes, hw.total_gpus, optimizer_offloaded)))
-    return rows + _vllm_rows(inputs, candidate, rows)
+    # vLLM's rows: its copy of the policy is the policy with its adapters merged, synced a bucket at a time
+    synced = policy.params + (inputs.roles[0].adapter.params if candidate.lora and inputs.roles[0].adapter else 0)
+    return rows + vllm.components(candidate.vllm, hw.gpu_memory, hw.gpus_per_machine, synced, size_bytes,
+                                  memory.phase_totals(rows)[TRAINING], _sync_bucket(inputs, candidate, synced))
 
 
-def _vllm_rows(inputs: _Inputs, candidate: Candidate, rows: list[Component]) -> list[Component]:
-    """vLLM's rows (rlhf_cli/plan/vllm.py): what it holds while the policy trains, what waking it to generate
-    adds (beside the sync's freed bucket, still in torch's cache), and the weight sync: its gathered bucket on top
-    of training's blocks, or of vLLM's woken weights."""
-    settings, hw, size_bytes = candidate.vllm, inputs.hardware, inputs.work.element_bytes
-    names = ("vLLM", "vLLM awake", "gen: sync bucket cached", "sync bucket", "sync: vLLM weights",
-             "sync: train reserve")
-    phases = (STATIC, GENERATION, GENERATION, SYNC, SYNC, SYNC)
-    if settings is None:
-        return [Component(name, phase, 0) for name, phase in zip(names, phases)]
-    policy = inputs.roles[0]
-    params = policy.size.params + (policy.adapter.params if candidate.lora and policy.adapter else 0)
-    training, bucket = memory.phase_totals(rows)[TRAINING], _sync_bucket(inputs, candidate, params)
-    return [Component(names[0], STATIC, vllm.resident(settings, hw.gpu_memory),
-                      vllm.host_weights(settings, params, size_bytes, hw.gpus_per_machine)),
-            Component(names[1], GENERATION, vllm.awake(settings, hw.gpu_memory)),
-            Component(names[2], GENERATION, bucket if settings.sleep and settings.mode == vllm.COLOCATE else 0),
-            Component(names[3], SYNC, bucket),
-            Component(names[4], SYNC, vllm.woken_weights(settings, params, size_bytes)),
-            Component(names[5], SYNC, 0 if settings.sleep else training)]
-
-
-def _sync_bucket(inputs: _Inputs, candidate: Candidate, params: int) -> int:
+def _sync_bucket(inputs: Inputs, candidate: Candidate, params: int) -> int:
     """Policy bytes gathered at once to refresh vLLM: all of it, a gather budget's, or its largest unit."""
     size_bytes, policy = inputs.work.element_bytes, inputs.roles[0].size
     if candidate.gather:
@@ -201,7 +104,7 @@ def _sync_bucket(inputs: _Inputs, candidate: Candidate, params: int) -> int:
     return max(min(candidate.budget.numel(policy.params, size_bytes), params), largest_unit) * size_bytes
 
 
-def _generation_weights(inputs: _Inputs, candidate: Candidate, engine: int, largest: int) -> int:
+def _generation_weights(inputs: Inputs, candidate: Candidate, engine: int, largest: int) -> int:
     """The `gen weights` row: the whole policy gathered, a gather budget's units plus what ZeRO-3 keeps live of the
     rest, or only what ZeRO-3 keeps live."""
     size_bytes, policy = inputs.work.element_bytes, inputs.roles[0].size
@@ -211,14 +114,14 @@ def _generation_weights(inputs: _Inputs, candidate: Candidate, engine: int, larg
                                 inputs.max_live, largest)
 
 
-def _column(inputs: _Inputs, candidate: Candidate, chosen: bool) -> Column:
+def _column(inputs: Inputs, candidate: Candidate, chosen: bool) -> Column:
     rows = components(inputs, candidate)
     peak = memory.peak(rows)
     return Column(candidate, rows, peak, sum(row.cpu for row in rows),
                   memory.fits(peak, inputs.hardware.gpu_memory) and _vllm_starts(inputs, candidate), chosen)
 
 
-def _vllm_starts(inputs: _Inputs, candidate: Candidate) -> bool:
+def _vllm_starts(inputs: Inputs, candidate: Candidate) -> bool:
     """A colocated vLLM whose budget cannot hold its weights and one sequence of its model length fails to
     start, whatever else fits."""
     settings = candidate.vllm
@@ -229,11 +132,11 @@ def _vllm_starts(inputs: _Inputs, candidate: Candidate) -> bool:
                        vllm_search.longest_kv(settings, work, policy))
 
 
-def _fits(inputs: _Inputs, candidate: Candidate) -> bool:
+def _fits(inputs: Inputs, candidate: Candidate) -> bool:
     return _column(inputs, candidate, False).fits
 
 
-def _largest_fitting(inputs: _Inputs, candidate: Candidate, name: str) -> int | None:
+def _largest_fitting(inputs: Inputs, candidate: Candidate, name: str) -> int | None:
     """The largest value of an integer trainer field, below the run's, with which `candidate` fits."""
     current = inputs.value(name)
 
@@ -258,7 +161,7 @@ def _largest(fits_with: Callable[[int], bool], high: int) -> int | None:
     return low or None
 
 
-def _machines_needed(inputs: _Inputs, candidate: Candidate) -> int | None:
+def _machines_needed(inputs: Inputs, candidate: Candidate) -> int | None:
     hw = inputs.hardware
     for machines in range(hw.machines + 1, MAX_MACHINES_SEARCHED + 1):
         bigger = replace(hw, machines=machines)
@@ -267,7 +170,7 @@ def _machines_needed(inputs: _Inputs, candidate: Candidate) -> int | None:
     return None
 
 
-def suggestions(inputs: _Inputs, columns: list[Column], candidate: Candidate) -> list[str]:
+def suggestions(inputs: Inputs, columns: list[Column], candidate: Candidate) -> list[str]:
     """What would fit when `candidate` does not: other configurations, more GPUs, shorter or smaller batches."""
     same_engine = [c for c in columns if c.candidate.engine == candidate.engine]  # vLLM's own search is below
     found = [f"{c.candidate.label} fits ({gib(c.peak)})" for c in same_engine
@@ -297,7 +200,7 @@ def _run_candidate(run: ResolvedRun, gather: bool) -> Candidate:
                      vllm=vllm.run_settings(run.value) if vllm.uses_vllm(run.value) else None)
 
 
-def _largest_budget(inputs: _Inputs, gathered: Candidate) -> Candidate:
+def _largest_budget(inputs: Inputs, gathered: Candidate) -> Candidate:
     """`gather: auto`'s choice: gather when it fits, else the largest gather budget that fits (the policy's units
     bought in order until one more does not fit), else no-gather."""
     if _fits(inputs, gathered):
@@ -312,7 +215,7 @@ def _largest_budget(inputs: _Inputs, gathered: Candidate) -> Candidate:
     return sharded
 
 
-def _largest_generation_batch(inputs: _Inputs, candidate: Candidate) -> int | None:
+def _largest_generation_batch(inputs: Inputs, candidate: Candidate) -> int | None:
     """The most sequences one GPU can generate together with `candidate` (the KV cache grows with them); with
     vLLM, the sequences its KV cache holds per process; None: not even one (or, vLLM server: not planned)."""
     if candidate.vllm is not None:
@@ -343,7 +246,7 @@ def _describe(column: Column, gpu_memory: int) -> str:
 
 def plan_run(run: ResolvedRun) -> Plan:
     """The run's plan; unknown (with the reason) when a model or the hardware cannot be sized."""
-    inputs = _inputs(run)
+    inputs = read_inputs(run)
     if isinstance(inputs, str):
         return Plan(False, why_unknown=inputs)
     gather = run.generation.gather
@@ -379,7 +282,7 @@ def _vllm_open(run: ResolvedRun) -> bool:
     return "use_vllm" in catalogue(run.algorithm) and "use_vllm" not in run.settings and vllm.installed()
 
 
-def _auto_choice(inputs: _Inputs, gathered: Candidate, open_vllm: VllmSettings | None) -> Candidate:
+def _auto_choice(inputs: Inputs, gathered: Candidate, open_vllm: VllmSettings | None) -> Candidate:
     """`gather: auto`: the largest gather (or, with vLLM, sync bucket) that fits; where the run left vLLM open,
     the policy gathering to generate when that fits, else vLLM when it fits with some sync bucket."""
     hf = _largest_budget(inputs, gathered)

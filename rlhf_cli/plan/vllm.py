@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_cli.plan.memory import GIB
+from rlhf_cli.plan.memory import GENERATION, GIB, STATIC, SYNC, Component
 
 SLEEP_RESIDUAL = 1 * GIB  # what vLLM keeps on a GPU while asleep: its CUDA graph pool and allocator state
 CUDA_GRAPHS = GIB // 2  # CUDA graphs captured outside the budget (vLLM logs 0.2-1 GiB for dense models)
@@ -174,6 +174,27 @@ def starts(settings: VllmSettings, gpu_memory: int, params: int, element_bytes: 
         return True
     room = kv_room(settings, gpu_memory, params, element_bytes)
     return room > 0 and room - PROFILE_ALLOWANCE >= -(-longest_kv // settings.tensor_parallel_size)
+
+
+# A column's vLLM rows: what it holds while the policy trains, what waking it to generate adds (beside the sync's
+# freed bucket, still in torch's cache), and the weight sync: its gathered bucket on top of training's blocks, or
+# of vLLM's woken weights.
+ROWS = (("vLLM", STATIC), ("vLLM awake", GENERATION), ("gen: sync bucket cached", GENERATION),
+        ("sync bucket", SYNC), ("sync: vLLM weights", SYNC), ("sync: train reserve", SYNC))
+
+
+def components(settings: VllmSettings | None, gpu_memory: int, gpus_per_machine: int, params: int,
+               element_bytes: int, training: int, bucket: int) -> list[Component]:
+    """The ROWS of one column (all 0 without vLLM): `training` is the GPU bytes of its training phase, `bucket`
+    the policy bytes one sync gathers."""
+    if settings is None:
+        return [Component(name, phase, 0) for name, phase in ROWS]
+    gpu = (resident(settings, gpu_memory), awake(settings, gpu_memory),
+           bucket if settings.sleep and settings.mode == COLOCATE else 0, bucket,
+           woken_weights(settings, params, element_bytes), 0 if settings.sleep else training)
+    cpu = (host_weights(settings, params, element_bytes, gpus_per_machine), 0, 0, 0, 0, 0)
+    return [Component(name, phase, on_gpu, on_cpu) for (name, phase), on_gpu, on_cpu in zip(ROWS, gpu, cpu,
+                                                                                            strict=True)]
 
 
 def tensor_parallel_sizes(gpus_per_machine: int) -> list[int]:

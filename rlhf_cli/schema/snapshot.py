@@ -143,7 +143,8 @@ def _script_reward_registry() -> dict[str, dict[str, Any] | None]:
         found = next(node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
                      and any(getattr(target, "id", "") == "reward_funcs_registry" for target in node.targets))
         registries.append({ast.literal_eval(key): {word.arg: ast.literal_eval(word.value) for word in value.keywords}
-                           if isinstance(value, ast.Call) else None for key, value in zip(found.keys, found.values)})
+                           if isinstance(value, ast.Call) else None
+                           for key, value in zip(found.keys, found.values, strict=True)})
     if registries[0] != registries[1]:
         raise RuntimeError("TRL's grpo and rloo scripts name different reward functions; snapshot each")
     return registries[0]

@@ -44,7 +44,8 @@ class PPOConfig(TrainingArguments):
     use_vllm: bool = field(default=False, metadata={"help": "Generate rollouts with vLLM instead of model.generate()."})
     vllm_mode: str = field(default="colocate", metadata={
         "help": "`colocate`: vLLM in each training process; `server`: a separate vLLM server (vllm_server_host)."})
-    vllm_model_impl: str = field(default="vllm", metadata={"help": "vLLM's model implementation: vllm or transformers."})
+    vllm_model_impl: str = field(default="vllm",
+                                 metadata={"help": "vLLM's model implementation: vllm or transformers."})
     vllm_enable_sleep_mode: bool = field(default=False, metadata={
         "help": "Put colocated vLLM to sleep (weights and cache freed) while training; needs a CUDA GPU."})
     vllm_gpu_memory_utilization: float = field(default=0.3, metadata={

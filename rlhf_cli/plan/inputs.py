@@ -1,0 +1,95 @@
+"""A resolved run -> what the plan's arithmetic reads from it, once: the models by role (sizes, LoRA adapters), the
+workload, the hardware and ZeRO-3's settings; or why it cannot be read (not ZeRO-3, a model or the GPUs unsized).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rlhf_cli.algorithms import algorithm
+from rlhf_cli.config.accelerate import is_zero3
+from rlhf_cli.config.run import ResolvedRun
+from rlhf_cli.models.architectures import peft_targets
+from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
+from rlhf_cli.plan import memory
+from rlhf_cli.plan.columns import Role
+from rlhf_cli.plan.hardware import Hardware, detect_hardware
+from rlhf_cli.plan.model_sizes import LoraSettings, adapter_size, model_size
+from rlhf_cli.plan.workload import Workload, WorkloadUnknown, workload
+from rlhf_cli.sizes import SizeError, parse_size
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything the arithmetic needs, read once from the run."""
+
+    algorithm: str
+    roles: list[Role]
+    work: Workload
+    hardware: Hardware
+    max_live: int
+    zero_init: bool
+    value: Callable[[str], Any]
+    mask_bytes: int  # per element of a LoRA dropout mask: CUDA's is bool, the CPU's has the model's dtype
+
+    def role(self, name: str) -> Role | None:
+        return next((role for role in self.roles if role.name == name), None)
+
+
+def lora_settings(value: Callable[[str], Any]) -> LoraSettings:
+    """The run's LoRA keys, as the ranks pass them to PEFT; LoRA columns use them whether the run sets use_peft."""
+    return LoraSettings(value("lora_r"), peft_targets(value("lora_target_modules")),
+                        tuple(value("lora_modules_to_save") or ()), value("lora_dropout") > 0, bool(value("use_dora")))
+
+
+def _roles(run: ResolvedRun) -> list[Role]:
+    revision = run.value("model_revision")
+    lora = lora_settings(run.value)
+
+    def role(name: str, path: str, classifier: bool, trained: bool) -> Role:
+        config = read_config(path, revision, run.value("env"))  # the ranks' HF_HUB_CACHE / HF_HOME
+        size = model_size(config, sequence_classifier=classifier)
+        return Role(name, path, size, trained, adapter_size(config, lora, sequence_classifier=classifier)
+                    if trained else None)
+
+    entry = algorithm(run.algorithm)
+    policy_path = run.value("model_name_or_path")
+    reward_path = run.value("reward_model_name_or_path")
+    roles = [role("policy", policy_path, False, True)]
+    if entry.has_reference(run.value):
+        roles.append(Role("reference", policy_path, roles[0].size, False))
+    if reward_path:
+        roles.append(role("reward", reward_path, True, False))
+    if entry.trains_value_model:
+        value_path = run.value("value_model_name_or_path") or reward_path or policy_path
+        roles.append(role("value", value_path, True, True))
+    return roles
+
+
+def _hardware(run: ResolvedRun) -> Hardware | str:
+    given = run.value("gpu_memory")
+    machines = int(run.accelerate.get("num_machines") or 1)
+    processes = int(run.accelerate.get("num_processes") or 1)
+    return detect_hardware(parse_size(given) if given is not None else None, processes, machines)
+
+
+def read_inputs(run: ResolvedRun) -> Inputs | str:
+    """The planner's inputs, or why there are none."""
+    if not is_zero3(run.accelerate):
+        return "the accelerate config is not DeepSpeed ZeRO-3, which is all rlhf plan models"
+    try:
+        roles = _roles(run)
+        hardware = _hardware(run)
+        if isinstance(hardware, str):
+            return hardware
+        work = workload(run.algorithm, run.value, hardware.total_gpus, roles[0].size.max_positions)
+    except (ModelConfigUnavailable, SizeError, WorkloadUnknown) as error:
+        return str(error)
+    deepspeed = run.accelerate.get("deepspeed_config") or {}
+    return Inputs(
+        run.algorithm, roles, work, hardware,
+        max_live=run.value("stage3_max_live_parameters") or memory.DEFAULT_MAX_LIVE_PARAMETERS,
+        zero_init=bool(deepspeed.get("zero3_init_flag", False)), value=run.value,
+        mask_bytes=work.element_bytes if run.cpu_only else 1)
