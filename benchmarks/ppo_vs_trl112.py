@@ -84,7 +84,9 @@ def trl_worker(out: Path, seed: int, updates: int) -> None:
 
 
 def run_trl(python: str, out: Path, seed: int, updates: int) -> list[float]:
-    env = {**os.environ, LOG_ENV: str(out / "calls.log"), "TRL_EXPERIMENTAL_SILENCE": "1"}
+    # One thread, as rlhf's launcher starts its ranks (OMP_NUM_THREADS=1): on a busy machine two threads per op
+    # spend most of an update waiting for each other, which would time the machine, not the trainer.
+    env = {"OMP_NUM_THREADS": "1", **os.environ, LOG_ENV: str(out / "calls.log"), "TRL_EXPERIMENTAL_SILENCE": "1"}
     subprocess.run([python, __file__, "--trl-worker", str(out), str(seed), str(updates)], check=True, env=env,
                    capture_output=True, text=True)
     return json.loads((out / "scores.json").read_text())
