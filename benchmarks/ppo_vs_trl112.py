@@ -84,7 +84,9 @@ def trl_worker(out: Path, seed: int, updates: int) -> None:
 
 
 def run_trl(python: str, out: Path, seed: int, updates: int) -> list[float]:
-    env = {**os.environ, LOG_ENV: str(out / "calls.log"), "TRL_EXPERIMENTAL_SILENCE": "1"}
+    # One thread, as rlhf's launcher starts its ranks (OMP_NUM_THREADS=1): on a busy machine two threads per op
+    # spend most of an update waiting for each other, which would time the machine, not the trainer.
+    env = {"OMP_NUM_THREADS": "1", **os.environ, LOG_ENV: str(out / "calls.log"), "TRL_EXPERIMENTAL_SILENCE": "1"}
     subprocess.run([python, __file__, "--trl-worker", str(out), str(seed), str(updates)], check=True, env=env,
                    capture_output=True, text=True)
     return json.loads((out / "scores.json").read_text())
@@ -127,6 +129,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     parser.add_argument("--trl-python", default="/work/venv-trl112/bin/python")
     parser.add_argument("--only", choices=["trl", "rlhf"], help="run one of the two")
+    parser.add_argument("--work-dir", type=Path, help="keep each run's files (scores.json, calls.log) here")
     parser.add_argument("--trl-worker", nargs=3, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.trl_worker:
@@ -134,7 +137,8 @@ def main() -> None:
         trl_worker(Path(out), int(seed), int(updates))
         return
     rows = []
-    with tempfile.TemporaryDirectory(prefix="ppo-vs-trl112-") as work:
+    with tempfile.TemporaryDirectory(prefix="ppo-vs-trl112-") as scratch:
+        work = options.work_dir or Path(scratch)
         for seed in options.seeds:
             for name, run in (("TRL 1.12 PPOTrainer", lambda out, s: run_trl(options.trl_python, out, s,
                                                                               options.updates)),
@@ -142,8 +146,9 @@ def main() -> None:
                 if options.only and not name.lower().startswith(options.only):
                     continue
                 out = Path(work) / f"{name.split()[0]}-{seed}"
-                out.mkdir()
+                out.mkdir(parents=True)
                 scores = run(out, seed)
+                (out / "scores.json").write_text(json.dumps(scores))
                 rows.append((name, seed, len(scores), gain(scores), seconds_per_update(out / "calls.log")))
                 print(f"{name:22} seed {seed}: {len(scores)} updates, score {scores[0]:.3f} -> {scores[-1]:.3f}, "
                       f"gain {rows[-1][3]:+.3f}, {rows[-1][4]:.2f} s/update", flush=True)

@@ -45,7 +45,7 @@ INTERNALS = (
              "makes the next forward re-record its fetch trace", "as above"),
     Internal("deepspeed.runtime.zero.parameter_offload:DeepSpeedZeRoOffload._register_deepspeed_module",
              "the gather budget gives the units it gathered ZeRO-3's hooks back after generating",
-             "DeepSpeed offers a public way to run chosen modules without its hooks", ("module",)),
+             "DeepSpeed offers a public way to run chosen modules without its hooks", ("module", "count")),
     Internal("torch.nn.modules.module:Module._forward_pre_hooks",
              "the gather budget finds ZeRO-3's hooks on the units it gathers, to take them off while generating",
              "as above"),
@@ -208,10 +208,18 @@ def remove_zero3_hooks(engine: Any, modules: list[Any]) -> None:
 
 def register_zero3_hooks(engine: Any, roots: list[Any]) -> None:
     """Give each module under `roots` (each root with all its submodules) ZeRO-3's hooks again, as DeepSpeed
-    registered them at the start (TRL's `add_hooks` does the same for the whole model after gathering)."""
+    registered them at the start (TRL's `add_hooks` does the same for the whole model after gathering).
+
+    Each module keeps the `ds_id` it had: DeepSpeed numbers modules from one counter shared by every call, so
+    registering again would give a unit's root the id of the last module registered and its submodules fresh ones,
+    and two modules of one engine would share an id (the coordinator keys fetches, releases and each parameter's
+    active modules by it)."""
     offload = _hooked_offload(engine)
     for root in roots:
-        offload._register_deepspeed_module(root)
+        ids = {module: module.ds_id for module in root.modules()}
+        offload._register_deepspeed_module(root, count=[root.ds_id])  # its own counter: the shared one stays put
+        for module, ds_id in ids.items():
+            module.ds_id = ds_id
 
 
 def _hooked_offload(engine: Any) -> Any:

@@ -4,6 +4,9 @@ flags against recipes, the plan's rows and `--gather auto`'s budget."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,6 +94,57 @@ def test_a_tied_lm_head_is_one_unit_with_its_embedding() -> None:
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**ARCHITECTURES["llama-tied-bias"]))
     names = [unit.unit.name for unit in policy_units(model)]
     assert names == ["model.layers.0", "model.layers.1", "model.embed_tokens+lm_head", "model.norm"]
+
+
+ZERO3_IDS_PROBE = """
+import json, sys
+import torch, deepspeed
+from transformers import AutoConfig, AutoModelForCausalLM
+from trl.models.utils import add_hooks, remove_hooks
+from rlhf_cli.rank.zero3 import gathered_units, policy_units
+
+deepspeed.init_distributed(dist_backend="gloo")
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**json.loads(sys.argv[1])))
+engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()), config={
+    "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    "zero_force_ds_cpu_optimizer": False})
+ids = lambda: [module.ds_id for module in engine.module.modules()]
+tokens = torch.tensor([[1, 2, 3, 4, 5]])
+found = {"start": ids()}
+with torch.no_grad():
+    reference = engine(tokens).logits
+    units = policy_units(model)
+    for _ in range(2):  # two budgeted generation calls: the tied embedding, a layer and the norm gathered
+        with gathered_units(engine, [unit for unit in units if unit.unit.name != "model.layers.0"]):
+            budgeted = engine(tokens).logits
+    found["budget"] = ids()
+    found["budget logits equal"] = torch.equal(budgeted, reference) and torch.equal(engine(tokens).logits, reference)
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):  # TRL's full gather
+        remove_hooks(engine)
+        add_hooks(engine)
+    found["gather"] = ids()
+engine.backward(engine(tokens, labels=tokens).loss)
+engine.step()
+print(json.dumps(found))
+"""
+
+
+def test_zero3_module_ids_stay_unique_when_hooks_are_put_back(tmp_path: Path) -> None:
+    """DeepSpeed keys a module's fetches and releases by its ds_id. The gather budget takes ZeRO-3's hooks off
+    the units it gathers and puts them back: the ids must come back as they were (re-registering numbered a
+    unit's root like the last module registered). TRL's full gather renumbers the whole model, uniquely."""
+    probe = write(tmp_path / "probe.py", ZERO3_IDS_PROBE)
+    environment = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29614",
+                   "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    done = subprocess.run([sys.executable, str(probe), json.dumps(ARCHITECTURES["llama-tied-bias"])],
+                          env=environment, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(set(found["start"])) == len(found["start"])
+    assert found["budget"] == found["start"]
+    assert found["budget logits equal"]
+    assert len(set(found["gather"])) == len(found["gather"])
 
 
 # -- flags and recipes ------------------------------------------------------------------------------------------
