@@ -404,6 +404,20 @@ CASES = [
           "change nothing; add --lora"),
 
     vllm("conflict", ("--vllm", "colocate", "--no-vllm"), "--vllm and --no-vllm contradict each other; keep one"),
+    # Every flag of the table but --set is single-valued: given twice, click would keep the last silently.
+    flags("conflict", "--max-steps", "1", "--max-steps", "2", message="--max-steps is given 2 times (1, 2); give it "
+          "once"),
+    flags("conflict", "--gather-budget", "0.5", "--gather-budget", "2GiB", message="--gather-budget is given 2 "
+          "times (0.5, 2GiB); give it once"),
+    flags("conflict", "--lora", "--lora-r", "4", "--lora-r", "8", message="--lora-r is given 2 times (4, 8)"),
+    flags("conflict", "--stall-timeout", "10", "--stall-timeout", "20", message="--stall-timeout is given 2 times"),
+    flags("conflict", "-o", "{tmp}/a", "--output-dir", "{tmp}/b", message="--output-dir / -o is given 2 times"),
+    flags("conflict", "--lora", "--lora", message="--lora is given 2 times; give it once"),
+    Bad("conflict", ("-r", "rloo/smoke", "-r", "{tmp}/b.yaml"), "--recipe / -r is given 2 times (rloo/smoke, "
+        "{tmp}/b.yaml); give it once: a run reads one recipe; copy the keys of the other into it, or give them "
+        "with --set", files={"b.yaml": SMOKE}),
+    Bad("conflict", ("-r", "rloo/smoke", "--max-steps", "1", "--max-steps", "2"), "--max-steps is given 2 times",
+        command=("plan", "rloo")),
 
     # -- vLLM ----------------------------------------------------------------------------------------------------
     vllm("environment", ("--vllm", "colocate"), "--vllm colocate: vLLM is not installed; install it with pip install "

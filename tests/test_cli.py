@@ -108,6 +108,28 @@ def test_bad_input_is_one_line_exit_2_and_launches_nothing(cli, nothing_launches
     assert nothing_launches == []
 
 
+SINGLE_VALUED = [flag for flag in TABLE if not flag.repeatable]
+
+
+@pytest.mark.parametrize("flag", SINGLE_VALUED, ids=[flag.names[0] for flag in SINGLE_VALUED])
+def test_every_single_valued_flag_given_twice_is_refused(cli, nothing_launches, flag) -> None:
+    """The class, from the flag table: click keeps the last of an option given twice; we refuse it instead."""
+    given = [flag.names[-1]] if flag.kind is bool else [flag.names[-1], "7"]
+    recipe = [] if flag.parameter == "recipe" else ["-r", "rloo/smoke"]
+    result = cli("rloo", *recipe, *given, *given)
+    assert result.exit_code == 2, result.output
+    assert f"Error: {' / '.join(flag.names)} is given 2 times" in result.output
+    assert "Traceback" not in result.output and nothing_launches == []
+
+
+def test_set_stays_repeatable(cli, tmp_path: Path) -> None:
+    result = cli("rloo", "-r", "rloo/smoke", "-s", "seed=3", "--set", "max_steps=2", "--dry-run", "--json",
+                 "-o", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    trainer = json.loads(result.stdout[result.stdout.index("{"):])["trainer"]
+    assert (trainer["seed"], trainer["max_steps"]) == (3, 2)
+
+
 def test_the_collective_timeout_follows_the_stall_timeout_and_a_dry_run_says_so(cli) -> None:
     result = cli("rloo", "-r", "rloo/smoke", "--stall-timeout", "30", "--dry-run")
     assert result.exit_code == 0, result.output
