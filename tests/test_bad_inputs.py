@@ -465,6 +465,17 @@ CASES = [
     env({"MASTER_ADDR": "10.0.0.1", "NNODES": "2", "NODE_RANK": "5"}, "NODE_RANK=5 is outside 0..1: NNODES=2"),
     env({**SLURM, "SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_GPUS_ON_NODE": "3"}, "--num-processes 5 is not a "
         "multiple of SLURM_NNODES=2", "--num-processes", "5"),
+    env({**SLURM, "SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "gpu[01-"},
+        "SLURM_JOB_NODELIST='gpu[01-': not a SLURM node list (names and bracketed ranges like gpu[01-04,07]); fix the "
+        "job's variables or pass --main-process-ip"),
+    env({**SLURM, "SLURM_NNODES": "1", "SLURM_GPUS_ON_NODE": "abc"}, "SLURM_GPUS_ON_NODE='abc': not a GPU count (4, "
+        "or h100:4); fix the job's variables or pass --num-processes"),
+    env({"MASTER_ADDR": "gpu 01"}, "MASTER_ADDR=gpu 01: `main_process_ip`: 'gpu 01' is neither an IP address nor a "
+        "host name; give machine rank 0's address, like 10.0.0.1 or gpu01; fix the job's variables or pass "
+        "--main-process-ip"),
+    flags("range", "--main-process-ip", "not an ip!!", message="--main-process-ip: `main_process_ip`: 'not an ip!!' "
+          "is neither an IP address nor a host name"),
+    sets("range", "main_process_ip=-gpu01", "`main_process_ip`: '-gpu01' is neither an IP address nor a host name"),
 
     # -- TRL `str` fields whose values only its trainers check (rlhf_cli/schema/choices.yaml) --------------------
     sets("range", "loss_type=dr_grp", "`loss_type`: expected one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, "

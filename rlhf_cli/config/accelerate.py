@@ -38,6 +38,7 @@ class AccelerateChoices:
     cpu_only: bool = False
     # key -> how a problem names its value and where it came from: `--machine-rank {value}`, `SLURM_NODEID={value}`
     sources: Mapping[str, str] = field(default_factory=dict)
+    refused: frozenset[str] = frozenset()  # keys whose given value was refused already: not judged again
 
 
 def _checked(config: dict[str, Any], source: Path, lines: Mapping[str, int], problems: list[str]) -> dict[str, Any]:
@@ -100,8 +101,9 @@ def is_zero3(config: dict[str, Any]) -> bool:
     return zero_stage(config) == 3
 
 
-def _check_machines(config: dict[str, Any], said: Mapping[str, str], problems: list[str]) -> None:
-    """A layout accelerate can start: whole processes per machine, a valid rank, a reachable rank 0."""
+def _check_machines(config: dict[str, Any], said: Mapping[str, str], problems: list[str], missing_ip: bool) -> None:
+    """A layout accelerate can start: whole processes per machine, a valid rank, a reachable rank 0 (`missing_ip`:
+    say that none is given, unless the one given was refused)."""
     machines = int(config.get("num_machines") or 1)
     processes = int(config.get("num_processes") or 1)
     rank = int(config.get("machine_rank") or 0)
@@ -112,7 +114,7 @@ def _check_machines(config: dict[str, Any], said: Mapping[str, str], problems: l
     if not 0 <= rank < machines:
         problems.append(f"{said['machine_rank'].format(value=rank)} is outside 0..{machines - 1}: "
                         f"{said['num_machines'].format(value=machines)}")
-    if machines > 1 and not config.get("main_process_ip"):
+    if machines > 1 and not config.get("main_process_ip") and missing_ip:
         problems.append(f"{machines} machines need --main-process-ip: the address of machine rank 0")
 
 
@@ -139,7 +141,7 @@ def build_accelerate_config(choices: AccelerateChoices, problems: list[str]) -> 
     config.update(choices.machines)
     if choices.num_gpus is not None:
         _apply_num_gpus(config, choices.num_gpus, choices.num_processes, problems)
-    _check_machines(config, said, problems)
+    _check_machines(config, said, problems, missing_ip="main_process_ip" not in choices.refused)
 
     if not is_zero3(config):
         what = f"{source} is not a DeepSpeed ZeRO-3 config"

@@ -127,4 +127,5 @@ def _accelerate_choices(draft: Draft, cpu_only: bool) -> AccelerateChoices:
                if draft.fields[name].group == "zero3" and s.value is not None},
         cpu_only=cpu_only,
         sources={name: said for name in LAYOUT_KEYS if (said := draft.said(name))},
+        refused=frozenset(draft.refused),
     )
