@@ -146,6 +146,12 @@ CASES = [
     accelerate("distributed_type: [DEEPSPEED]\n", "`distributed_type`: expected a name like DEEPSPEED"),
     accelerate("- a list\n- not a mapping\n", "accel.yaml: an accelerate config is a mapping, got list"),
     accelerate("num_processes: [2\n", "accel.yaml:2: not valid YAML"),
+    accelerate(ZERO3 + "mixed_precison: bf16\n", "accel.yaml:5: `mixed_precison`: not a key of an accelerate "
+               "config, so `accelerate launch` would refuse the file; did you mean `mixed_precision`?"),
+    accelerate(ZERO3 + "colour: blue\n", "accel.yaml:5: `colour`: not a key of an accelerate config, so `accelerate "
+               "launch` would refuse the file; remove it"),
+    accelerate(ZERO3 + "  zero3_init_flg: true\n", "accel.yaml:3: `deepspeed_config.zero3_init_flg`: not a DeepSpeed "
+               "setting accelerate knows, so it would be ignored; did you mean `zero3_init_flag`?"),
     model({**LLAMA, "num_attention_heads": 0}, "m/config.json has num_attention_heads 0; a model's sizes are "
           "positive integers", command=("plan", "rloo")),
     model({**LLAMA, "num_attention_heads": 0}, "m/config.json has num_attention_heads 0"),
@@ -402,6 +408,13 @@ CASES = [
           "change nothing; add --lora"),
     flags("conflict", "--merge-adapter", message="--merge-adapter: LoRA is off (`use_peft` is not true), so it would "
           "change nothing; add --lora"),
+    recipe("conflict", "merge_adapter: true\n", "r.yaml:11): LoRA is off (`use_peft` is not "
+           "true), so there is no adapter to merge; set use_peft: true (or add --lora), or remove merge_adapter"),
+    sets("conflict", "merge_adapter=true", "`merge_adapter: true` (--set merge_adapter): LoRA is off"),
+    flags("conflict", "--nvme-path", "{tmp}", message="--nvme-path {tmp}: nothing is offloaded to nvme, so it would "
+          "change nothing; add --offload-optimizer nvme or --offload-params nvme, or drop it"),
+    flags("conflict", "--nvme-path", "{tmp}", "--offload-optimizer", "cpu", message="--nvme-path {tmp}: nothing is "
+          "offloaded to nvme"),
 
     vllm("conflict", ("--vllm", "colocate", "--no-vllm"), "--vllm and --no-vllm contradict each other; keep one"),
     # Every flag of the table but --set is single-valued: given twice, click would keep the last silently.

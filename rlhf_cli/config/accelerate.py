@@ -7,13 +7,14 @@ checked key by key first (a number that is text, a section that is a list), so t
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlhf_cli.config.bundled import bundled_dir
-from rlhf_cli.config.fields import FieldTypeError, coerce, own_field
+from rlhf_cli.config.draft import suggest
+from rlhf_cli.config.fields import FieldTypeError, accelerate_keys, coerce, own_field
 from rlhf_cli.config.yaml_file import read_yaml
 from rlhf_cli.errors import ConfigError
 
@@ -47,6 +48,7 @@ def _checked(config: dict[str, Any], source: Path, lines: Mapping[str, int], pro
         line = lines.get(section or key)
         problems.append(f"{source}{f':{line}' if line else ''}: `{key}`: {message}")
 
+    _drop_unknown_keys(config, bad)
     for key in LAYOUT_KEYS:
         if config.get(key) is not None:
             try:
@@ -75,6 +77,21 @@ def _checked(config: dict[str, Any], source: Path, lines: Mapping[str, int], pro
                     f"{deepspeed[key]!r}", "deepspeed_config")
                 del deepspeed[key]
     return config
+
+
+def _drop_unknown_keys(config: dict[str, Any], bad: Callable[..., None]) -> None:
+    """Keys accelerate does not know: a typo at the top makes `accelerate launch` refuse the file once every rank's
+    machine is up; one in `deepspeed_config` it ignores without a word (`zero3_init_flg`)."""
+    top, deepspeed = accelerate_keys()
+    for key in [key for key in config if key not in top]:
+        bad(str(key), "not a key of an accelerate config, so `accelerate launch` would refuse the file"
+            f"{suggest(str(key), list(top)) or '; remove it'}")
+        del config[key]
+    section = config.get("deepspeed_config")
+    for key in [key for key in section if key not in deepspeed] if isinstance(section, dict) else []:
+        bad(f"deepspeed_config.{key}", "not a DeepSpeed setting accelerate knows, so it would be ignored"
+            f"{suggest(str(key), list(deepspeed)) or '; remove it'}", "deepspeed_config")
+        del section[key]
 
 
 def _load(path: Path, problems: list[str]) -> dict[str, Any]:

@@ -186,6 +186,14 @@ def snapshot_list(algorithm: str, name: str) -> tuple[str, ...]:
     return tuple(_snapshot(algorithm)[name])
 
 
+def accelerate_keys() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the keys of an accelerate config file, the options of `accelerate launch`, which its `deepspeed_config`
+    section sets): the same in every algorithm's snapshot."""
+    any_algorithm = next(iter(algorithms.ALGORITHMS))
+    return snapshot_list(any_algorithm, "accelerate_config_keys"), snapshot_list(any_algorithm,
+                                                                                 "accelerate_launch_options")
+
+
 @cache
 def catalogue(algorithm: str) -> dict[str, Field]:
     """All recipe keys for one algorithm, TRL's and ours, each with its range."""
