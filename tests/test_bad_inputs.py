@@ -47,6 +47,7 @@ class Bad:
     env: dict[str, str] = field(default_factory=dict)
     command: tuple[str, ...] = ("rloo",)
     vllm: str | None = None  # a vLLM version to show as installed (package metadata); ABSENT: only where none is
+    links: dict[str, str] = field(default_factory=dict)  # symbolic link under {tmp} -> what it points at
 
     @property
     def id(self) -> str:
@@ -164,6 +165,21 @@ CASES = [
     Bad("traceback: report", ("{tmp}/run", "--out", "{tmp}/curves.txt"), "--out", command=("report",)),
     Bad("traceback: report", ("{tmp}/run", "--out", "{tmp}/curves"), "matplotlib cannot write a suffix-less file; "
         "end the name with .png", command=("report",)),
+    Bad("traceback: report", ("{tmp}/run",), "run/trainer_state.json: a logged `step` is 1e+308, not a step number "
+        "(0, 1, 2, ...); the file was changed after the run wrote it", command=("report",),
+        files={"run/trainer_state.json": '{"log_history": [{"step": 1e308, "loss": 1.0}]}'}),
+    Bad("traceback: report", ("{tmp}/run",), "run/trainer_state.json: a logged `step` is '7', not a step number "
+        "(0, 1, 2, ...); the file was changed after the run wrote it", command=("report",),
+        files={"run/trainer_state.json": '{"log_history": [{"step": "7", "loss": 1.0}]}'}),
+    Bad("traceback: report", ("{tmp}/run",), "run/trainer_state.json: a logged `step` is nan, not a step number "
+        "(0, 1, 2, ...); the file was changed after the run wrote it", command=("report",),
+        files={"run/trainer_state.json": '{"log_history": [{"step": NaN, "loss": 1.0}]}'}),
+    Bad("traceback: report", ("{tmp}/run",), "run/trainer_state.json: a logged `step` is -1, not a step number "
+        "(0, 1, 2, ...); the file was changed after the run wrote it", command=("report",),
+        files={"run/trainer_state.json": '{"log_history": [{"step": -1, "loss": 1.0}]}'}),
+    Bad("traceback: report", ("{tmp}/run",), "run/trainer_state.json: a logged `step` is 2.5, not a step number "
+        "(0, 1, 2, ...); the file was changed after the run wrote it", command=("report",),
+        files={"run/trainer_state.json": '{"log_history": [{"step": 2.5, "loss": 1.0}]}'}),
     recipe("traceback: YAML aliases", "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, "
            "*a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
            "report_to: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n",
@@ -553,6 +569,12 @@ CASES = [
     flags("traceback: lora_target_modules", "--lora", "--set", "lora_target_modules=5",
           message="`lora_target_modules`: 5 is not a module name; give names like [q_proj, v_proj], a pattern, or "
           "all-linear"),
+    recipe("traceback: lora_target_modules", "use_peft: true\nlora_target_modules: 5\n", "`lora_target_modules`: 5 "
+           "is not a module name"),
+    flags("traceback: symlink loop", "-o", "{tmp}/loop", message="--output-dir: output dir {tmp}/loop: Symlink loop "
+          "from '{tmp}/loop'; give a directory", links={"loop": "loop"}),
+    flags("traceback: symlink loop", "-o", "{tmp}/a/run", message="output dir {tmp}/a/run: Symlink loop from",
+          links={"a": "b", "b": "a"}),
 
     # -- an output dir that would overwrite what the user wrote -------------------------------------------------
     flags("conflict: output dir", "-o", f"{RECIPES}/smoke/policy", message=f"output dir {RECIPES}/smoke/policy "
@@ -631,6 +653,8 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(case: Bad, cli, nothing
             path.write_bytes(content)
         else:
             path.write_text(content.replace("{tmp}", str(tmp_path)))
+    for name, target in case.links.items():
+        (tmp_path / name).symlink_to(target)
     for name, value in case.env.items():
         monkeypatch.setenv(name, value)
     if case.vllm == ABSENT and installed_vllm() is not None:

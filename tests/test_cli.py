@@ -168,6 +168,23 @@ def test_a_real_invocation_launches_with_the_notes_printed(cli, nothing_launches
     assert len(nothing_launches) == 1 and nothing_launches[0].value("num_generations") == 4
 
 
+@pytest.mark.parametrize(("args", "code", "shown"), [(["rloo", "-r", "rloo/smoke", "--dry-run"], 0, "caf\\xe9"),
+                                                     (["rloo", "-r", "rloo/smoke", "--dry-run", "--json"], 0,
+                                                      "caf\\u00e9"),
+                                                     (["plan", "rloo", "-r", "rloo/smoke"], 0, ""),
+                                                     (["rloo", "-r", "{dir}/r.yaml"], 2, "caf\\xe9")])
+def test_a_non_ascii_path_on_an_ascii_pipe_is_printed_escaped(args: list[str], code: int, shown: str,
+                                                              tmp_path: Path) -> None:
+    """PYTHONIOENCODING=ascii and output to a pipe: the path is written escaped (caf\\xe9), never an internal error."""
+    where = tmp_path / "café"
+    args = [arg.replace("{dir}", str(where)) for arg in args]
+    done = subprocess.run([sys.executable, "-m", "rlhf_cli", *args, "-o", str(where)], capture_output=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONIOENCODING": "ascii", "PYTHONPATH": str(REPO)})
+    output = (done.stdout + done.stderr).decode("ascii")  # nothing but ASCII came out
+    assert done.returncode == code, output[-2000:]
+    assert shown in output and "internal error" not in output and "Traceback" not in output
+
+
 HEAVY = ("torch", "transformers", "trl", "deepspeed", "datasets", "accelerate")
 
 
