@@ -36,6 +36,10 @@ _HEADER = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]
 SAFETENSORS = len(_HEADER).to_bytes(8, "little") + _HEADER + b"\0" * 4
 SLURM = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "node[1-2]"}
 ABSENT = "absent"
+# What an rlhf from before rlhf-files.json left in an output dir.
+OLDER_RUN = {"old/recipe.yaml": "# Resolved by rlhf from flags; a valid recipe for `rlhf rloo`.\nmax_steps: 2\n",
+             "old/run.json": '{"command": ["rlhf", "rloo"], "versions": {}, "status": "finished"}',
+             "old/model.safetensors": SAFETENSORS, "old/checkpoint-2/trainer_state.json": "{}"}
 
 
 @dataclass(frozen=True)
@@ -589,6 +593,12 @@ CASES = [
         files={"mine/recipe.yaml": "# mine\nmax_steps: 2\n"}),
     Bad("conflict: output dir", ("-r", "rloo/smoke", "-o", "{tmp}/mine", "--overwrite"), "holds files rlhf did not "
         "write (recipe.yaml)", files={"mine/recipe.yaml": "max_steps: 2\n"}),
+    # An older rlhf's run (no rlhf-files.json): rlhf's recipe.yaml and run.json make the names runs write its own.
+    Bad("conflict: output dir", ("-r", "rloo/smoke", "-o", "{tmp}/old"), "output dir {tmp}/old already holds a run "
+        "(checkpoint-2, model.safetensors, recipe.yaml, run.json; finished); continue it with --resume auto",
+        files=OLDER_RUN),
+    Bad("conflict: output dir", ("-r", "rloo/smoke", "-o", "{tmp}/old", "--overwrite"), "output dir {tmp}/old holds "
+        "files rlhf did not write (notes.txt)", files={**OLDER_RUN, "old/notes.txt": "mine"}),
     Bad("conflict: output dir", ("-r", "rloo/smoke", "-o", "{tmp}/run", "--overwrite", "--resume", "auto"),
         "--overwrite removes the earlier run in {tmp}/run, and --resume auto continues it; keep one",
         files={"run/rlhf-files.json": '{"entries": ["rlhf-files.json"], "running": false}'}),
