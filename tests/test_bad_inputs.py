@@ -451,6 +451,8 @@ CASES = [
         "with --set", files={"b.yaml": SMOKE}),
     Bad("conflict", ("-r", "rloo/smoke", "--max-steps", "1", "--max-steps", "2"), "--max-steps is given 2 times",
         command=("plan", "rloo")),
+    Bad("conflict", ("-r", "ppo/smoke", "--model", f"{RECIPES}/smoke/policy", "--model", f"{RECIPES}/smoke/policy",
+                     "--dry-run"), "--model is given 2 times", command=("vllm-serve", "ppo")),
 
     # -- vLLM ----------------------------------------------------------------------------------------------------
     vllm("environment", ("--vllm", "colocate"), "--vllm colocate: vLLM is not installed; install it with pip install "
