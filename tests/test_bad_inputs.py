@@ -36,6 +36,10 @@ _HEADER = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]
 SAFETENSORS = len(_HEADER).to_bytes(8, "little") + _HEADER + b"\0" * 4
 SLURM = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "node[1-2]"}
 ABSENT = "absent"
+# What an rlhf from before rlhf-files.json left in an output dir.
+OLDER_RUN = {"old/recipe.yaml": "# Resolved by rlhf from flags; a valid recipe for `rlhf rloo`.\nmax_steps: 2\n",
+             "old/run.json": '{"command": ["rlhf", "rloo"], "versions": {}, "status": "finished"}',
+             "old/model.safetensors": SAFETENSORS, "old/checkpoint-2/trainer_state.json": "{}"}
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class Bad:
     env: dict[str, str] = field(default_factory=dict)
     command: tuple[str, ...] = ("rloo",)
     vllm: str | None = None  # a vLLM version to show as installed (package metadata); ABSENT: only where none is
+    links: dict[str, str] = field(default_factory=dict)  # symbolic link under {tmp} -> what it points at
 
     @property
     def id(self) -> str:
@@ -146,6 +151,12 @@ CASES = [
     accelerate("distributed_type: [DEEPSPEED]\n", "`distributed_type`: expected a name like DEEPSPEED"),
     accelerate("- a list\n- not a mapping\n", "accel.yaml: an accelerate config is a mapping, got list"),
     accelerate("num_processes: [2\n", "accel.yaml:2: not valid YAML"),
+    accelerate(ZERO3 + "mixed_precison: bf16\n", "accel.yaml:5: `mixed_precison`: not a key of an accelerate "
+               "config, so `accelerate launch` would refuse the file; did you mean `mixed_precision`?"),
+    accelerate(ZERO3 + "colour: blue\n", "accel.yaml:5: `colour`: not a key of an accelerate config, so `accelerate "
+               "launch` would refuse the file; remove it"),
+    accelerate(ZERO3 + "  zero3_init_flg: true\n", "accel.yaml:3: `deepspeed_config.zero3_init_flg`: not a DeepSpeed "
+               "setting accelerate knows, so it would be ignored; did you mean `zero3_init_flag`?"),
     model({**LLAMA, "num_attention_heads": 0}, "m/config.json has num_attention_heads 0; a model's sizes are "
           "positive integers", command=("plan", "rloo")),
     model({**LLAMA, "num_attention_heads": 0}, "m/config.json has num_attention_heads 0"),
@@ -158,6 +169,21 @@ CASES = [
     Bad("traceback: report", ("{tmp}/run", "--out", "{tmp}/curves.txt"), "--out", command=("report",)),
     Bad("traceback: report", ("{tmp}/run", "--out", "{tmp}/curves"), "matplotlib cannot write a suffix-less file; "
         "end the name with .png", command=("report",)),
+    Bad("traceback: report", ("{tmp}/run",), "run/trainer_state.json: a logged `step` is 1e+308, not a step number "
+        "(0, 1, 2, ...); the file was changed after the run wrote it", command=("report",),
+        files={"run/trainer_state.json": '{"log_history": [{"step": 1e308, "loss": 1.0}]}'}),
+    Bad("traceback: report", ("{tmp}/run",), "run/trainer_state.json: a logged `step` is '7', not a step number "
+        "(0, 1, 2, ...); the file was changed after the run wrote it", command=("report",),
+        files={"run/trainer_state.json": '{"log_history": [{"step": "7", "loss": 1.0}]}'}),
+    Bad("traceback: report", ("{tmp}/run",), "run/trainer_state.json: a logged `step` is nan, not a step number "
+        "(0, 1, 2, ...); the file was changed after the run wrote it", command=("report",),
+        files={"run/trainer_state.json": '{"log_history": [{"step": NaN, "loss": 1.0}]}'}),
+    Bad("traceback: report", ("{tmp}/run",), "run/trainer_state.json: a logged `step` is -1, not a step number "
+        "(0, 1, 2, ...); the file was changed after the run wrote it", command=("report",),
+        files={"run/trainer_state.json": '{"log_history": [{"step": -1, "loss": 1.0}]}'}),
+    Bad("traceback: report", ("{tmp}/run",), "run/trainer_state.json: a logged `step` is 2.5, not a step number "
+        "(0, 1, 2, ...); the file was changed after the run wrote it", command=("report",),
+        files={"run/trainer_state.json": '{"log_history": [{"step": 2.5, "loss": 1.0}]}'}),
     recipe("traceback: YAML aliases", "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, "
            "*a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
            "report_to: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n",
@@ -402,8 +428,31 @@ CASES = [
           "change nothing; add --lora"),
     flags("conflict", "--merge-adapter", message="--merge-adapter: LoRA is off (`use_peft` is not true), so it would "
           "change nothing; add --lora"),
+    recipe("conflict", "merge_adapter: true\n", "r.yaml:11): LoRA is off (`use_peft` is not "
+           "true), so there is no adapter to merge; set use_peft: true (or add --lora), or remove merge_adapter"),
+    sets("conflict", "merge_adapter=true", "`merge_adapter: true` (--set merge_adapter): LoRA is off"),
+    flags("conflict", "--nvme-path", "{tmp}", message="--nvme-path {tmp}: nothing is offloaded to nvme, so it would "
+          "change nothing; add --offload-optimizer nvme or --offload-params nvme, or drop it"),
+    flags("conflict", "--nvme-path", "{tmp}", "--offload-optimizer", "cpu", message="--nvme-path {tmp}: nothing is "
+          "offloaded to nvme"),
 
     vllm("conflict", ("--vllm", "colocate", "--no-vllm"), "--vllm and --no-vllm contradict each other; keep one"),
+    # Every flag of the table but --set is single-valued: given twice, click would keep the last silently.
+    flags("conflict", "--max-steps", "1", "--max-steps", "2", message="--max-steps is given 2 times (1, 2); give it "
+          "once"),
+    flags("conflict", "--gather-budget", "0.5", "--gather-budget", "2GiB", message="--gather-budget is given 2 "
+          "times (0.5, 2GiB); give it once"),
+    flags("conflict", "--lora", "--lora-r", "4", "--lora-r", "8", message="--lora-r is given 2 times (4, 8)"),
+    flags("conflict", "--stall-timeout", "10", "--stall-timeout", "20", message="--stall-timeout is given 2 times"),
+    flags("conflict", "-o", "{tmp}/a", "--output-dir", "{tmp}/b", message="--output-dir / -o is given 2 times"),
+    flags("conflict", "--lora", "--lora", message="--lora is given 2 times; give it once"),
+    Bad("conflict", ("-r", "rloo/smoke", "-r", "{tmp}/b.yaml"), "--recipe / -r is given 2 times (rloo/smoke, "
+        "{tmp}/b.yaml); give it once: a run reads one recipe; copy the keys of the other into it, or give them "
+        "with --set", files={"b.yaml": SMOKE}),
+    Bad("conflict", ("-r", "rloo/smoke", "--max-steps", "1", "--max-steps", "2"), "--max-steps is given 2 times",
+        command=("plan", "rloo")),
+    Bad("conflict", ("-r", "ppo/smoke", "--model", f"{RECIPES}/smoke/policy", "--model", f"{RECIPES}/smoke/policy",
+                     "--dry-run"), "--model is given 2 times", command=("vllm-serve", "ppo")),
 
     # -- vLLM ----------------------------------------------------------------------------------------------------
     vllm("environment", ("--vllm", "colocate"), "--vllm colocate: vLLM is not installed; install it with pip install "
@@ -451,6 +500,17 @@ CASES = [
     env({"MASTER_ADDR": "10.0.0.1", "NNODES": "2", "NODE_RANK": "5"}, "NODE_RANK=5 is outside 0..1: NNODES=2"),
     env({**SLURM, "SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_GPUS_ON_NODE": "3"}, "--num-processes 5 is not a "
         "multiple of SLURM_NNODES=2", "--num-processes", "5"),
+    env({**SLURM, "SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "gpu[01-"},
+        "SLURM_JOB_NODELIST='gpu[01-': not a SLURM node list (names and bracketed ranges like gpu[01-04,07]); fix the "
+        "job's variables or pass --main-process-ip"),
+    env({**SLURM, "SLURM_NNODES": "1", "SLURM_GPUS_ON_NODE": "abc"}, "SLURM_GPUS_ON_NODE='abc': not a GPU count (4, "
+        "or h100:4); fix the job's variables or pass --num-processes"),
+    env({"MASTER_ADDR": "gpu 01"}, "MASTER_ADDR=gpu 01: `main_process_ip`: 'gpu 01' is neither an IP address nor a "
+        "host name; give machine rank 0's address, like 10.0.0.1 or gpu01; fix the job's variables or pass "
+        "--main-process-ip"),
+    flags("range", "--main-process-ip", "not an ip!!", message="--main-process-ip: `main_process_ip`: 'not an ip!!' "
+          "is neither an IP address nor a host name"),
+    sets("range", "main_process_ip=-gpu01", "`main_process_ip`: '-gpu01' is neither an IP address nor a host name"),
 
     # -- TRL `str` fields whose values only its trainers check (rlhf_cli/schema/choices.yaml) --------------------
     sets("range", "loss_type=dr_grp", "`loss_type`: expected one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, "
@@ -515,6 +575,12 @@ CASES = [
     flags("traceback: lora_target_modules", "--lora", "--set", "lora_target_modules=5",
           message="`lora_target_modules`: 5 is not a module name; give names like [q_proj, v_proj], a pattern, or "
           "all-linear"),
+    recipe("traceback: lora_target_modules", "use_peft: true\nlora_target_modules: 5\n", "`lora_target_modules`: 5 "
+           "is not a module name"),
+    flags("traceback: symlink loop", "-o", "{tmp}/loop", message="--output-dir: output dir {tmp}/loop: Symlink loop "
+          "from '{tmp}/loop'; give a directory", links={"loop": "loop"}),
+    flags("traceback: symlink loop", "-o", "{tmp}/a/run", message="output dir {tmp}/a/run: Symlink loop from",
+          links={"a": "b", "b": "a"}),
 
     # -- an output dir that would overwrite what the user wrote -------------------------------------------------
     flags("conflict: output dir", "-o", f"{RECIPES}/smoke/policy", message=f"output dir {RECIPES}/smoke/policy "
@@ -529,6 +595,12 @@ CASES = [
         files={"mine/recipe.yaml": "# mine\nmax_steps: 2\n"}),
     Bad("conflict: output dir", ("-r", "rloo/smoke", "-o", "{tmp}/mine", "--overwrite"), "holds files rlhf did not "
         "write (recipe.yaml)", files={"mine/recipe.yaml": "max_steps: 2\n"}),
+    # An older rlhf's run (no rlhf-files.json): rlhf's recipe.yaml and run.json make the names runs write its own.
+    Bad("conflict: output dir", ("-r", "rloo/smoke", "-o", "{tmp}/old"), "output dir {tmp}/old already holds a run "
+        "(checkpoint-2, model.safetensors, recipe.yaml, run.json; finished); continue it with --resume auto",
+        files=OLDER_RUN),
+    Bad("conflict: output dir", ("-r", "rloo/smoke", "-o", "{tmp}/old", "--overwrite"), "output dir {tmp}/old holds "
+        "files rlhf did not write (notes.txt)", files={**OLDER_RUN, "old/notes.txt": "mine"}),
     Bad("conflict: output dir", ("-r", "rloo/smoke", "-o", "{tmp}/run", "--overwrite", "--resume", "auto"),
         "--overwrite removes the earlier run in {tmp}/run, and --resume auto continues it; keep one",
         files={"run/rlhf-files.json": '{"entries": ["rlhf-files.json"], "running": false}'}),
@@ -593,6 +665,8 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(case: Bad, cli, nothing
             path.write_bytes(content)
         else:
             path.write_text(content.replace("{tmp}", str(tmp_path)))
+    for name, target in case.links.items():
+        (tmp_path / name).symlink_to(target)
     for name, value in case.env.items():
         monkeypatch.setenv(name, value)
     if case.vllm == ABSENT and installed_vllm() is not None:

@@ -109,6 +109,28 @@ def test_bad_input_is_one_line_exit_2_and_launches_nothing(cli, nothing_launches
     assert nothing_launches == []
 
 
+SINGLE_VALUED = [flag for flag in TABLE if not flag.repeatable]
+
+
+@pytest.mark.parametrize("flag", SINGLE_VALUED, ids=[flag.names[0] for flag in SINGLE_VALUED])
+def test_every_single_valued_flag_given_twice_is_refused(cli, nothing_launches, flag) -> None:
+    """The class, from the flag table: click keeps the last of an option given twice; we refuse it instead."""
+    given = [flag.names[-1]] if flag.kind is bool else [flag.names[-1], "7"]
+    recipe = [] if flag.parameter == "recipe" else ["-r", "rloo/smoke"]
+    result = cli("rloo", *recipe, *given, *given)
+    assert result.exit_code == 2, result.output
+    assert f"Error: {' / '.join(flag.names)} is given 2 times" in result.output
+    assert "Traceback" not in result.output and nothing_launches == []
+
+
+def test_set_stays_repeatable(cli, tmp_path: Path) -> None:
+    result = cli("rloo", "-r", "rloo/smoke", "-s", "seed=3", "--set", "max_steps=2", "--dry-run", "--json",
+                 "-o", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    trainer = json.loads(result.stdout[result.stdout.index("{"):])["trainer"]
+    assert (trainer["seed"], trainer["max_steps"]) == (3, 2)
+
+
 def test_the_collective_timeout_follows_the_stall_timeout_and_a_dry_run_says_so(cli) -> None:
     result = cli("rloo", "-r", "rloo/smoke", "--stall-timeout", "30", "--dry-run")
     assert result.exit_code == 0, result.output
@@ -145,6 +167,23 @@ def test_a_real_invocation_launches_with_the_notes_printed(cli, nothing_launches
     assert result.exit_code == 0, result.output
     assert "`rloo_k` is the old name of `num_generations`" in result.stderr
     assert len(nothing_launches) == 1 and nothing_launches[0].value("num_generations") == 4
+
+
+@pytest.mark.parametrize(("args", "code", "shown"), [(["rloo", "-r", "rloo/smoke", "--dry-run"], 0, "caf\\xe9"),
+                                                     (["rloo", "-r", "rloo/smoke", "--dry-run", "--json"], 0,
+                                                      "caf\\u00e9"),
+                                                     (["plan", "rloo", "-r", "rloo/smoke"], 0, ""),
+                                                     (["rloo", "-r", "{dir}/r.yaml"], 2, "caf\\xe9")])
+def test_a_non_ascii_path_on_an_ascii_pipe_is_printed_escaped(args: list[str], code: int, shown: str,
+                                                              tmp_path: Path) -> None:
+    """PYTHONIOENCODING=ascii and output to a pipe: the path is written escaped (caf\\xe9), never an internal error."""
+    where = tmp_path / "café"
+    args = [arg.replace("{dir}", str(where)) for arg in args]
+    done = subprocess.run([sys.executable, "-m", "rlhf_cli", *args, "-o", str(where)], capture_output=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONIOENCODING": "ascii", "PYTHONPATH": str(REPO)})
+    output = (done.stdout + done.stderr).decode("ascii")  # nothing but ASCII came out
+    assert done.returncode == code, output[-2000:]
+    assert shown in output and "internal error" not in output and "Traceback" not in output
 
 
 HEAVY = ("torch", "transformers", "trl", "deepspeed", "datasets", "accelerate")

@@ -9,6 +9,7 @@ import pytest
 
 from helpers import RECIPES
 from rlhf_cli.config.cluster import first_host
+from rlhf_cli.config.fields import is_host
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.launch.command import launch_command
@@ -25,9 +26,26 @@ def run_in(environ: dict[str, str], tmp_path: Path, **flags):
 
 
 @pytest.mark.parametrize(("nodelist", "host"), [("gpu[07-08]", "gpu07"), ("node[3,5-9],login1", "node3"),
-                                                ("a100-01,a100-02", "a100-01"), ("single", "single")])
+                                                ("a100-01,a100-02", "a100-01"), ("single", "single"),
+                                                ("rack[2-3]-gpu[05,07-09]", "rack2-gpu05"),
+                                                ("login1,gpu[1-2]", "login1")])
 def test_first_host_of_a_slurm_node_list(nodelist: str, host: str) -> None:
     assert first_host(nodelist) == host
+
+
+@pytest.mark.parametrize("nodelist", ["gpu[01-", "gpu01-]", "gpu[]", "gpu[a-b]", "gpu[3-1]", "gpu[1-2", ",gpu1",
+                                      "gpu1,,gpu2", "gpu 1", "[1-2", ""])
+def test_a_malformed_node_list_has_no_first_host(nodelist: str) -> None:
+    assert first_host(nodelist) is None
+
+
+def test_a_flag_beats_a_malformed_variable(tmp_path: Path) -> None:
+    """The errors say "fix the job's variables or pass --FLAG": passing the flag is enough."""
+    broken = {**SLURM, "SLURM_JOB_NODELIST": "gpu[07-", "SLURM_GPUS_ON_NODE": "eight", "SLURM_NNODES": "zero"}
+    run = run_in(broken, tmp_path, main_process_ip=("--main-process-ip", "10.0.0.1"),
+                 num_processes=("--num-processes", 4), num_machines=("--num-machines", 2))
+    assert (run.accelerate["main_process_ip"], run.accelerate["num_processes"], run.accelerate["num_machines"]) == \
+        ("10.0.0.1", 4, 2)
 
 
 def test_slurm_allocation_fills_the_layout_and_says_where_from(tmp_path: Path) -> None:
@@ -85,3 +103,11 @@ def test_dry_run_json_shows_the_slurm_layout(cli, monkeypatch: pytest.MonkeyPatc
     assert shown["accelerate"]["num_machines"] == 2 and shown["accelerate"]["main_process_ip"] == "gpu07"
     assert shown["sources"]["machine_rank"] == "env SLURM_NODEID"
     assert shown["launch"]["argv"][shown["launch"]["argv"].index("--machine_rank") + 1] == "1"
+
+
+@pytest.mark.parametrize(("text", "valid"), [("10.0.0.1", True), ("fe80::1", True), ("gpu01", True),
+                                             ("gpu-01.cluster.local", True), ("node_7", True), ("gpu01.", True),
+                                             ("not an ip!!", False), ("-gpu01", False), ("gpu01-", False),
+                                             ("a..b", False), ("", False), ("x" * 64, False), ("10.0.0.1:29500", False)])
+def test_a_host_is_an_ip_address_or_a_host_name(text: str, valid: bool) -> None:
+    assert is_host(text) is valid

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RECIPES
+from helpers import RECIPES, REPO
 from rlhf_cli.launch import runner
 from rlhf_cli.launch.command import Launch
 from rlhf_cli.output.run_dir import RunDir
@@ -107,6 +107,61 @@ def test_overwrite_removes_only_what_the_earlier_run_wrote(cli, tmp_path, ranks_
     refused = cli("rloo", "-r", paths["recipe"], "-o", out, "--overwrite")
     assert refused.exit_code == 2 and "holds files rlhf did not write (notes.txt)" in refused.output
     assert (out / "notes.txt").read_text() == "mine"
+
+
+TRL_MODEL_CARD = "---\nlibrary_name: transformers\n---\n# Model Card for a\n\nIt has been trained using [TRL](https://github.com/huggingface/trl).\n"
+
+
+def test_an_output_dir_of_an_rlhf_older_than_its_record_is_resumed_and_overwritten(cli, tmp_path, ranks_write_a_model):
+    """Before rlhf-files.json, a run left rlhf's recipe.yaml and run.json: the names runs write are its, the rest
+    stays the user's."""
+    paths = inputs(tmp_path)
+    out = tmp_path / "runs" / "old"
+    assert cli("rloo", "-r", paths["recipe"], "-o", out).exit_code == 0
+    RunDir(out).written.unlink()  # as an older rlhf left it
+    (out / "README.md").write_text(TRL_MODEL_CARD)
+    held = cli("rloo", "-r", paths["recipe"], "-o", out)
+    assert held.exit_code == 2 and "already holds a run" in held.output and "finished" in held.output
+    for name, text in (("notes.txt", "mine"), ("README.md", "# my notes\n")):
+        kept = (out / name).read_text() if (out / name).exists() else None
+        (out / name).write_text(text)
+        refused = cli("rloo", "-r", paths["recipe"], "-o", out, "--overwrite")
+        assert refused.exit_code == 2 and f"holds files rlhf did not write ({name})" in refused.output
+        assert (out / name).read_text() == text
+        (out / name).write_text(kept) if kept is not None else (out / name).unlink()
+
+    (out / "checkpoint-2" / "trainer_state.json").write_text("{}")  # the stand-in ranks' checkpoint, made whole
+    resumed = cli("rloo", "-r", paths["recipe"], "-o", out, "--resume", "auto")
+    assert resumed.exit_code == 0, resumed.output
+    assert "README.md" in json.loads(RunDir(out).written.read_text())["entries"]  # adopted by the new record
+
+    RunDir(out).written.unlink()
+    (out / "checkpoint-9").mkdir()
+    assert cli("rloo", "-r", paths["recipe"], "-o", out, "--overwrite").exit_code == 0
+    assert not (out / "checkpoint-9").exists() and not (out / "README.md").exists()
+    assert json.loads(RunDir(out).written.read_text())["running"] is False
+
+
+def test_a_directory_with_a_recipe_yaml_of_rlhfs_but_no_run_record_is_not_adopted(cli, tmp_path, nothing_launches):
+    """The header alone could be copied by hand: without the launcher's run.json nothing there is rlhf's."""
+    out = tmp_path / "copied"
+    out.mkdir()
+    (out / "recipe.yaml").write_text("# Resolved by rlhf from flags; a valid recipe for `rlhf rloo`.\nmax_steps: 2\n")
+    (out / "run.json").write_text('{"mine": true}')
+    result = cli("rloo", "-r", "rloo/smoke", "-o", out, "--overwrite")
+    assert result.exit_code == 2 and "holds files rlhf did not write (recipe.yaml, run.json)" in result.output
+    assert nothing_launches == []
+
+
+def test_the_plot_rlhf_report_writes_into_a_run_is_the_runs(cli, tmp_path, ranks_write_a_model):
+    paths = inputs(tmp_path)
+    out = tmp_path / "runs" / "a"
+    assert cli("rloo", "-r", paths["recipe"], "-o", out).exit_code == 0
+    shutil.copy(REPO / "tests" / "fixtures" / "runs" / "rloo" / "trainer_state.json", out)
+    assert cli("report", out).exit_code == 0
+    assert "report.png" in json.loads(RunDir(out).written.read_text())["entries"]
+    assert cli("rloo", "-r", paths["recipe"], "-o", out, "--overwrite").exit_code == 0
+    assert not (out / "report.png").exists()
 
 
 def test_resume_auto_does_not_train_a_finished_run_without_checkpoints_again(cli, tmp_path, ranks_write_a_model):

@@ -94,6 +94,18 @@ def test_a_directory_without_metrics_is_one_line_exit_2(cli, tmp_path: Path, set
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("Error: ") and message in result.stderr
 
 
+def test_values_too_large_to_draw_are_left_out_of_the_curves_and_kept_in_the_table(cli, tmp_path: Path) -> None:
+    """A diverged run's 1e308 or inf: matplotlib's axes overflow near float's limit, so only the table shows it."""
+    write(tmp_path / "run" / "trainer_state.json", '{"log_history": [{"step": 1, "loss": 1.0}, {"step": 2, "kl": '
+          '1e308}, {"step": 3, "loss": Infinity, "kl": 0.5}, {"step": 4, "loss": -1.7e308}]}')
+    result = cli("report", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    names, rows = _table(result.stdout)
+    assert names == ["step", "kl", "loss"]
+    assert rows == [["1", "-", "1"], ["2", "1e+308", "-"], ["3", "0.5", "inf"], ["4", "-", "-1.7e+308"]]
+    assert (tmp_path / "run" / "report.png").is_file()
+
+
 def test_sampled_rows_are_spread_and_keep_both_ends() -> None:
     assert sample_rows(5, 20) == [0, 1, 2, 3, 4]
     rows = sample_rows(1000, 20)

@@ -380,3 +380,17 @@ def test_without_a_process_count_the_run_starts_what_trl_would(tmp_path: Path, m
     given = resolve(RunRequest("rloo", recipe(tmp_path, "num_processes: 2\n", "two.yaml")), cwd=tmp_path,
                     cuda=False, environ=environ)
     assert given.settings["num_processes"] == Setting(2, "recipe")
+
+
+def test_an_nvme_path_in_a_recipe_with_nothing_on_nvme_is_a_warning_and_used_once_something_is(tmp_path: Path) -> None:
+    """A recipe may keep nvme_path for the runs that offload to it: a warning, not a refusal (the flag is refused)."""
+    (tmp_path / "nvme").mkdir()
+    path = recipe(tmp_path, f"nvme_path: {tmp_path / 'nvme'}\noutput_dir: {tmp_path / 'out'}\n")
+    run = resolve(RunRequest("rloo", path), cwd=tmp_path, cuda=False)
+    assert [note for note in run.notes if "nvme_path" in note] == [
+        f"warning: `nvme_path: {tmp_path / 'nvme'}` ({path}:5): nothing is offloaded to nvme, so it would "
+        "change nothing; add --offload-optimizer nvme or --offload-params nvme to use it"]
+    run = resolve(RunRequest("rloo", path, flags={"offload_optimizer": ("--offload-optimizer", "nvme")}),
+                  cwd=tmp_path, cuda=False)
+    assert not [note for note in run.notes if "nvme_path" in note]
+    assert run.accelerate["deepspeed_config"]["offload_optimizer_nvme_path"] == str(tmp_path / "nvme")

@@ -41,13 +41,26 @@ class Flag:
     metavar: str | None = None
     show_default: bool = True
     complete: Callable[[], list[str]] | None = None
+    repeatable: bool = False  # every occurrence counts (--set); any other flag given twice is refused
 
     def parameter_of_command(self) -> inspect.Parameter:
-        metavar = NO_VALUE if self.kind is bool else self.metavar
-        option = typer.Option(*self.names, help=self.help, rich_help_panel=self.panel, metavar=metavar,
+        """The flag as Typer reads it: every occurrence, a list of values or a switch's count, since click keeps
+        only the last one of an option given twice; `given_once` turns them back into one value."""
+        if self.kind is bool:
+            option = typer.Option(*self.names, help=self.help, rich_help_panel=self.panel, metavar=NO_VALUE,
+                                  show_default=False, count=True)
+            return inspect.Parameter(self.parameter, inspect.Parameter.KEYWORD_ONLY, default=0,
+                                     annotation=Annotated[int, option])
+        kind = self.kind if self.repeatable else Optional[list[_value_type(self.kind)]]  # type: ignore[misc]
+        option = typer.Option(*self.names, help=self.help, rich_help_panel=self.panel, metavar=self.metavar,
                               show_default=self.show_default, autocompletion=self.complete)
         return inspect.Parameter(self.parameter, inspect.Parameter.KEYWORD_ONLY, default=self.default,
-                                 annotation=Annotated[self.kind, option])
+                                 annotation=Annotated[kind, option])
+
+
+def _value_type(kind: Any) -> type:
+    """`str` of `Optional[str]`: the type of one occurrence's value."""
+    return next(arg for arg in getattr(kind, "__args__", (kind,)) if arg is not type(None))
 
 
 def _offload_devices() -> list[str]:
@@ -127,7 +140,7 @@ TABLE: tuple[Flag, ...] = (
          help="Training steps (max_steps)."),
     Flag("seed", ("--seed",), key="seed", panel=SHORTCUTS, metavar="N", show_default=False,
          help="Random seed (seed)."),
-    Flag("set_", ("--set", "-s"), kind=Optional[list[str]], metavar="KEY=VALUE", show_default=False,
+    Flag("set_", ("--set", "-s"), kind=Optional[list[str]], metavar="KEY=VALUE", show_default=False, repeatable=True,
          help="Any other recipe key; VALUE is read as YAML (3e-6, true, \\[a, b]). Repeatable."),
     Flag("dry_run", ("--dry-run",), kind=bool, default=False,
          help="Print the resolved run (trainer, accelerate config, launch command) and exit."),
@@ -145,6 +158,28 @@ TABLE: tuple[Flag, ...] = (
 
 # recipe key -> (the flag as people type it, the parameter that holds it)
 FLAGS = {flag.key: (flag.names[0], flag.parameter) for flag in TABLE if flag.key is not None}
+
+
+def given_once(options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The command's options as one value each (a switch: on or off), and a problem for each flag given more than
+    once: with the last one silently winning, `--max-steps 1 --max-steps 2` or `-r a.yaml -r b.yaml` would run
+    something the user did not read back."""
+    values, problems = dict(options), []
+    for flag in TABLE:
+        given = options.get(flag.parameter)
+        if flag.repeatable or given is None:
+            continue
+        count = given if flag.kind is bool else len(given)
+        if count > 1:
+            shown = "" if flag.kind is bool else f" ({', '.join(str(value) for value in given)})"
+            problems.append(f"{' / '.join(flag.names)} is given {count} times{shown}; give it once"
+                            f"{REPEAT_HINTS.get(flag.parameter, '')}")
+        values[flag.parameter] = bool(count) if flag.kind is bool else given[-1] if given else None
+    return values, problems
+
+
+# What to do instead of repeating a flag, where giving it once is not all there is to say.
+REPEAT_HINTS = {"recipe": ": a run reads one recipe; copy the keys of the other into it, or give them with --set"}
 
 
 def command_signature() -> inspect.Signature:

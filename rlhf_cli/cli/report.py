@@ -57,10 +57,16 @@ def report(
         raise RlhfError(f"--out {png}: matplotlib cannot write a {png.suffix or 'suffix-less'} file; "
                         f"end the name with .png (or .{', .'.join(f for f in formats if f != 'png')})")
     metrics = load_metrics(run_dir)
+    new = not png.exists()
     try:
         draw(metrics, png, title)
     except OSError as error:
         raise RlhfError(f"{png}: cannot write the plot ({error.strerror})") from None
+    if new and png.parent.resolve() == run_dir.resolve():  # the run's own file now, not one the user wrote
+        from rlhf_cli.output.ownership import record_added
+        from rlhf_cli.output.run_dir import RunDir
+
+        record_added(RunDir(run_dir), png.name)
     table = _table(metrics, title)
     print_whole(table)
     stderr.print(f"Wrote {png}", highlight=False, markup=False)

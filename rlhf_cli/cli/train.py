@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from rlhf_cli.cli.flags import FLAGS, command_signature
+from rlhf_cli.cli.flags import FLAGS, command_signature, given_once
 
 if TYPE_CHECKING:
     from rlhf_cli.config.run import ResolvedRun
@@ -24,7 +24,8 @@ def train(ctx: typer.Context, **options: Any) -> None:
     from rlhf_cli.launch.faults import PlanNeeds, space_warning
     from rlhf_cli.plan.estimate import planned
 
-    run, plan = planned(_resolve(ctx, options, planning=False))
+    options, repeated = given_once(options)
+    run, plan = planned(_resolve(ctx, options, repeated, planning=False))
     low_space = space_warning(run.output_dir, plan.checkpoint_bytes)
     run = run.with_note(low_space) if low_space else run
     if options["dry_run"]:
@@ -53,7 +54,8 @@ def plan(ctx: typer.Context, **options: Any) -> None:
     from rlhf_cli.cli.output import print_notes, print_plan_table
     from rlhf_cli.plan.estimate import plan_run
 
-    run = _resolve(ctx, options, planning=True)
+    options, repeated = given_once(options)
+    run = _resolve(ctx, options, repeated, planning=True)
     plan = plan_run(run)
     print_plan_table(run, plan, as_json=options["json_"])
     print_notes(run)
@@ -63,12 +65,13 @@ def plan(ctx: typer.Context, **options: Any) -> None:
 train.__signature__ = plan.__signature__ = command_signature()  # type: ignore[attr-defined]
 
 
-def _resolve(ctx: typer.Context, options: dict[str, Any], planning: bool) -> ResolvedRun:
+def _resolve(ctx: typer.Context, options: dict[str, Any], repeated: list[str], planning: bool) -> ResolvedRun:
+    """The run the flags ask for; `repeated`: the flags given more than once, reported with every other problem."""
     from rlhf_cli.config.resolve import RunRequest, resolve
 
     flags = {key: (flag, options[parameter]) for key, (flag, parameter) in FLAGS.items()
              if options.get(parameter) is not None}
-    problems = _flag_problems(options, planning)
+    problems = repeated + _flag_problems(options, planning)
     trl_flags, extra = trl_style_flags(ctx.args)
     gather = _gather_flag(options["gather"], options["no_gather"], extra, problems)
     if gather is not None:

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from rlhf_cli.cli.flags import TABLE
+from rlhf_cli.cli.flags import TABLE, given_once
 
 EXAMPLE = "rlhf vllm-serve ppo -r ppo/smoke --port 8000"
 LOOPBACK = "127.0.0.1"
@@ -27,10 +27,9 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 
 def _training_option(parameter: str) -> Any:
-    """The training commands' own option (rlhf_cli/cli/flags.py), for the flags this command shares with them."""
-    flag = next(row for row in TABLE if row.parameter == parameter)
-    return Annotated[flag.kind, typer.Option(*flag.names, help=flag.help, metavar=flag.metavar,
-                                             show_default=flag.show_default)]
+    """The training commands' own option (rlhf_cli/cli/flags.py), for the flags this command shares with them:
+    every occurrence, so that `given_once` refuses one given twice there too."""
+    return next(row for row in TABLE if row.parameter == parameter).parameter_of_command().annotation
 
 
 RecipeOpt, ModelOpt, SetOpt, DryRunOpt = (_training_option(name) for name in ("recipe", "model", "set_", "dry_run"))
@@ -72,17 +71,19 @@ def vllm_serve(
     set_: SetOpt = None,
     host: HostOpt = LOOPBACK,
     port: PortOpt = None,
-    dry_run: DryRunOpt = False,
+    dry_run: DryRunOpt = 0,
 ) -> None:
     """Start the vLLM server for a `vllm_mode: server` run of this recipe; Ctrl-C stops it."""
     from rlhf_cli.config.resolve import RunRequest, resolve
     from rlhf_cli.config.vllm import INSTALL, installed_vllm
 
+    given, problems = given_once({"recipe": recipe, "model": model, "set_": set_, "dry_run": dry_run})
+    recipe, model, dry_run = given["recipe"], given["model"], given["dry_run"]
     flags = {"model_name_or_path": ("--model", model)} if model else {}
-    missing = () if installed_vllm() or dry_run else (f"rlhf vllm-serve: vLLM is not installed; install it with "
-                                                      f"{INSTALL}",)
+    if not (installed_vllm() or dry_run):
+        problems.append(f"rlhf vllm-serve: vLLM is not installed; install it with {INSTALL}")
     run = resolve(RunRequest(ctx.info_name.replace("-", "_"), recipe, flags, tuple(set_ or ()), False,
-                             planning=True, problems=missing))
+                             planning=True, problems=tuple(problems)))
     argv = server_command(run, host, port)
     if dry_run:
         print(shlex.join(argv))

@@ -7,13 +7,14 @@ checked key by key first (a number that is text, a section that is a list), so t
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlhf_cli.config.bundled import bundled_dir
-from rlhf_cli.config.fields import FieldTypeError, coerce, own_field
+from rlhf_cli.config.draft import suggest
+from rlhf_cli.config.fields import FieldTypeError, accelerate_keys, coerce, own_field
 from rlhf_cli.config.yaml_file import read_yaml
 from rlhf_cli.errors import ConfigError
 
@@ -38,6 +39,7 @@ class AccelerateChoices:
     cpu_only: bool = False
     # key -> how a problem names its value and where it came from: `--machine-rank {value}`, `SLURM_NODEID={value}`
     sources: Mapping[str, str] = field(default_factory=dict)
+    refused: frozenset[str] = frozenset()  # keys whose given value was refused already: not judged again
 
 
 def _checked(config: dict[str, Any], source: Path, lines: Mapping[str, int], problems: list[str]) -> dict[str, Any]:
@@ -46,6 +48,7 @@ def _checked(config: dict[str, Any], source: Path, lines: Mapping[str, int], pro
         line = lines.get(section or key)
         problems.append(f"{source}{f':{line}' if line else ''}: `{key}`: {message}")
 
+    _drop_unknown_keys(config, bad)
     for key in LAYOUT_KEYS:
         if config.get(key) is not None:
             try:
@@ -76,6 +79,21 @@ def _checked(config: dict[str, Any], source: Path, lines: Mapping[str, int], pro
     return config
 
 
+def _drop_unknown_keys(config: dict[str, Any], bad: Callable[..., None]) -> None:
+    """Keys accelerate does not know: a typo at the top makes `accelerate launch` refuse the file once every rank's
+    machine is up; one in `deepspeed_config` it ignores without a word (`zero3_init_flg`)."""
+    top, deepspeed = accelerate_keys()
+    for key in [key for key in config if key not in top]:
+        bad(str(key), "not a key of an accelerate config, so `accelerate launch` would refuse the file"
+            f"{suggest(str(key), list(top)) or '; remove it'}")
+        del config[key]
+    section = config.get("deepspeed_config")
+    for key in [key for key in section if key not in deepspeed] if isinstance(section, dict) else []:
+        bad(f"deepspeed_config.{key}", "not a DeepSpeed setting accelerate knows, so it would be ignored"
+            f"{suggest(str(key), list(deepspeed)) or '; remove it'}", "deepspeed_config")
+        del section[key]
+
+
 def _load(path: Path, problems: list[str]) -> dict[str, Any]:
     try:
         loaded = read_yaml(path, "accelerate config")
@@ -100,8 +118,9 @@ def is_zero3(config: dict[str, Any]) -> bool:
     return zero_stage(config) == 3
 
 
-def _check_machines(config: dict[str, Any], said: Mapping[str, str], problems: list[str]) -> None:
-    """A layout accelerate can start: whole processes per machine, a valid rank, a reachable rank 0."""
+def _check_machines(config: dict[str, Any], said: Mapping[str, str], problems: list[str], missing_ip: bool) -> None:
+    """A layout accelerate can start: whole processes per machine, a valid rank, a reachable rank 0 (`missing_ip`:
+    say that none is given, unless the one given was refused)."""
     machines = int(config.get("num_machines") or 1)
     processes = int(config.get("num_processes") or 1)
     rank = int(config.get("machine_rank") or 0)
@@ -112,7 +131,7 @@ def _check_machines(config: dict[str, Any], said: Mapping[str, str], problems: l
     if not 0 <= rank < machines:
         problems.append(f"{said['machine_rank'].format(value=rank)} is outside 0..{machines - 1}: "
                         f"{said['num_machines'].format(value=machines)}")
-    if machines > 1 and not config.get("main_process_ip"):
+    if machines > 1 and not config.get("main_process_ip") and missing_ip:
         problems.append(f"{machines} machines need --main-process-ip: the address of machine rank 0")
 
 
@@ -139,7 +158,7 @@ def build_accelerate_config(choices: AccelerateChoices, problems: list[str]) -> 
     config.update(choices.machines)
     if choices.num_gpus is not None:
         _apply_num_gpus(config, choices.num_gpus, choices.num_processes, problems)
-    _check_machines(config, said, problems)
+    _check_machines(config, said, problems, missing_ip="main_process_ip" not in choices.refused)
 
     if not is_zero3(config):
         what = f"{source} is not a DeepSpeed ZeRO-3 config"

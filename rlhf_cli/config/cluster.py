@@ -17,24 +17,35 @@ from dataclasses import dataclass, field
 class ClusterLayout:
     values: dict[str, tuple[str, str]] = field(default_factory=dict)  # recipe key -> (the variable's text, variable)
     notes: tuple[str, ...] = ()
+    # (recipe key it would have set, variable, why its text is not what the scheduler writes there)
+    malformed: tuple[tuple[str, str, str], ...] = ()
 
 
-def first_host(nodelist: str) -> str:
-    """`gpu[03-05,09],cpu1` -> `gpu03`: the first host of a SLURM node list."""
-    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
-    if not match:
-        return nodelist
-    prefix, ranges = match.groups()
-    if not ranges:
-        return prefix
-    return prefix + ranges.split(",")[0].split("-")[0]
+# One entry of a node list: names and bracketed ranges (`rack[1-2]-gpu[01,03-05]`); entries are joined by commas
+# outside the brackets.
+_RANGE = r"\d+(?:-\d+)?"
+_ENTRY = re.compile(rf"(?:[^\[\],\s]+|\[{_RANGE}(?:,{_RANGE})*\])+")
+_BRACKETS = re.compile(r"\[([^\]]*)\]")
+_ENTRIES = re.compile(r"(?:[^,\[]|\[[^\]]*\])+")
 
 
-def _gpus_per_node(environ: Mapping[str, str]) -> tuple[int, str] | None:
+def first_host(nodelist: str) -> str | None:
+    """`gpu[03-05,09],cpu1` -> `gpu03`: the first host of a SLURM node list; None if it is not one (`gpu[01-`)."""
+    text = nodelist.strip()
+    entries = _ENTRIES.findall(text)
+    if not text or ",".join(entries) != text or not all(_ENTRY.fullmatch(entry) for entry in entries):
+        return None
+    for start, _, end in (part.partition("-") for group in _BRACKETS.findall(text) for part in group.split(",")):
+        if end and int(end) < int(start):
+            return None
+    return _BRACKETS.sub(lambda group: group.group(1).split(",")[0].split("-")[0], entries[0])
+
+
+def _gpus_per_node(environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """(count, variable) of the first of SLURM's GPU variables set; the count is checked as a number later."""
     for name in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
-        value = environ.get(name, "").rpartition(":")[2]  # `h100:4` or `4`
-        if value.isdigit():
-            return int(value), name
+        if environ.get(name, "").strip():
+            return environ[name].rpartition(":")[2].strip(), name  # `h100:4` or `4`
     return None
 
 
@@ -45,19 +56,27 @@ def _slurm(environ: Mapping[str, str]) -> ClusterLayout:
     machines = int(environ["SLURM_NNODES"]) if environ["SLURM_NNODES"].isdigit() else 0
     if "SLURM_NODEID" in environ:
         values["machine_rank"] = (environ["SLURM_NODEID"], "SLURM_NODEID")
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
-    if nodelist:
-        values["main_process_ip"] = (first_host(nodelist), "SLURM_JOB_NODELIST")
+    malformed = []
+    variable = next((name for name in ("SLURM_JOB_NODELIST", "SLURM_NODELIST") if environ.get(name)), None)
+    if variable is not None:
+        host = first_host(environ[variable])
+        if host is None:
+            malformed.append(("main_process_ip", variable, "not a SLURM node list (names and bracketed ranges like "
+                                                           "gpu[01-04,07])"))
+        else:
+            values["main_process_ip"] = (host, variable)
     gpus = _gpus_per_node(environ)
-    if gpus and machines:
-        values["num_processes"] = (str(gpus[0] * machines), f"{gpus[1]} x SLURM_NNODES")
+    if gpus and not gpus[0].isdigit():
+        malformed.append(("num_processes", gpus[1], "not a GPU count (4, or h100:4)"))
+    elif gpus and machines:
+        values["num_processes"] = (str(int(gpus[0]) * machines), f"{gpus[1]} x SLURM_NNODES")
     if machines > 1 and "SLURM_STEP_ID" not in environ:
         notes.append(f"warning: this SLURM job has {machines} nodes but rlhf is not running under srun: start it "
                      "with `srun --ntasks-per-node=1 rlhf ...` so that every node starts its share of the ranks")
     elif environ.get("SLURM_NTASKS_PER_NODE", "1") not in ("1", ""):
         notes.append("warning: SLURM_NTASKS_PER_NODE is not 1: rlhf starts every rank of a node itself, so run "
                      "one rlhf per node (srun --ntasks-per-node=1)")
-    return ClusterLayout(values, tuple(notes))
+    return ClusterLayout(values, tuple(notes), tuple(malformed))
 
 
 def _torchrun(environ: Mapping[str, str]) -> ClusterLayout:

@@ -7,6 +7,7 @@ the keys that TRL's recipe format lacks (how to launch, what to offload, ZeRO-3 
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import math
 import re
@@ -185,6 +186,14 @@ def snapshot_list(algorithm: str, name: str) -> tuple[str, ...]:
     return tuple(_snapshot(algorithm)[name])
 
 
+def accelerate_keys() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the keys of an accelerate config file, the options of `accelerate launch`, which its `deepspeed_config`
+    section sets): the same in every algorithm's snapshot."""
+    any_algorithm = next(iter(algorithms.ALGORITHMS))
+    return snapshot_list(any_algorithm, "accelerate_config_keys"), snapshot_list(any_algorithm,
+                                                                                 "accelerate_launch_options")
+
+
 @cache
 def catalogue(algorithm: str) -> dict[str, Field]:
     """All recipe keys for one algorithm, TRL's and ours, each with its range."""
@@ -257,7 +266,25 @@ def _checked_number(field: Field, value: int | float) -> int | float:
 def _checked_choice(field: Field, value: str) -> str:
     if field.choices is not None and value not in field.choices:
         raise FieldTypeError(f"expected {field.describe_type()}, got {value!r}{_closest(value, field.choices)}")
+    if field.name in HOST_FIELDS and not is_host(value):
+        raise FieldTypeError(f"{value!r} is neither an IP address nor a host name; give machine rank 0's address, "
+                             "like 10.0.0.1 or gpu01")
     return value
+
+
+HOST_FIELDS = ("main_process_ip",)  # the ranks' rendezvous resolves it, long after launch: check its form here
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")  # RFC 1123, and `_` as /etc/hosts allows
+
+
+def is_host(text: str) -> bool:
+    """An IPv4 or IPv6 address, or a host name (dot-separated labels of letters, digits and inner hyphens)."""
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        pass
+    name = text[:-1] if text.endswith(".") else text
+    return 0 < len(name) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in name.split("."))
 
 
 def _closest(value: str, choices: tuple[Any, ...]) -> str:

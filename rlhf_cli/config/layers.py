@@ -116,7 +116,15 @@ def apply_recipe(draft: Draft, recipe: Recipe) -> None:
 def apply_environment(draft: Draft, environ: Mapping[str, str]) -> None:
     """A scheduler's layout (SLURM, torchrun-style) beats the recipe's; flags still beat it."""
     layout = detect_layout(environ)
+    given = _keys_on_command_line(draft)
+    for name, variable, why in layout.malformed:
+        if name not in given:
+            draft.problems.append(f"{variable}={environ[variable]!r}: {why}; fix the job's variables or pass "
+                                  f"{_FLAG_NAMES[name]}")
+            draft.refused.add(name)
     for name, (text, variable) in layout.values.items():
+        if name in given:
+            continue  # the flag beats the variable, whatever it holds
         try:
             draft.settings[name] = Setting(coerce(draft.fields[name], text), f"env {variable}")
         except FieldTypeError as error:
@@ -124,6 +132,13 @@ def apply_environment(draft: Draft, environ: Mapping[str, str]) -> None:
                                   f"{_FLAG_NAMES[name]}")
             draft.refused.add(name)
     draft.notes.extend(layout.notes)
+
+
+def _keys_on_command_line(draft: Draft) -> set[str]:
+    """The keys a flag, a TRL-style flag or --set gives (as typed: a renamed key counts as its old name)."""
+    request = draft.request
+    return {*request.flags, *(flag[2:].replace("-", "_") for flag, _ in request.trl_flags),
+            *(pair.partition("=")[0].strip() for pair in request.sets)}
 
 
 def apply_command_line(draft: Draft) -> None:

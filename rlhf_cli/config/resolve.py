@@ -60,6 +60,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     _default_process_count(draft, environ)
     accelerate, accelerate_notes = build_accelerate_config(_accelerate_choices(draft, cpu_only), draft.problems)
     run_checks.check_deepspeed_field(draft, accelerate)
+    run_checks.check_nvme_use(draft, accelerate)
     if not request.planning:  # the plan reads config.json alone: it plans a model before its weights are there
         draft.problems += run_problems(_Given(draft), cuda=not cpu_only, environ=environ)
     run_checks.check_cpu_and_lora(draft, cpu_only)
@@ -127,4 +128,5 @@ def _accelerate_choices(draft: Draft, cpu_only: bool) -> AccelerateChoices:
                if draft.fields[name].group == "zero3" and s.value is not None},
         cpu_only=cpu_only,
         sources={name: said for name in LAYOUT_KEYS if (said := draft.said(name))},
+        refused=frozenset(draft.refused),
     )

@@ -173,6 +173,24 @@ def check_nvme_path(draft: Draft) -> None:
             draft.problems.append(f"{draft.layers['nvme_path'][1]}: `nvme_path`: {problem}")
 
 
+def check_nvme_use(draft: Draft, accelerate: dict[str, Any]) -> None:
+    """An NVMe directory with nothing offloaded to nvme is never used: refused as a flag (it would change nothing),
+    a warning from a recipe (which may keep it for runs that offload)."""
+    setting = draft.settings.get("nvme_path")
+    deepspeed = accelerate.get("deepspeed_config") or {}
+    if setting is None or setting.value is None or "nvme_path" in draft.refused or "deepspeed_config_file" in deepspeed:
+        return
+    if "nvme" in (deepspeed.get("offload_optimizer_device"), deepspeed.get("offload_param_device")):
+        return
+    said = (draft.said("nvme_path") or "`nvme_path: {value}`").format(value=setting.value)
+    why = "nothing is offloaded to nvme, so it would change nothing; add --offload-optimizer nvme or " \
+          "--offload-params nvme"
+    if setting.source.startswith("flag "):
+        draft.problems.append(f"{said}: {why}, or drop it")
+    else:
+        draft.notes.append(f"warning: {said}: {why} to use it")
+
+
 def check_models(draft: Draft) -> None:
     for name in MODEL_FIELDS:
         found = len(draft.problems)
@@ -280,11 +298,19 @@ def check_cpu_and_lora(draft: Draft, cpu_only: bool) -> None:
             said = (draft.said(name) or f"`{name}: {{value}}`").format(value="true")
             draft.problems.append(f"{said}: QLoRA quantizes with bitsandbytes, which needs CUDA, and this machine "
                                   f"has none; set {name}: false (LoRA without quantization runs here)")
+    if draft.value("use_peft") is True:
+        return
     for name, flag in (("lora_r", "--lora-r {value}"), ("merge_adapter", "--merge-adapter")):
         setting = draft.settings.get(name)
-        if setting is not None and setting.source.startswith("flag ") and draft.value("use_peft") is not True:
+        if setting is not None and setting.source.startswith("flag "):
             draft.problems.append(f"{flag.format(value=setting.value)}: LoRA is off (`use_peft` is not true), so "
                                   "it would change nothing; add --lora")
+        # merge_adapter is rlhf's own key, so true anywhere asks for something: TRL's recipes set lora_r and the
+        # rest alongside use_peft: false, so those stay quiet unless a flag gives them.
+        elif name == "merge_adapter" and setting is not None and setting.value is True:
+            said = (draft.said(name) or "`merge_adapter: {value}`").format(value="true")
+            draft.problems.append(f"{said}: LoRA is off (`use_peft` is not true), so there is no adapter to merge; "
+                                  "set use_peft: true (or add --lora), or remove merge_adapter")
 
 
 def check_across_fields(draft: Draft, accelerate: dict[str, Any], cpu_only: bool) -> None:

@@ -23,7 +23,7 @@ from rlhf_cli.launch.versions import installed_versions
 from rlhf_cli.machine.probe import free_space
 from rlhf_cli.output.ownership import record_end, record_start, remove_owned
 from rlhf_cli.output.files import read_json, try_write_json, write_atomic
-from rlhf_cli.output.run_dir import EXIT_PREEMPTED, START_GATE, START_GATE_ENV, RunDir
+from rlhf_cli.output.run_dir import EXIT_PREEMPTED, RECIPE_HEADER, START_GATE, START_GATE_ENV, RunDir
 from rlhf_cli.sizes import readable
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
@@ -51,7 +51,7 @@ def _free_port() -> int:
 def write_run_files(run: ResolvedRun, accelerate: dict[str, Any], verbosity: str = "normal") -> None:
     """The resolved recipe, the accelerate config and launch.sh, in the output dir, before any rank starts."""
     files = run_files_dir(run)
-    header = f"# Resolved by rlhf from {run.recipe or 'flags'}; a valid recipe for `rlhf {run.algorithm}`.\n"
+    header = f"{RECIPE_HEADER}{run.recipe or 'flags'}; a valid recipe for `rlhf {run.algorithm}`.\n"
     shared = {key: value for key, value in accelerate.items() if key != "machine_rank"}
     try:
         if machine_rank(run) == 0:  # before anything else: whatever appears from now on is the run's

@@ -29,6 +29,7 @@ EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the ranks checkpointed and stopped; run agai
 FAILED = "failed"  # a rank raised, or died: stop
 STALLED = "stalled"  # the job stopped moving, or a rank fell silent: write your stack, then stop
 
+RECIPE_HEADER = "# Resolved by rlhf from "  # the first line of the recipe.yaml a launcher writes
 MANIFEST = "rlhf-manifest.json"  # in a checkpoint: its files and sizes, written once every rank has saved
 TRAINER_STATE = "trainer_state.json"  # the trainer's state and every logged metric (run dir and checkpoints)
 POLICY_AND_VALUE = "policy_and_value.pt"  # in a PPO checkpoint without DeepSpeed: the trained policy and value weights

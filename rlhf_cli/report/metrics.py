@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,11 +66,23 @@ def load_metrics(run_dir: Path) -> RunMetrics:
     if not entries:
         raise RlhfError(f"{source}: no training metrics logged ({', '.join(names[:4])}, ...); "
                         "set logging_steps to log them")
+    steps = [_step(source, entry["step"]) for entry in entries]
     series = {name: [_number(entry.get(name)) for entry in entries] for name in names}
     series = {name: values for name, values in series.items() if any(v is not None for v in values)}
     panels = [(panel, [name for name in panel.names if name in series]) for panel in PANELS]
-    return RunMetrics(source, [int(entry["step"]) for entry in entries], series,
-                      [(panel, present) for panel, present in panels if present])
+    return RunMetrics(source, steps, series, [(panel, present) for panel, present in panels if present])
+
+
+STEPS = 2**63  # a trainer counts its steps in 64 bits
+
+
+def _step(source: Path, value: object) -> int:
+    """A logged entry's step: a whole number from 0 up (the trainer writes ints; a hand-edited file may not)."""
+    number = _number(value)
+    if number is None or not math.isfinite(number) or number != int(number) or not 0 <= number < STEPS:
+        raise RlhfError(f"{source}: a logged `step` is {value!r}, not a step number (0, 1, 2, ...); the file was "
+                        "changed after the run wrote it: restore it, or remove that entry of log_history")
+    return int(number)
 
 
 def sample_rows(count: int, most: int) -> list[int]:

@@ -12,6 +12,9 @@ PANEL_INCHES = (4.8, 3.4)
 TITLE_INCHES = 0.6
 DPI = 100
 SMOOTH_FROM = 10  # with this many points or more, a moving average is drawn over the faint raw curve
+# matplotlib's margins and ticks overflow near float's limit (1.8e308): larger values (and inf, nan) are left out of
+# the curves; the table still shows them.
+PLOTTABLE = 1e300
 
 
 def figure_pixels(panels: int) -> tuple[int, int]:
@@ -48,7 +51,7 @@ def draw(metrics: RunMetrics, out: Path, title: str) -> None:
     for axis, (panel, names) in zip(axes, metrics.panels, strict=False):
         for index, name in enumerate(names):
             points = [(step, value) for step, value in zip(metrics.steps, metrics.series[name], strict=False)
-                      if value is not None and math.isfinite(value)]
+                      if value is not None and abs(value) < PLOTTABLE]
             steps, values = [p[0] for p in points], [p[1] for p in points]
             colour = f"C{index}"
             if len(values) >= SMOOTH_FROM:

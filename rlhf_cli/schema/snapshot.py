@@ -164,6 +164,14 @@ def _accelerate_launch_options() -> list[str]:
     return sorted(vars(launch_command_parser().parse_args(["script.py"])))
 
 
+def _accelerate_config_keys() -> list[str]:
+    """The keys of an accelerate config file for local machines (its ClusterConfig dataclass): `accelerate launch`
+    refuses a file with any other key, so rlhf checks them before launch without importing accelerate (torch)."""
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    return sorted(field.name for field in dataclasses.fields(ClusterConfig))
+
+
 def _dataset_entry_keys() -> list[str]:
     """What one entry of a recipe's `datasets:` list (TRL's dataset mixture) may hold."""
     from trl.scripts.utils import DatasetConfig
@@ -176,6 +184,7 @@ def build() -> dict[str, dict[str, Any]]:
 
     shared = {"trl_version": trl.__version__, "reward_functions": _script_reward_registry(),
               "generation_keys": _generation_keys(), "accelerate_launch_options": _accelerate_launch_options(),
+              "accelerate_config_keys": _accelerate_config_keys(),
               "dataset_entry_keys": _dataset_entry_keys()}
     return {algorithm: {**shared, "fields": describe(groups)} for algorithm, groups in _algorithm_dataclasses().items()}
 
