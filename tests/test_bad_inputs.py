@@ -37,7 +37,7 @@ SAFETENSORS = len(_HEADER).to_bytes(8, "little") + _HEADER + b"\0" * 4
 # GPT-2's, Llama 3's and Mistral's way: no pad token, and every embedding row a token (EOS last)
 PADLESS_FULL_VOCAB = {"m/config.json": json.dumps(LLAMA), "m/model.safetensors": SAFETENSORS,
                       "m/tokenizer_config.json": json.dumps({"eos_token": "</s>", "pad_token": None}),
-                      "m/tokenizer.json": json.dumps({"model": {"type": "BPE", "vocab": {f"t{i}": i for i in range(499)}},
+                      "m/tokenizer.json": json.dumps({"model": {"vocab": {f"t{i}": i for i in range(499)}},
                                                       "added_tokens": [{"id": 499, "content": "</s>"}]})}
 SLURM = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "node[1-2]"}
 ABSENT = "absent"

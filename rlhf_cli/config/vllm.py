@@ -54,7 +54,8 @@ def vllm_problems(values: Values, said: Said, processes: int, cuda: bool, planni
     if not engine.vllm:
         return problems
     found = None if planning else installed()
-    where = f"--vllm {engine.mode}" if (said("use_vllm") or "").startswith("--vllm") else _where(said, "use_vllm", "true")
+    flagged = (said("use_vllm") or "").startswith("--vllm")
+    where = f"--vllm {engine.mode}" if flagged else _where(said, "use_vllm", "true")
     if found is None and not planning:
         problems.append(f"{where}: vLLM is not installed; install it with {INSTALL}")
     elif found is not None:

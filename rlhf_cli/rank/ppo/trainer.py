@@ -34,12 +34,13 @@ from rlhf_cli.rank.ppo.modules import (
 from rlhf_cli.output.run_dir import TRAINER_STATE
 
 RANK_SEED_STRIDE = 100003  # rank r samples with seed + r x this prime, as TRL's PPOTrainer did
+GENERATE = Generation()  # `generate` inside the trainer, gathering the whole policy: TRL's default
 
 
 class PPOTrainer(Trainer):
     def __init__(self, args: PPOConfig, processing_class: PreTrainedTokenizerBase, policy: nn.Module,
                  ref_policy: nn.Module | None, value_model: nn.Module, reward_model: nn.Module | None,
-                 reward_funcs: list[Callable], train_dataset: Any, generation: Generation = Generation()) -> None:
+                 reward_funcs: list[Callable], train_dataset: Any, generation: Generation = GENERATE) -> None:
         if args.stop_token is not None and args.stop_token_id is not None:
             raise ValueError(f"`stop_token` ({args.stop_token}) and `stop_token_id` ({args.stop_token_id}) are both "
                              "set; keep one")
