@@ -127,9 +127,14 @@ def build_ppo(inputs: RankInputs) -> Any:
     # With LoRA the reference is the policy with its adapters disabled: no second copy.
     reference = None if inputs.model_value("use_peft") else AutoModelForCausalLM.from_pretrained(policy_path,
                                                                                                **init_kwargs)
+    rows = policy.get_input_embeddings().num_embeddings
     for model in (policy, reference):
         if model is not None:
             fit_embeddings(model, tokenizer, config.seed)
+    if inputs.generation().engine.vllm and policy.get_input_embeddings().num_embeddings != rows:
+        # a hub policy the pre-launch check could not read (rlhf_cli/algorithms/ppo.py resized_for_pad)
+        raise ValueError(f"use_vllm: {policy_path} was resized from {rows} rows for the pad token PPO added, and vLLM "
+                         "holds the checkpoint's: save the policy with a pad token of its own first, or drop --vllm")
     if pad_added:
         say(f"the tokenizer of {policy_path} has no pad token of its own: added {tokenizer.pad_token!r} "
             f"(id {tokenizer.pad_token_id})")
