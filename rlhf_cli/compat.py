@@ -34,7 +34,8 @@ INTERNALS = (
     Internal("trl.models.utils:_unwrap_model_for_generation",
              "the one generation context every TRL trainer (and our PPO) enters; wrapped to invalidate ZeRO-3's "
              "stale fetch trace after no-gather generation, and to measure generation",
-             "TRL invalidates the trace on its no-gather path (the canary test in tests/launch/test_end_to_end.py passes)",
+             "TRL invalidates the trace on its no-gather path (the canary test in tests/launch/test_end_to_end.py "
+             "passes)",
              ("model", "accelerator", "gather_deepspeed3_params")),
     Internal("deepspeed.runtime.zero.parameter_offload:DeepSpeedZeRoOffload.get_param_coordinator",
              "reaches the ZeRO-3 parameter coordinator of an engine", "as above"),
@@ -88,6 +89,10 @@ INTERNALS = (
                "wrapped to count the collectives each rank enters: in a stall, the ranks that entered fewer are the "
                "ones the others wait for; the module's own globals too, as torch's collectives call one another",
                "torch reports collectives entered per rank to Python") for name in COLLECTIVES),
+    Internal("trl.import_utils:is_vllm_available",
+             "a run without vLLM tells TRL that vLLM is absent before TRL's modules import it: TRL imports vLLM "
+             "whenever it is installed (seconds of CPU in every rank and in the pre-launch check)",
+             "TRL imports vLLM only when a trainer uses it"),
     Internal("transformers:TrainingArguments._setup_devices",
              "the launcher's pre-launch check builds the trainer config outside any rank: without a process "
              "group, on no device, with the run's number of processes as its world size",
@@ -148,6 +153,16 @@ def replace_trl_generation_context(wrapper: Any) -> None:
     import trl.models.utils
 
     trl.models.utils._unwrap_model_for_generation = wrapper
+
+
+def keep_trl_from_importing_vllm() -> None:
+    """Make TRL's modules imported from now on see no vLLM (each reads `is_vllm_available` when it is imported);
+    for a run that does not generate with vLLM. A module TRL imported already keeps what it saw."""
+    importlib.import_module("trl.import_utils").is_vllm_available = _vllm_absent
+
+
+def _vllm_absent(min_version: str | None = None) -> bool:
+    return False
 
 
 # -- DeepSpeed ZeRO-3 --------------------------------------------------------------------------------------------
@@ -374,7 +389,7 @@ def replace_trl_vllm_engine(factory: Callable[..., Any]) -> None:
     import trl.generation.vllm_generation as generation
 
     for module in (generation, online_dpo):
-        original = getattr(module, "LLM")
+        original = module.LLM
         factory.__wrapped__ = getattr(original, "__wrapped__", original)  # type: ignore[attr-defined]
         module.LLM = factory
 

@@ -14,6 +14,11 @@ FIXTURES = REPO / "tests" / "fixtures"
 # release parameters module by module (the defaults would hold a whole tiny model at once).
 SMALL_BUCKETS = ("stage3_prefetch_bucket_size=2000", "stage3_param_persistence_threshold=0",
                  "stage3_max_live_parameters=20000")
+# What rlhf's PPO logs at every update: TRL 1.12's PPOTrainer's metrics.
+PPO_METRICS = ("objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
+               "objective/scores", "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg",
+               "val/clipfrac_avg", "policy/entropy_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens", "lr",
+               "episode")
 
 
 def write(path: Path, text: str) -> Path:

@@ -92,3 +92,19 @@ def test_the_no_gather_fix_wraps_trls_generation_context() -> None:
         assert compat.trl_generation_context().__wrapped__ is original
     finally:
         compat.replace_trl_generation_context(original)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+def test_a_run_without_vllm_never_imports_it() -> None:
+    """TRL imports vLLM wherever it is installed (about 9 s of CPU per rank); a rank or pre-launch check of a run
+    that does not use it imports every trainer, ours included, without it."""
+    import subprocess
+    import sys
+
+    script = ("import sys; from rlhf_cli.rank.inputs import RankInputs; RankInputs.from_values('grpo', {})"
+              ".skip_vllm_import(); from trl import GRPOTrainer, RLOOTrainer, GRPOConfig; "
+              "from trl.experimental.online_dpo import OnlineDPOTrainer; import rlhf_cli.rank.ppo.trainer; "
+              "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm'))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]"

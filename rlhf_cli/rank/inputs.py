@@ -45,6 +45,13 @@ class RankInputs:
         """How the policy generates, from the resolved recipe's keys (resolution checked them)."""
         return Generation.from_values(lambda name: {**self.trainer, **self.launch}.get(name))
 
+    def skip_vllm_import(self) -> None:
+        """A run that does not generate with vLLM never imports it (TRL would, wherever it is installed)."""
+        if not self.trainer.get("use_vllm"):
+            from rlhf_cli import compat
+
+            compat.keep_trl_from_importing_vllm()
+
     def script_value(self, name: str) -> Any:
         return self.script.get(name, catalogue(self.algorithm)[name].default)
 

@@ -3,10 +3,16 @@
 The stand-ins (tests/families/build.py) carry what real checkpoints of each family expose: no pad token,
 pad == EOS risks, several EOS ids, a sampling generation config, BOS added, dropout, tied embeddings,
 sliding windows. Each family is also its own reward model, a causal LM given a new score head, as the seed's
-pythia-70m is. Every run checks: the run finishes, every logged number is finite, the saved model and
-tokenizer load with `from_pretrained` and produce finite logits; for PPO, the ranks sampled differently. PPO
-trains with LoRA in its no-gather runs: the adapter loads on the base resized to the saved tokenizer (GPT-2,
-Llama 3 and Mistral get a pad row) and the merged model loads by itself and computes the same.
+pythia-70m is. Every run checks: the run finishes, every logged number is finite, the terminal holds rlhf's own
+lines only (what the libraries print is in the ranks' logs) with a line per phase before the first step, every
+rank generated as the gather mode asked (the probe's share of the policy gathered), and the saved model and
+tokenizer load with `from_pretrained`, have been trained and produce finite logits; for PPO, the ranks sampled
+differently.
+
+LoRA (`--lora --merge-adapter`) in PPO's no-gather runs and in the pythia and Qwen2.5 runs of the other algorithms
+(one gathering, one not, for each): the reference is the policy with its adapters off, so the KL of the first step
+is exactly 0 and not of the last; the adapter loads on the base resized to the saved tokenizer (GPT-2, Llama 3 and
+Mistral get a pad row) and the merged model loads by itself and computes the same.
 
 The default run trains every family x algorithm once, gathering or not in turn, so that every algorithm and
 every family runs in both modes (24 runs); `pytest -m conformance` runs the whole matrix, each pair in both
@@ -28,10 +34,17 @@ from families.build import FAMILIES
 from helpers import FIXTURES, RECIPES, SMALL_BUCKETS, launch_rlhf, sets
 from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.algorithms.spec import Algorithm
+from rlhf_cli.output.run_dir import PROBE_CUDA_MEMORY_ENV, PROBE_GENERATION_ENV
 
 pytestmark = pytest.mark.conformance
 
 UNTRAINED_HEAD = "loaded as a sequence classifier whose score head starts untrained"
+# What libraries print on a run; it goes to each rank's log (ranks/rank-N.log), on the terminal only with -v.
+THIRD_PARTY = ("No CUDA runtime is found", "cpp_extension", "deepspeed_shm_comm_op", "built successfully",
+               "Generating train split", "Writing model shards", "Map:", "[INFO]", "[WARNING]", "UserWarning")
+PHASES = ["importing torch, transformers, TRL and DeepSpeed", "loading the models", "building the DeepSpeed engine",
+          "generating the first completions"]
+KL = {"ppo": "objective/kl", "rloo": "kl", "grpo": "kl", "online_dpo": "objective/kl"}
 
 
 # 2 updates of 2 x 2 rollouts per process, in 2 generation chunks and 2 mini-batches (one optimizer step each)
@@ -67,8 +80,20 @@ def prompt_kind(family_index: int, algorithm_index: int, mode: str) -> str:
     return "chat" if (algorithm_index + family_index // 2 + flip) % 2 == 0 else "plain"
 
 
-CASES = [pytest.param(entry, family, mode, prompt_kind(f, a, mode),
-                      id=f"{entry.command}-{family}-{mode}-{prompt_kind(f, a, mode)}",
+# The other algorithms' LoRA families: in the default run one gathers, the other not. Neither has dropout: TRL's
+# trainers keep it on (`disable_dropout` false), and with it the reference pass (adapters off, the same module)
+# draws other masks, so GPT-2's first KL is not 0 (PPO turns dropout off, as TRL 1.12's PPO did).
+TRL_LORA_FAMILIES = ("pythia", "qwen2.5")
+
+
+def with_lora(entry: Algorithm, family_index: int, mode: str) -> bool:
+    """PPO's no-gather runs; the other algorithms' runs on TRL_LORA_FAMILIES."""
+    return mode == "no-gather" if entry.name == "ppo" else list(FAMILIES)[family_index] in TRL_LORA_FAMILIES
+
+
+CASES = [pytest.param(entry, family, mode, prompt_kind(f, a, mode), with_lora(entry, f, mode),
+                      id=f"{entry.command}-{family}-{mode}-{prompt_kind(f, a, mode)}"
+                         f"{'-lora' if with_lora(entry, f, mode) else ''}",
                       marks=() if in_default_run(f, a, mode) else pytest.mark.full_matrix)
          for a, entry in enumerate(ALGORITHMS.values()) for f, family in enumerate(FAMILIES) for mode in MODES]
 
@@ -94,34 +119,41 @@ def agreement(samples: list[list[int]], others: list[list[int]]) -> float:
     return sum(a == b for a, b in pairs) / len(pairs)
 
 
-@pytest.mark.parametrize(("entry", "family", "mode", "kind"), CASES)
-def test_family_trains(entry: Algorithm, family: str, mode: str, kind: str, family_models: dict[str, Path],
-                       prompts: dict[str, Path], tmp_path: Path) -> None:
+def assert_terminal_holds_rlhfs_lines_and_phases(done, out: Path) -> None:
+    """What the libraries printed is in the ranks' logs; before the first step, a line per phase."""
+    shown = (done.stdout + done.stderr).splitlines()
+    assert [line for line in shown if any(mark in line for mark in THIRD_PARTY)] == []
+    assert any(mark in (out / "ranks" / "rank-1.log").read_text() for mark in THIRD_PARTY)
+    lines = done.stdout.splitlines()
+    before_first_step = lines[:next(index for index, line in enumerate(lines) if line.startswith("step 1/2"))]
+    assert [line.split("  elapsed ")[0] for line in before_first_step if "  elapsed " in line] == PHASES
+
+
+def assert_generated_as_asked(record: dict, mode: str) -> None:
+    """The trainer got the gather mode asked for and generated accordingly (the probe counts what was gathered);
+    the phase probe saw the same calls (no CUDA here: their times only), one after the other."""
+    assert record["world_size"] == 2 and record["ds3_gather_for_generation"] is (mode == "gather")
+    probe = record["generation_probe"]
+    assert probe["calls"] >= 2
+    if mode == "gather":
+        assert probe["peak_fraction"] == 1.0  # the whole policy was gathered to generate
+    else:
+        assert probe["peak_fraction"] < 0.6  # generation only ever held a part of it
+    phases = record["phase_memory"]
+    assert phases["cuda"] is False and phases["phases"] == {}
+    starts = [call["started_s"] for call in phases["generation_calls"]]
+    assert len(starts) == probe["calls"] and starts == sorted(starts)
+
+
+def assert_saved_model_loads_and_was_trained(out: Path, model: Path, lora: bool) -> None:
+    """A LoRA run saved an adapter that loads on the base resized to the saved tokenizer, and a merged model that
+    loads by itself and computes the same; the model (merged or whole) differs from the start and is finite."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model, out, samples = family_models[family], tmp_path / "run", tmp_path / "samples"
-    samples.mkdir()
-    recipe = RECIPES / entry.name / "smoke.yaml"
-    lora = entry.name == "ppo" and mode == "no-gather"  # PPO with LoRA in one mode of each family
-    done = launch_rlhf(entry.command, out, f"--{mode}", "--model", str(model), "--reward-model", str(model),
-                       "--dataset", str(prompts[kind]), *short_run(entry),
-                       *sets(f"reward_funcs=[{FIXTURES}/rewards.py:record_samples]", *SMALL_BUCKETS),
-                       *(["--lora", "--merge-adapter"] if lora else []),
-                       recipe=recipe, env={"RLHF_TEST_SAMPLES": str(samples)})
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    assert "Traceback" not in done.stderr and UNTRAINED_HEAD in done.stderr
-
-    state = json.loads((out / "trainer_state.json").read_text())
-    steps = [log for log in state["log_history"] if all(loss in log for loss in losses(entry))]
-    assert state["global_step"] == 2 and len(steps) == 2
-    assert all(finite_numbers(log) for log in steps), steps
-    for rank in (0, 1):
-        record = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())
-        assert record["ds3_gather_for_generation"] is (mode == "gather")
-
     tokenizer = AutoTokenizer.from_pretrained(out)
-    if lora:  # the adapter loads on the base resized to the saved tokenizer, the merged model by itself
+    ids = tokenizer("Describe the big tree.", return_tensors="pt")
+    if lora:
         from peft import PeftModel
 
         from rlhf_cli.rank.lora import load_base
@@ -129,13 +161,41 @@ def test_family_trains(entry: Algorithm, family: str, mode: str, kind: str, fami
         assert (out / "adapter_config.json").is_file() and not (out / "model.safetensors").exists()
         adapted = PeftModel.from_pretrained(load_base(str(model), tokenizer), out)
         merged = AutoModelForCausalLM.from_pretrained(out / "merged")
-        ids = tokenizer("Describe the big tree.", return_tensors="pt")
         assert torch.allclose(adapted(**ids).logits, merged(**ids).logits, atol=1e-4)
         out = out / "merged"
     trained = AutoModelForCausalLM.from_pretrained(out)
     assert len(tokenizer) <= trained.config.vocab_size
-    logits = trained(**tokenizer("Describe the big tree.", return_tensors="pt")).logits
-    assert torch.isfinite(logits).all()
+    assert torch.isfinite(trained(**ids).logits).all()
+    initial = AutoModelForCausalLM.from_pretrained(model).state_dict()
+    assert any(not weight.equal(initial[name]) for name, weight in trained.state_dict().items()
+               if name in initial and weight.shape == initial[name].shape)
+
+
+@pytest.mark.parametrize(("entry", "family", "mode", "kind", "lora"), CASES)
+def test_family_trains(entry: Algorithm, family: str, mode: str, kind: str, lora: bool,
+                       family_models: dict[str, Path], prompts: dict[str, Path], tmp_path: Path) -> None:
+    model, out, samples = family_models[family], tmp_path / "run", tmp_path / "samples"
+    samples.mkdir()
+    recipe = RECIPES / entry.name / "smoke.yaml"
+    kl = ["beta=0.05"] if entry.name == "grpo" and lora else []  # GRPO computes no KL at its default beta 0
+    done = launch_rlhf(entry.command, out, f"--{mode}", "--model", str(model), "--reward-model", str(model),
+                       "--dataset", str(prompts[kind]), *short_run(entry),
+                       *sets(f"reward_funcs=[{FIXTURES}/rewards.py:record_samples]", *SMALL_BUCKETS, *kl),
+                       *(["--lora", "--merge-adapter"] if lora else []), recipe=recipe,
+                       env={"RLHF_TEST_SAMPLES": str(samples), PROBE_GENERATION_ENV: "1", PROBE_CUDA_MEMORY_ENV: "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert "Traceback" not in done.stderr and UNTRAINED_HEAD in done.stderr
+    assert_terminal_holds_rlhfs_lines_and_phases(done, out)
+
+    state = json.loads((out / "trainer_state.json").read_text())
+    steps = [log for log in state["log_history"] if all(loss in log for loss in losses(entry))]
+    assert state["global_step"] == 2 and len(steps) == 2
+    assert all(finite_numbers(log) for log in steps), steps
+    if lora:  # the reference is the policy with its adapters off
+        assert steps[0][KL[entry.name]] == 0.0 and steps[-1][KL[entry.name]] != 0.0, steps
+    for rank in (0, 1):
+        assert_generated_as_asked(json.loads((out / "ranks" / f"rank-{rank}.json").read_text()), mode)
+    assert_saved_model_loads_and_was_trained(out, model, lora)
 
     per_rank = [[ids for line in (samples / f"rank-{rank}.jsonl").read_text().splitlines()
                  for ids in json.loads(line)] for rank in (0, 1)]

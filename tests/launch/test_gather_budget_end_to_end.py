@@ -1,10 +1,13 @@
 """A gather budget really launched: 2 ranks under DeepSpeed ZeRO-3 on the CPU, small ZeRO-3 buckets (as
-tests/launch/test_end_to_end.py), the same seed at budgets 0, 0.5 and 1.
+tests/helpers.py's SMALL_BUCKETS), the same seed at budgets 0, 0.5 and 1 (PPO: --no-gather, a budget of 0.5 and
+--gather, the three ways it generates).
 
 What it shows: the generated tokens are the same at every budget (the probe's digest of every generated batch,
 on every rank), and so is everything trained after them (the logged metrics of every step and the saved weights,
 exactly): a training step after a partial gather runs on the ZeRO-3 state a full gather leaves. And the probe's
-gathered share follows the budget.
+gathered share follows the budget. PPO's runs score with a reward function and no reward model, so that its value
+model is the policy with a fresh score head: its random start must be seeded too, or the runs part at the first
+update.
 """
 
 from __future__ import annotations
@@ -14,18 +17,24 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RECIPES, SMALL_BUCKETS, launch_rlhf, sets
+from helpers import FIXTURES, PPO_METRICS, RECIPES, SMALL_BUCKETS, launch_rlhf, sets
 
 BUDGETS = ("0", "0.5", "1")
-TWO_STEPS = {"rloo": "max_steps=2", "ppo": "total_episodes=16"}  # PPO: 8 rollouts an update
+FLAGS = {"rloo": {budget: ("--gather-budget", budget) for budget in BUDGETS},
+         "ppo": {"0": ("--no-gather",), "0.5": ("--gather-budget", "0.5"), "1": ("--gather",)}}
+PAIRS = {"rloo": ("max_steps=2",),  # PPO: 8 rollouts an update; a reward function, no reward model
+         "ppo": ("total_episodes=16", "reward_model_name_or_path=null",
+                 f"reward_funcs=[{FIXTURES}/rewards.py:letter_e]")}
 
 
 def launch(command: str, out: Path, budget: str) -> list[dict]:
     """Run the smoke recipe for 2 steps at `budget`; return each rank's probe records."""
-    done = launch_rlhf(command, out, "--gather-budget", budget, *sets(TWO_STEPS[command], *SMALL_BUCKETS),
+    done = launch_rlhf(command, out, *FLAGS[command][budget], *sets(*PAIRS[command], *SMALL_BUCKETS),
                        env={"RLHF_PROBE_GENERATION": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    return [json.loads((out / "ranks" / f"rank-{rank}.json").read_text())["generation_probe"] for rank in (0, 1)]
+    records = [json.loads((out / "ranks" / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    assert all(record["ds3_gather_for_generation"] is (budget == "1") for record in records)
+    return [record["generation_probe"] for record in records]
 
 
 def weights(out: Path) -> dict:
@@ -62,6 +71,12 @@ def test_every_budget_generates_and_trains_the_same(command: str, tmp_path: Path
         assert differences(metrics(tmp_path / budget), metrics(tmp_path / "1")) == [], budget
         trained, gathered = weights(tmp_path / budget), weights(tmp_path / "1")
         assert trained.keys() == gathered.keys() and all(trained[k].equal(gathered[k]) for k in trained), budget
+    if command == "ppo":  # every metric of TRL 1.12's PPO at each update; the policy saved alone, whole, trained
+        steps = [entry for entry in metrics(tmp_path / "0") if "objective/scores" in entry]
+        assert [entry["episode"] for entry in steps] == [8, 16] and all(set(PPO_METRICS) <= s.keys() for s in steps)
+        initial = weights(RECIPES / "smoke" / "policy")
+        assert weights(tmp_path / "0").keys() == initial.keys()
+        assert any(not weight.equal(initial[name]) for name, weight in weights(tmp_path / "0").items())
 
     # The gathered share follows the budget: 1 gathers everything (PPO: the value model too, one engine); 0.5
     # gathers whole units once, at most half the policy, and at its peak holds more than 0 and less than 1.
