@@ -1,8 +1,9 @@
-"""Helpers shared by the benchmark scripts: run a command with timing, read the ranks' probe records,
-print tables, draw bar charts."""
+"""Helpers shared by the benchmark scripts: their common options and model, run a command with timing, read the
+ranks' probe records, print tables, draw bar charts."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -21,6 +22,47 @@ RECIPES = REPO / "recipes"
 RESULTS = Path(__file__).resolve().parent / "results"
 WORK = Path(__file__).resolve().parent / ".work"
 MIB = 2**20
+SMOKE_POLICY = RECIPES / "smoke" / "policy"
+# Scaled-up smoke policy: 14 layers of 7.1M parameters, about 100M in all (the 500-token vocabulary keeps the
+# embeddings small).
+MODEL_SHAPE = {"hidden_size": 768, "num_hidden_layers": 14, "intermediate_size": 2048,
+               "num_attention_heads": 12, "num_key_value_heads": 12, "head_dim": 64}
+
+
+def benchmark_parser(doc: str | None, steps_help: str) -> argparse.ArgumentParser:
+    """The options of the benchmarks that run the 100M model: steps, completion length, where results and runs go."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=3, help=steps_help)
+    parser.add_argument("--completion-length", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--work-dir", type=Path, default=WORK, help="where the model and the runs go (not in git)")
+    return parser
+
+
+def build_model(directory: Path) -> int:
+    """Save the scaled-up random Llama (once; reused while its config matches) and return its parameter count."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
+
+    config = AutoConfig.from_pretrained(SMOKE_POLICY)
+    config.update(MODEL_SHAPE)
+    saved = directory / "config.json"
+    complete = saved.exists() and (directory / "model.safetensors").exists()
+    if not (complete and all(json.loads(saved.read_text()).get(k) == v for k, v in MODEL_SHAPE.items())):
+        torch.manual_seed(0)
+        LlamaForCausalLM(config).save_pretrained(directory)
+        AutoTokenizer.from_pretrained(SMOKE_POLICY).save_pretrained(directory)
+        shutil.copy(SMOKE_POLICY / "generation_config.json", directory)
+    with torch.device("meta"):
+        return LlamaForCausalLM(config).num_parameters()
+
+
+def benchmark_model(work_dir: Path) -> tuple[Path, int]:
+    """The 100M model under `work_dir` (built once) and its parameter count, said on stdout."""
+    model = work_dir / "llama-100m"
+    parameters = build_model(model)
+    print(f"model: {parameters / 1e6:.1f}M parameters, {model}")
+    return model, parameters
 
 
 class CommandFailed(RuntimeError):

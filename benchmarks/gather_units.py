@@ -194,7 +194,7 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    from generation import build_model
+    from _common import build_model
 
     model = args.work_dir / "llama-100m"
     build_model(model)

@@ -23,21 +23,15 @@ gathered peak, with the error in percent; and, loosely, `gen weights` + `gen KV 
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import (MIB, RECIPES, RESULTS, WORK, CommandFailed, RankGeneration, bar_charts, json_output,
-                     markdown_table, print_table, python_module, rank_generations, run_timed, write_markdown)
+from _common import (MIB, RECIPES, CommandFailed, RankGeneration, bar_charts, benchmark_model, benchmark_parser,
+                     json_output, markdown_table, print_table, python_module, rank_generations, run_timed,
+                     write_markdown)
 
-SMOKE_POLICY = RECIPES / "smoke" / "policy"
 RECIPE = RECIPES / "rloo" / "smoke.yaml"
-# Scaled-up smoke policy: 14 layers of 7.1M parameters, about 100M in all.
-MODEL_SHAPE = {"hidden_size": 768, "num_hidden_layers": 14, "intermediate_size": 2048,
-               "num_attention_heads": 12, "num_key_value_heads": 12, "head_dim": 64}
 
 
 @dataclass(frozen=True)
@@ -56,24 +50,6 @@ def modes(max_live: int, prefetch_bucket: int) -> list[Mode]:
     return [Mode("gather", ("--gather",)),
             Mode("no-gather (DeepSpeed defaults)", ("--no-gather",)),
             Mode("no-gather (bounded)", ("--no-gather", *bounded))]
-
-
-def build_model(directory: Path) -> int:
-    """Save the scaled-up random Llama (once; reused while its config matches) and return its parameter count."""
-    import torch
-    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
-
-    config = AutoConfig.from_pretrained(SMOKE_POLICY)
-    config.update(MODEL_SHAPE)
-    saved = directory / "config.json"
-    complete = saved.exists() and (directory / "model.safetensors").exists()
-    if not (complete and all(json.loads(saved.read_text()).get(k) == v for k, v in MODEL_SHAPE.items())):
-        torch.manual_seed(0)
-        LlamaForCausalLM(config).save_pretrained(directory)
-        AutoTokenizer.from_pretrained(SMOKE_POLICY).save_pretrained(directory)
-        shutil.copy(SMOKE_POLICY / "generation_config.json", directory)
-    with torch.device("meta"):
-        return LlamaForCausalLM(config).num_parameters()
 
 
 @dataclass(frozen=True)
@@ -129,21 +105,14 @@ def checked_dtype(planned: Planned, ranks: list[RankGeneration], mode: Mode) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=3, help="training steps per run (one generation call each)")
+    parser = benchmark_parser(__doc__, "training steps per run (one generation call each)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per mode; their calls are pooled")
-    parser.add_argument("--completion-length", type=int, default=16)
     parser.add_argument("--max-live", type=int, default=20_000_000,
                         help="stage3_max_live_parameters of the bounded no-gather run (about 3 layers)")
     parser.add_argument("--prefetch-bucket", type=int, default=7_000_000,
                         help="stage3_prefetch_bucket_size of the bounded no-gather run (about 1 layer)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--work-dir", type=Path, default=WORK, help="where the model and the runs go (not in git)")
     args = parser.parse_args()
-
-    model = args.work_dir / "llama-100m"
-    parameters = build_model(model)
-    print(f"model: {parameters / 1e6:.1f}M parameters, {model}")
+    model, parameters = benchmark_model(args.work_dir)
 
     all_modes = modes(args.max_live, args.prefetch_bucket)
     plans = {mode: plan_prediction(run_flags(mode, model, args.steps, args.completion_length)) for mode in all_modes}

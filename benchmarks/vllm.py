@@ -17,16 +17,14 @@ Medians over the calls after the first (which builds caches). Needs vLLM: run it
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import (MIB, RECIPES, RESULTS, WORK, bar_charts, markdown_table, print_table, python_module, run_timed,
-                     write_markdown)
-from generation import build_model
+from _common import (MIB, RECIPES, bar_charts, benchmark_model, benchmark_parser, markdown_table, print_table,
+                     python_module, run_timed, write_markdown)
 
 RECIPE = RECIPES / "ppo" / "smoke.yaml"
 
@@ -91,21 +89,14 @@ COLUMNS = ["mode", "gen s/step", "speed vs HF gather", "sync s", "sync peak MiB 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=3, help="PPO updates per run (one generation call each)")
-    parser.add_argument("--completion-length", type=int, default=16)
+    parser = benchmark_parser(__doc__, "PPO updates per run (one generation call each)")
     parser.add_argument("--rollouts", type=int, default=8, help="responses per rank per step (even)")
     parser.add_argument("--budget", default="0.5", help="the HF run's gather budget")
     parser.add_argument("--sync-budgets", nargs="*", default=["0.5", "0.25"], help="the vLLM runs' sync budgets")
     parser.add_argument("--only", nargs="*", help="run only the modes of these names (the table: all run so far)")
     parser.add_argument("--reuse-runs", action="store_true", help="read a mode's finished run instead of running it")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--work-dir", type=Path, default=WORK, help="where the model and the runs go (not in git)")
     args = parser.parse_args()
-
-    model = args.work_dir / "llama-100m"
-    parameters = build_model(model)
-    print(f"model: {parameters / 1e6:.1f}M parameters, {model}")
+    model, parameters = benchmark_model(args.work_dir)
     results: dict[Mode, Measured] = {}
     for mode in modes(args.budget, args.sync_budgets):
         out = args.work_dir / "runs" / f"vllm-{re.sub('[^a-z0-9]+', '-', mode.name.lower()).strip('-')}"

@@ -34,6 +34,11 @@ LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_s
 # A whole safetensors file of one float: 8 bytes of header length, the header, 4 bytes of data (73 bytes).
 _HEADER = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
 SAFETENSORS = len(_HEADER).to_bytes(8, "little") + _HEADER + b"\0" * 4
+# GPT-2's, Llama 3's and Mistral's way: no pad token, and every embedding row a token (EOS last)
+PADLESS_FULL_VOCAB = {"m/config.json": json.dumps(LLAMA), "m/model.safetensors": SAFETENSORS,
+                      "m/tokenizer_config.json": json.dumps({"eos_token": "</s>", "pad_token": None}),
+                      "m/tokenizer.json": json.dumps({"model": {"vocab": {f"t{i}": i for i in range(499)}},
+                                                      "added_tokens": [{"id": 499, "content": "</s>"}]})}
 SLURM = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "node[1-2]"}
 ABSENT = "absent"
 # What an rlhf from before rlhf-files.json left in an output dir.
@@ -481,6 +486,9 @@ CASES = [
          "12, no longer than max_completion_length (12): nothing is left for the prompt"),
     vllm("cross-field", ("--vllm", "colocate", "--set", "vllm_max_model_length=20"), "prompts.jsonl:9: a prompt of "
          "20 tokens + max_completion_length 12 is longer than `vllm_max_model_length` 20; vLLM refuses it mid-run", command="rloo"),
+    vllm("cross-field", ("--vllm", "colocate", "--model", "{tmp}/m"), "`use_vllm`: {tmp}/m has no pad token of its "
+         "own and no spare embedding row, so PPO adds one and resizes the embedding from 500 to 501 rows, while vLLM "
+         "loads the checkpoint's rows", command="ppo", files=PADLESS_FULL_VOCAB),
 
     # -- the environment -----------------------------------------------------------------------------------------
     env({**SLURM, "SLURM_NNODES": "0"}, "SLURM_NNODES=0: `num_machines`: must be at least 1 and at most 65536, got 0; "

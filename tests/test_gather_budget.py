@@ -282,3 +282,21 @@ def test_the_generation_value_reads_and_writes_the_recipe_keys() -> None:
     assert read(**size.trl_settings()) == size  # a size written as bytes reads back the same
     assert not Gather.whole.through_shards and not Gather.auto.through_shards
     assert Generation(Gather.auto).trl_settings() == {"ds3_gather_for_generation": "auto"}
+
+
+def test_the_generation_value_holds_the_engine_and_writes_trls_vllm_keys() -> None:
+    from rlhf_cli.config.generation import Engine, Gather, Generation
+
+    def read(**values: object) -> Generation:
+        return Generation.from_values(lambda name: values.get(name))
+
+    assert read().engine == Engine.hf and read(use_vllm=False, vllm_mode="server").engine == Engine.hf
+    assert read(use_vllm=True).engine == Engine.colocate  # TRL's default mode
+    server = read(use_vllm=True, vllm_mode="server", ds3_gather_for_generation=False, gather_budget=0.25)
+    assert server.engine == Engine.server and server.gather == Gather.of(Budget(fraction=0.25))
+    assert server.trl_settings() == {"ds3_gather_for_generation": False, "gather_budget": 0.25, "use_vllm": True,
+                                     "vllm_mode": "server"}
+    assert read(**server.trl_settings()) == server
+    assert "use_vllm" not in read().trl_settings()  # generate: TRL's default, no key written
+    assert server.describe() == "generate with vLLM server, its weights synced 0.25 of the policy at once"
+    assert Generation(Gather.shards, Engine.colocate).describe().endswith("synced one unit at a time")

@@ -14,6 +14,7 @@ import pytest
 from helpers import RECIPES, REPO, write
 from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.config.resolve import RunRequest, resolve
+from rlhf_cli.config.generation import Engine
 from rlhf_cli.errors import ConfigError, PlanError
 from rlhf_cli.plan import memory, vllm
 from rlhf_cli.plan.estimate import plan_run, planned
@@ -645,8 +646,10 @@ def test_gather_auto_takes_vllm_where_left_open_and_installed(installed: bool, m
     if installed:
         assert run.value("use_vllm") is True and plan.chosen.candidate.vllm is not None and plan.chosen.fits
         assert "use_vllm left open" in run.settings["use_vllm"].source
+        assert run.generation.engine == Engine.colocate and run.value("vllm_mode") == "colocate"
     else:
         assert run.value("use_vllm") is False and plan.chosen.candidate.vllm is None
+        assert run.generation.engine == Engine.hf
     asked = planned(qwen_plan(*sets, "use_vllm=false", hardware=small, gather="auto"))[1]
     assert asked.chosen.candidate.vllm is None  # a run that says no to vLLM never gets it
 

@@ -363,3 +363,16 @@ def test_max_steps_counts_updates_as_for_every_algorithm(family_models: dict[str
     trainer = build(family_models["pythia"], tmp_path / "run", total_episodes=None, max_steps=3)
     assert trainer.num_updates == 3
     assert build(family_models["pythia"], tmp_path / "episodes").num_updates == 2  # total_episodes 8, 4 an update
+
+
+def test_vllm_refuses_a_policy_resized_for_its_pad_token(family_models: dict[str, Path], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks' own check, for a hub policy the pre-launch one could not read: GPT-2 gets a pad token and a row
+    for it, and vLLM would hold the checkpoint's rows; pythia's spare rows take the pad token without resizing."""
+    from rlhf_cli.rank import builders
+
+    monkeypatch.setattr(builders, "_install_vllm", lambda config, inputs: None)  # no engine is built before it
+    with pytest.raises(ValueError, match="resized from 481 rows for the pad token PPO added"):
+        build(family_models["gpt2"], tmp_path / "gpt2", use_vllm=True)
+    monkeypatch.setattr("rlhf_cli.rank.ppo.trainer.PPOTrainer.__init__", lambda self, **kwargs: None)
+    build(family_models["pythia"], tmp_path / "pythia", use_vllm=True)  # built (its vLLM rollouts stubbed out)

@@ -25,9 +25,31 @@ def _json(path: Path) -> dict[str, Any]:
     return loaded if isinstance(loaded, dict) else {}
 
 
+def _token_name(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string, or an AddedToken's {"content": ...}."""
+    return value.get("content") if isinstance(value, dict) else value if isinstance(value, str) else None
+
+
+def resized_for_pad(policy: Path) -> tuple[int, int] | None:
+    """(embedding rows, rows after resizing) when the ranks will add a pad token to the local `policy` and resize
+    its embedding for it (rlhf_cli/rank/loading.py: no pad token, or pad = EOS, and no spare row); None when not,
+    or when its tokenizer files cannot be read."""
+    tokenizer = {**_json(policy / "special_tokens_map.json"), **_json(policy / "tokenizer_config.json")}
+    pad, eos = _token_name(tokenizer.get("pad_token")), _token_name(tokenizer.get("eos_token"))
+    if pad is not None and pad != eos:
+        return None
+    vocab = _json(policy / "tokenizer.json").get("model", {}).get("vocab")
+    rows = _json(policy / "config.json").get("vocab_size")
+    if not vocab or not isinstance(rows, int):
+        return None
+    ids = set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab)))
+    ids |= {token.get("id") for token in _json(policy / "tokenizer.json").get("added_tokens") or []}
+    return (rows, len(ids) + 1) if len(ids) + 1 > rows else None
+
+
 def _checks(values: Values, num_processes: int) -> list[str]:
     """Batch sizes that tile, one stop token setting, a tokenizer with EOS, a stop token inside the vocabulary (each
-    size is at least 1 by then: rlhf_cli/schema/ranges.yaml)."""
+    size is at least 1 by then: rlhf_cli/schema/ranges.yaml), no vLLM on a policy the ranks resize."""
     problems = []
     per_device, accumulation = values("per_device_train_batch_size"), values("gradient_accumulation_steps")
     mini_batches, chunk = values("num_mini_batches"), values("local_rollout_forward_batch_size")
@@ -58,6 +80,12 @@ def _checks(values: Values, num_processes: int) -> list[str]:
     stop = values("stop_token_id")
     if stop is not None and vocab_size is not None and not 0 <= stop < vocab_size:
         problems.append(f"`stop_token_id` {stop} is not in the vocabulary of {policy} (0..{vocab_size - 1})")
+    resized = resized_for_pad(Path(policy)) if values("use_vllm") else None
+    if resized:
+        problems.append(f"`use_vllm`: {policy} has no pad token of its own and no spare embedding row, so PPO adds "
+                        f"one and resizes the embedding from {resized[0]} to {resized[1]} rows, while vLLM loads the "
+                        "checkpoint's rows and its weight sync cannot change a shape; save the policy with a pad "
+                        "token first (add_special_tokens, resize_token_embeddings, save_pretrained) or drop --vllm")
     return problems
 
 

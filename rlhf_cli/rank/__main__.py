@@ -55,10 +55,10 @@ def main(argv: list[str]) -> int:
         from rlhf_cli.rank.record import write_rank_record
         from rlhf_cli.rank.zero3 import install_generation_context
 
-        gather = inputs.generation().gather
-        install_generation_context(required=gather.through_shards, budget=gather.budget)
+        generation = inputs.generation()
+        install_generation_context(required=generation.gather.through_shards, budget=generation.gather.budget)
         terminal.PHASES.show("loading the models")
-        if inputs.trainer.get("use_vllm"):
+        if generation.engine.vllm:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KVCACHE_GIB)  # vLLM's CPU default: 4 GiB a rank
         trainer = load_object(algorithm(name).builder)(inputs)
         use_progress(trainer, name)

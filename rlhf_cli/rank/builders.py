@@ -6,6 +6,7 @@ from typing import Any
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import load_object
+from rlhf_cli.config.generation import Gather
 from rlhf_cli.rank.inputs import RankInputs, agent_arguments, load_prompts, reward_funcs, reward_functions
 from rlhf_cli.rank.lora import adapt_ppo_models, peft_config
 from rlhf_cli.rank.zero3 import apply_zero3_settings
@@ -22,7 +23,7 @@ def _config(config_class: type, inputs: RankInputs, **extra: Any) -> Any:
     config = config_class(**inputs.config_values(**extra))
     apply_zero3_settings(config, inputs.zero3)
     set_seed(config.seed)
-    if getattr(config, "use_vllm", False):
+    if inputs.generation().engine.vllm:
         _install_vllm(config, inputs)
     return config
 
@@ -38,7 +39,8 @@ def _install_vllm(config: Any, inputs: RankInputs) -> None:
     saved = json.loads(config_file.read_text()) if config_file.is_file() else {}
     dtype = training_dtype(config.bf16, config.fp16, config.model_init_kwargs.get("dtype"),
                            saved.get("dtype") or saved.get("torch_dtype"))
-    install_vllm(gather=config.ds3_gather_for_generation, budget=inputs.generation().gather.budget, dtype=dtype)
+    gather = inputs.generation().gather
+    install_vllm(gather=gather == Gather.whole, budget=gather.budget, dtype=dtype)
 
 
 def _note_causal_lm_reward(inputs: RankInputs) -> None:
@@ -125,9 +127,14 @@ def build_ppo(inputs: RankInputs) -> Any:
     # With LoRA the reference is the policy with its adapters disabled: no second copy.
     reference = None if inputs.model_value("use_peft") else AutoModelForCausalLM.from_pretrained(policy_path,
                                                                                                **init_kwargs)
+    rows = policy.get_input_embeddings().num_embeddings
     for model in (policy, reference):
         if model is not None:
             fit_embeddings(model, tokenizer, config.seed)
+    if inputs.generation().engine.vllm and policy.get_input_embeddings().num_embeddings != rows:
+        # a hub policy the pre-launch check could not read (rlhf_cli/algorithms/ppo.py resized_for_pad)
+        raise ValueError(f"use_vllm: {policy_path} was resized from {rows} rows for the pad token PPO added, and vLLM "
+                         "holds the checkpoint's: save the policy with a pad token of its own first, or drop --vllm")
     if pad_added:
         say(f"the tokenizer of {policy_path} has no pad token of its own: added {tokenizer.pad_token!r} "
             f"(id {tokenizer.pad_token_id})")
@@ -144,4 +151,4 @@ def build_ppo(inputs: RankInputs) -> Any:
     return PPOTrainer(args=config, processing_class=tokenizer, policy=policy, ref_policy=reference,
                       value_model=value, reward_model=reward, reward_funcs=reward_functions(inputs),
                       train_dataset=_tokenize_prompts(train, tokenizer),
-                      gather_budget=inputs.generation().gather.budget)
+                      generation=inputs.generation())

@@ -47,7 +47,7 @@ class RankInputs:
 
     def skip_vllm_import(self) -> None:
         """A run that does not generate with vLLM never imports it (TRL would, wherever it is installed)."""
-        if not self.trainer.get("use_vllm"):
+        if not self.generation().engine.vllm:
             from rlhf_cli import compat
 
             compat.keep_trl_from_importing_vllm()

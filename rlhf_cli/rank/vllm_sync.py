@@ -111,7 +111,7 @@ def sync_weights(model: Any, llm: Any, limit: SyncLimit, reload: Callable[[Any, 
     (reload or compat.vllm_reload_weights)(llm, _bucket_weights(model, units, packed, measure))
     (reset or compat.vllm_reset_prefix_cache)(llm)
     record = {"seconds": time.perf_counter() - started, "peak_bytes": measure.peak, "buckets": len(packed),
-              "limit_numel": limit.numel, "full_bytes": measure.full}
+              "limit_numel": limit.numel, "full_bytes": measure.full, "merged_lora_layers": measure.merged}
     SyncLog.add(record)
     return record
 
@@ -128,8 +128,9 @@ def _bucket_weights(model: Any, units: list[ModuleUnit], packed: list[list[int]]
                  if id(param) not in in_units]
     sent: set[int] = set()
     for params, modules in contents:
-        with _gathered(params), _merged(modules):
+        with _gathered(params), _merged(modules) as merged:
             measure.sample()
+            measure.merged += merged
             for param in params:
                 name = vllm_name(names[id(param)])
                 if name is not None and id(param) not in sent:
@@ -150,14 +151,14 @@ def _gathered(params: list[Any]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _merged(modules: list[Any]) -> Iterator[None]:
-    """LoRA layers among `modules` merged into their base weights for the block, unmerged after."""
+def _merged(modules: list[Any]) -> Iterator[int]:
+    """LoRA layers among `modules` merged into their base weights for the block (how many), unmerged after."""
     layers = [module for module in modules if hasattr(module, "merge") and hasattr(module, "unmerge")
               and getattr(module, "lora_A", None) is not None and not getattr(module, "merged", False)]
     for layer in layers:
         layer.merge()
     try:
-        yield
+        yield len(layers)
     finally:
         for layer in layers:
             layer.unmerge()
@@ -165,13 +166,15 @@ def _merged(modules: list[Any]) -> Iterator[None]:
 
 class GatheredBytes:
     """The bytes of the policy's parameters that are whole on this rank right now, at their most: what ZeRO-3
-    itself says (`ds_status`) of every parameter, so that anything gathered beyond the bucket counts too."""
+    itself says (`ds_status`) of every parameter, so that anything gathered beyond the bucket counts too. And
+    the LoRA layers merged to be sent (`merged`)."""
 
     def __init__(self, model: Any) -> None:
         self.params = list({id(p): p for p in model.parameters()}.values())
         self.zero3 = any(hasattr(param, "ds_status") for param in self.params)
         self.full = sum(_full_numel(p) * p.element_size() for p in self.params)
         self.peak = 0
+        self.merged = 0
         if self.zero3:
             _, self.partitioned = compat.zero3_param_states()
 

@@ -164,14 +164,22 @@ VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 @needs_vllm
-@pytest.mark.parametrize("gather", [("--gather",), ("--gather-budget", "0.5"), ("--no-gather",)],
-                         ids=["gather", "budget", "no-gather"])
+@pytest.mark.parametrize("gather", [("--gather",), ("--gather-budget", "0.5"), ("--no-gather", "--lora")],
+                         ids=["gather", "budget", "no-gather-lora"])
 def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path: Path,
                                                                         gather: tuple[str, ...]) -> None:
     """2 updates from colocated vLLM rollouts; after each, the weights go to vLLM in buckets no larger than the
-    gather choice allows (measured on the parameters: with no persistent parameters every whole one is gathered)."""
+    gather choice allows (measured on the parameters: with no persistent parameters every whole one is gathered).
+    With LoRA every adapted layer is merged into the weights sent, in its own layer's bucket."""
     out = tmp_path / "run"
     done = ppo(out, *gather, "--max-steps", "2", "--vllm", "colocate", env=VLLM_ENV, timeout=900)
+    adapted = 0
+    if "--lora" in gather:
+        from safetensors import safe_open
+
+        with safe_open(str(out / "adapter_model.safetensors"), "pt") as saved:
+            adapted = len({name.split(".lora_A")[0] for name in saved.keys() if ".lora_A" in name})
+        assert adapted > 0
     steps = logged(out)
     assert len(steps) == 2 and all(set(PPO_METRICS) <= entry.keys() for entry in steps)
     assert all(entry["vllm/sync_seconds"] > 0 for entry in steps)
@@ -183,6 +191,7 @@ def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path
         syncs = record["vllm_sync"]
         assert len(syncs) == 2
         for sync in syncs:
+            assert sync["merged_lora_layers"] == adapted
             share = sync["peak_bytes"] / sync["full_bytes"]
             if gather == ("--gather",):
                 assert share == 1.0 and sync["buckets"] == 1

@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase, Trainer, TrainerState, set_see
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 
 from rlhf_cli import compat
-from rlhf_cli.gather_budget import Budget
+from rlhf_cli.config.generation import Generation
 from rlhf_cli.rank.ppo import core, saving
 from rlhf_cli.rank.ppo.config import PPOConfig
 from rlhf_cli.rank.ppo.modules import (
@@ -34,12 +34,13 @@ from rlhf_cli.rank.ppo.modules import (
 from rlhf_cli.output.run_dir import TRAINER_STATE
 
 RANK_SEED_STRIDE = 100003  # rank r samples with seed + r x this prime, as TRL's PPOTrainer did
+GENERATE = Generation()  # `generate` inside the trainer, gathering the whole policy: TRL's default
 
 
 class PPOTrainer(Trainer):
     def __init__(self, args: PPOConfig, processing_class: PreTrainedTokenizerBase, policy: nn.Module,
                  ref_policy: nn.Module | None, value_model: nn.Module, reward_model: nn.Module | None,
-                 reward_funcs: list[Callable], train_dataset: Any, gather_budget: Budget | None = None) -> None:
+                 reward_funcs: list[Callable], train_dataset: Any, generation: Generation = GENERATE) -> None:
         if args.stop_token is not None and args.stop_token_id is not None:
             raise ValueError(f"`stop_token` ({args.stop_token}) and `stop_token_id` ({args.stop_token_id}) are both "
                              "set; keep one")
@@ -88,11 +89,11 @@ class PPOTrainer(Trainer):
             if frozen is not None:
                 frozen.eval()
         self.vllm = None  # rollouts from vLLM (`use_vllm`), its weights refreshed after every update
-        if args.use_vllm:
+        if generation.engine.vllm:
             from rlhf_cli.rank.ppo.vllm_rollouts import VLLMRollouts
 
             self.vllm = VLLMRollouts(args, self.accelerator, policy, processing_class, self.stop_token_id,
-                                     gather_budget)
+                                     generation)
 
     # -- data ---------------------------------------------------------------------------------
     def _prompt_loader(self) -> DataLoader:

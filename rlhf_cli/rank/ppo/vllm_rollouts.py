@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhf_cli.gather_budget import Budget
+from rlhf_cli.config.generation import Engine, Gather, Generation
 from rlhf_cli.rank import vllm_sync
 from rlhf_cli.rank.vllm_server import ServerTarget
 from rlhf_cli.rank.zero3 import GenerationClock
@@ -53,13 +53,13 @@ class VLLMRollouts:
     """Samples PPO's responses with vLLM and refreshes its weights after every update."""
 
     def __init__(self, args: Any, accelerator: Any, policy: nn.Module, tokenizer: Any, stop_token_id: int | None,
-                 budget: Budget | None) -> None:
+                 generation: Generation) -> None:
         self.args, self.accelerator, self.policy = args, accelerator, policy
         self.pad_token_id = tokenizer.pad_token_id
-        self.limit = vllm_sync.SyncLimit.of(args.ds3_gather_for_generation, budget, policy)
+        self.limit = vllm_sync.SyncLimit.of(generation.gather == Gather.whole, generation.gather.budget, policy)
         self.settings = sampling_settings(args.response_length, args.temperature, stop_token_id)
         self.generation_seconds: list[float] = []  # of every call, for the rank record
-        self.server = ServerTarget(args, accelerator) if args.vllm_mode == "server" else None
+        self.server = ServerTarget(args, accelerator) if generation.engine == Engine.server else None
         self.generation = self._colocated(tokenizer) if self.server is None else None
 
     def _colocated(self, tokenizer: Any) -> Any:
