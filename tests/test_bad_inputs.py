@@ -174,21 +174,10 @@ CASES = [
     Bad("traceback: report", ("{tmp}/run", "--out", "{tmp}/curves.txt"), "--out", command=("report",)),
     Bad("traceback: report", ("{tmp}/run", "--out", "{tmp}/curves"), "matplotlib cannot write a suffix-less file; "
         "end the name with .png", command=("report",)),
-    Bad("traceback: report", ("{tmp}/run",), "run/trainer_state.json: a logged `step` is 1e+308, not a step number "
-        "(0, 1, 2, ...); the file was changed after the run wrote it", command=("report",),
-        files={"run/trainer_state.json": '{"log_history": [{"step": 1e308, "loss": 1.0}]}'}),
-    Bad("traceback: report", ("{tmp}/run",), "run/trainer_state.json: a logged `step` is '7', not a step number "
-        "(0, 1, 2, ...); the file was changed after the run wrote it", command=("report",),
-        files={"run/trainer_state.json": '{"log_history": [{"step": "7", "loss": 1.0}]}'}),
-    Bad("traceback: report", ("{tmp}/run",), "run/trainer_state.json: a logged `step` is nan, not a step number "
-        "(0, 1, 2, ...); the file was changed after the run wrote it", command=("report",),
-        files={"run/trainer_state.json": '{"log_history": [{"step": NaN, "loss": 1.0}]}'}),
-    Bad("traceback: report", ("{tmp}/run",), "run/trainer_state.json: a logged `step` is -1, not a step number "
-        "(0, 1, 2, ...); the file was changed after the run wrote it", command=("report",),
-        files={"run/trainer_state.json": '{"log_history": [{"step": -1, "loss": 1.0}]}'}),
-    Bad("traceback: report", ("{tmp}/run",), "run/trainer_state.json: a logged `step` is 2.5, not a step number "
-        "(0, 1, 2, ...); the file was changed after the run wrote it", command=("report",),
-        files={"run/trainer_state.json": '{"log_history": [{"step": 2.5, "loss": 1.0}]}'}),
+    *(Bad("traceback: report", ("{tmp}/run",), f"run/trainer_state.json: a logged `step` is {shown}, not a step "
+          "number (0, 1, 2, ...); the file was changed after the run wrote it", command=("report",),
+          files={"run/trainer_state.json": f'{{"log_history": [{{"step": {written}, "loss": 1.0}}]}}'})
+      for written, shown in (("1e308", "1e+308"), ('"7"', "'7'"), ("NaN", "nan"), ("-1", "-1"), ("2.5", "2.5"))),
     recipe("traceback: YAML aliases", "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, "
            "*a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
            "report_to: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\n",
