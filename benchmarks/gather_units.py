@@ -1,6 +1,6 @@
 """What each part of the policy costs ZeRO-3 per generated token, and so which parts a gather budget buys first.
 
-A gather budget (rlhf_cli/gather_budget.py) buys units of the policy: decoder layers, the embedding, the LM head,
+A gather budget (rlhf_cli/generation/budget.py) buys units of the policy: decoder layers, the embedding, the LM head,
 the final norm. Gathered once per call and run without ZeRO-3's hooks, a unit saves at every generated token
 what ZeRO-3 spends on it: its hooks around every module, and fetching and releasing its parameters. This script
 measures that per module kind on the 100M-parameter Llama of `generation.py` (2 CPU processes, fp32, one ZeRO-3
@@ -56,7 +56,7 @@ def worker(args: argparse.Namespace) -> None:
     from transformers import AutoModelForCausalLM
 
     from rlhf_cli import compat
-    from rlhf_cli.gather_budget import Unit
+    from rlhf_cli.generation.budget import Unit
     from rlhf_cli.rank.zero3 import ModuleUnit, gathered_units
 
     deepspeed.init_distributed(dist_backend="gloo")

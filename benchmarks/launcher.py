@@ -11,7 +11,7 @@ start), then again with that cache (the check is remembered, as on every later s
 
 Start-up: the median of 5 runs of `rlhf --help`, `rlhf rloo -r rloo/smoke --dry-run`, `trl --help` and
 `accelerate --help`; and the pre-launch check's own seconds (the trainer config built and the reward functions
-imported in a process of their own, rlhf_cli/launch/preflight.py), which a launch spends while the launch agent
+imported in a process of their own, rlhf_cli/launch/prelaunch.py), which a launch spends while the launch supervisor
 imports torch and accelerate.
 
     python benchmarks/launcher.py [--steps 4] [--repeats 5] [--out benchmarks/results] [--startup-only]
@@ -34,7 +34,7 @@ from _common import (REPO, RECIPES, RESULTS, WORK, bar_charts, json_output, mark
                      print_table, python_module, run_timed, write_markdown)
 
 RECIPE = RECIPES / "rloo" / "smoke.yaml"
-CACHE_ENV = "RLHF_CACHE"  # rlhf_cli/launch/preflight.py: where passed pre-launch checks are remembered
+CACHE_ENV = "RLHF_CACHE"  # rlhf_cli/launch/prelaunch.py: where passed pre-launch checks are remembered
 STARTUP_REPEATS = 5
 COLD, WARM, TRL = "rlhf rloo, check cold", "rlhf rloo, check remembered", "TRL rloo.py"
 
@@ -73,11 +73,11 @@ def trl_run(work: Path, steps: int) -> tuple[list[str], dict[str, str]]:
     return argv, resolved["launch"]["env"]
 
 
-PREFLIGHT_TIMED = """
+PRELAUNCH_TIMED = """
 import sys, time
 from pathlib import Path
 from rlhf_cli.config.resolve import RunRequest, resolve
-from rlhf_cli.launch.preflight import check_before_launch
+from rlhf_cli.launch.prelaunch import check_before_launch
 
 run = resolve(RunRequest("rloo", sys.argv[1], {"output_dir": ("-o", sys.argv[2])}, overwrite=True))
 started = time.perf_counter()
@@ -94,14 +94,14 @@ def startup_seconds(work: Path) -> dict[str, float]:
         "accelerate --help": [console_script("accelerate"), "--help"],
     }
     seconds = {name: median_seconds(argv, STARTUP_REPEATS) for name, argv in commands.items()}
-    seconds["pre-launch check (beside the agent's start)"] = preflight_seconds(work, STARTUP_REPEATS)
+    seconds["pre-launch check (beside the supervisor's start)"] = prelaunch_seconds(work, STARTUP_REPEATS)
     return seconds
 
 
-def preflight_seconds(work: Path, repeats: int) -> float:
+def prelaunch_seconds(work: Path, repeats: int) -> float:
     """Median seconds of `rlhf rloo -r rloo/smoke`'s pre-launch check, alone: each with an empty cache, so that
     the check runs rather than being remembered from the last one."""
-    argv = [sys.executable, "-c", PREFLIGHT_TIMED, str(RECIPE), str(work / "preflight-run")]
+    argv = [sys.executable, "-c", PRELAUNCH_TIMED, str(RECIPE), str(work / "prelaunch-run")]
     seconds = []
     for _ in range(repeats):
         with tempfile.TemporaryDirectory() as cache:

@@ -2,7 +2,7 @@
 
 rlhf reaches each of them only through a function here, and `INTERNALS` lists each with why we need it and when
 it can go. `tests/test_compat.py` resolves the list against the installed versions in seconds (no launch), so an
-upgrade that moves one fails that test instead of a run on a GPU node. Used inside ranks and the launch agent
+upgrade that moves one fails that test instead of a run on a GPU node. Used inside ranks and the launch supervisor
 only: the CLI never imports this module, and the heavy packages load inside the functions.
 """
 
@@ -80,9 +80,9 @@ INTERNALS = (
              "rlhf sets `signals_to_handle` so that SIGUSR1 (SLURM's warning) reaches the ranks",
              "accelerate launch takes --signals_to_handle itself"),
     Internal("torch.distributed.elastic.multiprocessing.api:SignalException",
-             "the launch agent tells a signal that stopped the ranks from a rank failure", "torch exports it"),
+             "the launch supervisor tells a signal that stopped the ranks from a rank failure", "torch exports it"),
     Internal("torch.distributed.elastic.multiprocessing.errors:ProcessFailure",
-             "the launch agent records how each failed rank ended (`ChildFailedError.failures`: local rank, pid, "
+             "the launch supervisor records how each failed rank ended (`ChildFailedError.failures`: local rank, pid, "
              "exit code or signal, time), which a rank killed by a signal cannot record itself",
              "never: public enough", ("local_rank", "pid", "exitcode")),
     *(Internal(f"torch.distributed.distributed_c10d:{name}",
@@ -363,7 +363,7 @@ VLLM_INTERNALS = (
 )
 TRL_VLLM_INTERNALS = (
     Internal("trl.generation.vllm_generation:VLLMGeneration.sync_weights",
-             "RLOO's and GRPO's colocated sync is replaced by rlhf's bucketed one (rlhf_cli/rank/vllm_sync.py): "
+             "RLOO's and GRPO's colocated sync is replaced by rlhf's bucketed one (rlhf_cli/rank/vllm/sync.py): "
              "TRL gathers one tensor per collective, and the whole model at once with LoRA",
              "TRL's sync gathers by buckets and merges LoRA a layer at a time"),
     Internal("trl.experimental.online_dpo:OnlineDPOTrainer._move_model_to_vllm",

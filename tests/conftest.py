@@ -56,7 +56,7 @@ def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 @pytest.fixture
 def nothing_launches(monkeypatch: pytest.MonkeyPatch) -> list:
     """Any launch is recorded instead of started, the pre-launch check with it (its own process, seconds of
-    TRL's import; tests/test_preflight.py runs it); the list holds the runs that would have started."""
+    TRL's import; tests/test_prelaunch.py runs it); the list holds the runs that would have started."""
     from rlhf_cli.launch import runner
 
     launched: list = []
@@ -85,7 +85,7 @@ class PassingCheck:
 
 @pytest.fixture
 def check_passes(monkeypatch: pytest.MonkeyPatch) -> type[PassingCheck]:
-    """runner.launch without the seconds of the real pre-launch check (tests/test_preflight.py runs that)."""
+    """runner.launch without the seconds of the real pre-launch check (tests/test_prelaunch.py runs that)."""
     from rlhf_cli.launch import runner
 
     monkeypatch.setattr(runner, "PendingCheck", PassingCheck)

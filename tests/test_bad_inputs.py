@@ -518,7 +518,7 @@ CASES = [
          "sequence, got 'sequense'; did you mean sequence?", command="grpo"),
     sets("range", "vllm_mode=remote", "`vllm_mode`: expected one of server, colocate, got 'remote'"),
 
-    # -- what every rank would die of after loading (rlhf_cli/config/prelaunch.py) ------------------------------
+    # -- what every rank would die of after loading (rlhf_cli/config/file_checks.py) ------------------------------
     flags("bad file: model files", "--model", "{tmp}/m", message="--model: `model_name_or_path`: {tmp}/m has no "
           "weights (model.safetensors or pytorch_model.bin); save the model again",
           files={"m/config.json": json.dumps(LLAMA), "m/tokenizer.json": "{}"}),

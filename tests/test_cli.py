@@ -47,7 +47,7 @@ def test_done_when_dry_run_json(cli, nothing_launches) -> None:
     assert {"trainer", "accelerate", "launch"} <= plan.keys()
     assert plan["trainer"]["ds3_gather_for_generation"] is False
     assert plan["accelerate"]["deepspeed_config"]["offload_optimizer_device"] == "cpu"
-    assert plan["launch"]["argv"][1:4] == ["-m", "rlhf_cli.launch.agent", "--config_file"]
+    assert plan["launch"]["argv"][1:4] == ["-m", "rlhf_cli.launch.supervisor", "--config_file"]
     assert plan["sources"]["ds3_gather_for_generation"] == "flag --no-gather"
     assert nothing_launches == []
     assert not Path(plan["trainer"]["output_dir"]).exists()  # a dry run writes nothing
@@ -60,7 +60,7 @@ def test_human_dry_run_shows_values_and_where_they_came_from(cli) -> None:
     assert any("max_steps" in line and "9" in line and "flag --max-steps" in line for line in lines)
     assert any("beta" in line and "0.2" in line and "--set" in line for line in lines)
     assert any("learning_rate" in line and "recipe" in line for line in lines)
-    assert "rlhf_cli.launch.agent" in result.stdout
+    assert "rlhf_cli.launch.supervisor" in result.stdout
 
 
 @pytest.mark.parametrize("recipe", BUNDLED, ids=[f"{p.parent.name}/{p.stem}" for p in BUNDLED])

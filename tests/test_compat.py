@@ -33,7 +33,7 @@ def test_trls_colocated_vllm_syncs_through_rlhf_and_server_mode_through_trl(monk
     from trl.experimental.online_dpo import OnlineDPOTrainer
     from trl.generation.vllm_generation import VLLMGeneration
 
-    from rlhf_cli.rank import vllm_sync
+    from rlhf_cli.rank.vllm import sync as vllm_sync
 
     originals = VLLMGeneration.sync_weights, OnlineDPOTrainer._move_model_to_vllm
     monkeypatch.setattr(VLLMGeneration, "sync_weights", originals[0])  # restored after the test
@@ -80,7 +80,7 @@ def test_every_function_here_uses_a_listed_internal() -> None:
 
 
 def test_the_no_gather_fix_wraps_trls_generation_context() -> None:
-    from rlhf_cli.gather_budget import Budget
+    from rlhf_cli.generation.budget import Budget
     from rlhf_cli.rank.zero3 import install_generation_context
 
     original = compat.trl_generation_context()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_cli.machine import checks as doctor
+from rlhf_cli.machine import readiness as doctor
 
 
 @pytest.fixture(autouse=True)

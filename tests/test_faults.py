@@ -1,5 +1,5 @@
-"""How the launcher explains a failure, from what the agents and the ranks left behind; printed as text, never
-markup. No launch: the records are written here as the agent and the ranks write them."""
+"""How the launcher explains a failure, from what the launch supervisors and the ranks left behind; printed as text, never
+markup. No launch: the records are written here as the supervisor and the ranks write them."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from rlhf_cli.cli import output
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import OutputDirError
 from rlhf_cli.launch import faults, runner
-from rlhf_cli.launch.agent import record_exits
+from rlhf_cli.launch.supervisor import record_exits
 from rlhf_cli.launch.faults import Failure, PlanNeeds, explain, space_warning
 from rlhf_cli.output.run_dir import FAILED, RUN_DIR_ENV, RunDir
 
@@ -35,7 +35,7 @@ def write_json(path: Path, data: dict) -> None:
 
 def exits(run_dir: RunDir, *ends: tuple[int, int, int], memory: int = 16 * GIB, machine: int = 0,
           host: str = HOST) -> None:
-    """The agent's record: (rank, exit code or -signal, time) per failed rank."""
+    """The supervisor's record: (rank, exit code or -signal, time) per failed rank."""
     write_json(run_dir.rank_exits(machine), {"machine_rank": machine, "host": host, "memory": memory, "exits": [
         {"rank": rank, "local_rank": rank, "pid": 100 + rank, "exitcode": code, "time": when}
         for rank, code, when in ends]})
@@ -61,7 +61,7 @@ def test_a_killed_rank_is_blamed_not_the_survivor_that_recorded_the_broken_conne
         "rank 3 on node-b was killed by SIGKILL (often the out-of-memory killer)"
 
 
-def test_the_agents_own_signals_to_survivors_blame_no_one(tmp_path: Path) -> None:
+def test_torchs_own_signals_to_survivors_blame_no_one(tmp_path: Path) -> None:
     """torch's agent stops the survivors with SIGTERM, then SIGKILL 30 s later: the cause is the rank that raised."""
     run_dir = RunDir(tmp_path)
     error_record(run_dir, 1, "reward server returned 503")
@@ -156,7 +156,7 @@ def test_an_output_dir_full_before_launch_is_a_one_line_error(tmp_path: Path, mo
         runner.launch(run)
 
 
-def test_the_agent_records_how_its_ranks_ended_and_stops_the_other_machines(tmp_path: Path, monkeypatch) -> None:
+def test_the_supervisor_records_how_its_ranks_ended_and_stops_the_other_machines(tmp_path: Path, monkeypatch) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
     from rlhf_cli import compat

@@ -14,7 +14,7 @@ import pytest
 from helpers import RECIPES, write
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
-from rlhf_cli.gather_budget import Budget, BudgetError, Unit, choose, parse_budget
+from rlhf_cli.generation.budget import Budget, BudgetError, Unit, choose, parse_budget
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.estimate import plan_run, planned
 from rlhf_cli.models.hub import read_config
@@ -265,7 +265,7 @@ def test_the_plan_reports_the_largest_generation_batch_that_fits(seed_models) ->
 
 
 def test_the_generation_value_reads_and_writes_the_recipe_keys() -> None:
-    from rlhf_cli.config.generation import Gather, Generation
+    from rlhf_cli.generation.choice import Gather, Generation
 
     def read(**values: object) -> Generation:
         return Generation.from_values(lambda name: values.get(name))
@@ -285,7 +285,7 @@ def test_the_generation_value_reads_and_writes_the_recipe_keys() -> None:
 
 
 def test_the_generation_value_holds_the_engine_and_writes_trls_vllm_keys() -> None:
-    from rlhf_cli.config.generation import Engine, Gather, Generation
+    from rlhf_cli.generation.choice import Engine, Gather, Generation
 
     def read(**values: object) -> Generation:
         return Generation.from_values(lambda name: values.get(name))

@@ -28,7 +28,7 @@ def smoke_run(tmp_path: Path, **flags):
 def test_launch_command_is_accelerate_starting_the_rank_module(tmp_path: Path) -> None:
     launch = launch_command(smoke_run(tmp_path), python="/usr/bin/python3")
     out = tmp_path / "out"
-    assert launch.argv == ["/usr/bin/python3", "-m", "rlhf_cli.launch.agent",
+    assert launch.argv == ["/usr/bin/python3", "-m", "rlhf_cli.launch.supervisor",
                            "--config_file", f"{out}/accelerate_config.yaml", "--machine_rank", "0",
                            "-m", "rlhf_cli.rank", "rloo", f"{out}/recipe.yaml"]
     assert launch.env["DS_ACCELERATOR"] == "cpu"
@@ -77,36 +77,36 @@ time.sleep(60)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL])
-def test_a_launch_agent_killed_by_a_signal_gives_128_plus_signal(tmp_path: Path, monkeypatch, signum: int,
+def test_a_launch_supervisor_killed_by_a_signal_gives_128_plus_signal(tmp_path: Path, monkeypatch, signum: int,
                                                                  check_passes) -> None:
-    agent = f"import os; os.kill(os.getpid(), {int(signum)})"
-    monkeypatch.setattr(runner, "launch_command", lambda run, verbosity: Launch([sys.executable, "-c", agent], {}))
+    supervisor = f"import os; os.kill(os.getpid(), {int(signum)})"
+    monkeypatch.setattr(runner, "launch_command", lambda run, verbosity: Launch([sys.executable, "-c", supervisor], {}))
     outcome = runner.launch(smoke_run(tmp_path))
     assert outcome.exit_code == 128 + signum and outcome.status == "failed"
     assert outcome.failure.line == f"the ranks exited with code {128 + signum} without recording an error; see the " \
                                    f"output above and the ranks' logs ({tmp_path / 'out' / 'ranks'}/rank-N.log)"
 
 
-def test_sigterm_during_the_pre_launch_check_stops_the_waiting_agent_with_nothing_written(
+def test_sigterm_during_the_pre_launch_check_stops_the_waiting_supervisor_with_nothing_written(
         tmp_path: Path, monkeypatch, check_passes) -> None:
-    started = tmp_path / "agent-started"
-    agent = f"import time; open({str(started)!r}, 'w').close(); time.sleep(60)"
-    monkeypatch.setattr(runner, "launch_command", lambda run, verbosity: Launch([sys.executable, "-c", agent], {}))
+    started = tmp_path / "supervisor-started"
+    supervisor = f"import time; open({str(started)!r}, 'w').close(); time.sleep(60)"
+    monkeypatch.setattr(runner, "launch_command", lambda run, verbosity: Launch([sys.executable, "-c", supervisor], {}))
     check_passes.delay = 3.0
     threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
     begun = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         runner.launch(smoke_run(tmp_path))
-    assert time.monotonic() - begun < 10 and started.exists()  # the agent had started, and was stopped
+    assert time.monotonic() - begun < 10 and started.exists()  # the supervisor had started, and was stopped
     assert not (tmp_path / "out").exists()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
-def test_an_agent_that_ends_before_the_gate_opens_is_a_failed_run_not_a_traceback(
+def test_a_supervisor_that_ends_before_the_gate_opens_is_a_failed_run_not_a_traceback(
         tmp_path: Path, monkeypatch, check_passes) -> None:
     monkeypatch.setattr(runner, "launch_command", lambda run, verbosity: Launch([sys.executable, "-c",
                                                                                   "raise SystemExit(3)"], {}))
-    check_passes.delay = 1.0  # the agent is gone before the check ends
+    check_passes.delay = 1.0  # the supervisor is gone before the check ends
     outcome = runner.launch(smoke_run(tmp_path))
     assert outcome.exit_code == 3 and outcome.status == "failed"
 

@@ -23,7 +23,7 @@ from rlhf_cli.output.run_dir import RunDir
 USER_RECIPE = "# my own recipe, with comments\nmax_steps: 2\n"
 REWARD = "def score(prompts, completions, **kwargs):\n    return [0.0 for _ in completions]\n"
 # What the ranks write: the model (same names as the policy's own files), a checkpoint, the trainer state; once the
-# launcher opens the gate, as the launch agent waits for it.
+# launcher opens the gate, as the launch supervisor waits for it.
 RANK = """
 import json, os, pathlib, sys
 os.read(int(os.environ["RLHF_START_GATE_FD"]), 2)

@@ -14,7 +14,7 @@ import pytest
 from helpers import RECIPES, REPO, write
 from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.config.resolve import RunRequest, resolve
-from rlhf_cli.config.generation import Engine
+from rlhf_cli.generation.choice import Engine
 from rlhf_cli.errors import ConfigError, PlanError
 from rlhf_cli.plan import memory, vllm
 from rlhf_cli.plan.estimate import plan_run, planned

@@ -1,44 +1,195 @@
-"""What every rank would die of, found before launch from files and headers alone (rlhf_cli/config/prelaunch.py)."""
+"""The pre-launch check: the trainer's config built and the reward functions imported once, in a process of their
+own, before any rank starts; what they refuse is reported like every other mistake. Seconds each (TRL's import)."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import pytest
 
-from helpers import RECIPES
-from rlhf_cli.config import prelaunch
+from helpers import RECIPES, REPO, launch_rlhf, write
+from rlhf_cli.config.resolve import RunRequest, resolve
+from rlhf_cli.errors import ConfigError
+from rlhf_cli.launch.prelaunch import check_before_launch
 
+CHECK = """
+import json, sys
+from pathlib import Path
+from rlhf_cli.config.resolve import RunRequest, resolve
+from rlhf_cli.errors import ConfigError
+from rlhf_cli.launch.prelaunch import PendingCheck
 
-def test_whole_weights_pass_and_a_cut_shard_is_named(tmp_path: Path) -> None:
-    assert prelaunch.model_files_problem(RECIPES / "smoke" / "policy", needs_tokenizer=True) is None
-    model = Path(shutil.copytree(RECIPES / "smoke" / "policy", tmp_path / "m"))
-    whole = (model / "model.safetensors").read_bytes()
-    (model / "model.safetensors").rename(model / "model-1.safetensors")
-    (model / "model-2.safetensors").write_bytes(whole)
-    (model / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"}}))
-    assert prelaunch.weights_problem(model) is None  # sharded, every shard whole
-    (model / "model-2.safetensors").write_bytes(whole[:-1])
-    assert prelaunch.weights_problem(model) == \
-        f"{model / 'model-2.safetensors'} is truncated ({len(whole) - 1} of {len(whole)} bytes)"
-    (model / "model-2.safetensors").write_bytes(whole[:5])
-    assert "is truncated or not a safetensors file (5 bytes)" in prelaunch.weights_problem(model)
-
-
-def test_a_checkpoint_of_this_run_resumes(tmp_path: Path) -> None:
-    checkpoint = tmp_path / "run" / "checkpoint-2"
-    checkpoint.mkdir(parents=True)
-    (checkpoint / "trainer_state.json").write_text("{}")
-    shutil.copy(RECIPES / "smoke" / "policy" / "config.json", checkpoint / "config.json")
-    (tmp_path / "run" / "recipe.yaml").write_text("# Resolved by rlhf from x; a valid recipe for `rlhf online-dpo`.\n")
-    policy = str(RECIPES / "smoke" / "policy")
-    assert prelaunch.checkpoint_problem(checkpoint, False, policy, "online_dpo") is None
-    assert "not of rloo" in prelaunch.checkpoint_problem(checkpoint, False, policy, "rloo")
+command, recipe, *sets = sys.argv[1:]
+run = resolve(RunRequest(command, recipe, sets=tuple(sets)), cwd=Path.cwd(), cuda=False)
+checking = PendingCheck(run)
+try:
+    checking.wait()
+    problems = []
+except ConfigError as error:
+    problems = error.problems
+heavy = [name for name in ("torch", "transformers", "trl", "deepspeed") if name in sys.modules]
+print(json.dumps({"problems": problems, "heavy_in_launcher": heavy, "remembered": checking.remembered}))
+"""
 
 
-def test_path_keeping_the_tools_is_accepted() -> None:
-    assert prelaunch.environment_problems({"PATH": "/opt/mine:" + os.environ["PATH"]}, "r.yaml:2", cuda=False) == []
-    assert prelaunch.environment_problems({"MASTER_PORT": "29500", "DS_ACCELERATOR": "cpu"}, "r.yaml:2", False) == []
+def run_check(tmp_path: Path, *sets: str, recipe: str = "rloo/smoke") -> dict:
+    """The check as the launcher runs it, from a fresh process: its problems, and what the launcher imported."""
+    done = subprocess.run([sys.executable, "-c", CHECK, recipe.partition("/")[0], recipe, *sets], capture_output=True,
+                          text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_what_trl_and_the_reward_functions_refuse_is_found_before_any_rank(tmp_path: Path) -> None:
+    write(tmp_path / "raises.py", "raise RuntimeError('no GPU quota')\n")
+    write(tmp_path / "narrow.py", "def score(completions):\n    return [0.0 for _ in completions]\n")
+    write(tmp_path / "chatty.py", "print('hello from the user module')\n"
+                                  "def score(prompts, completions, **kwargs):\n    return [0.0 for _ in completions]\n")
+    found = run_check(tmp_path, "reward_funcs=[raises.py:score, narrow.py:score, chatty.py:score]",
+                      "auto_find_batch_size=true")
+    assert found["heavy_in_launcher"] == []  # TRL and torch stayed in the check's own process
+    assert not (Path(os.environ["RLHF_CACHE"]) / "passed-checks").exists()  # a refusal is never remembered
+    problems = found["problems"]
+    assert len(problems) == 3, problems
+    assert problems[0] == f"`reward_funcs`: {tmp_path}/raises.py:score: importing it failed (RuntimeError: no GPU " \
+                          "quota); fix the module"
+    assert problems[1].startswith(f"`reward_funcs`: {tmp_path}/narrow.py:score cannot take the arguments the trainer "
+                                  "passes (prompts, completions, completion_ids, trainer_state, log_extra, "
+                                  "log_metric): got an unexpected keyword argument 'prompts'")
+    assert problems[2].startswith("trl.RLOOConfig refuses these values: ValueError: auto_find_batch_size is not "
+                                  "supported by RLOO")  # a rule only TRL knows: the config's own check finds it
+
+
+def test_a_run_that_fits_passes_with_the_launcher_free_of_torch_and_is_checked_again_only_when_changed(
+        tmp_path: Path) -> None:
+    good = write(tmp_path / "good.py",
+                 "def score(prompts, completions, **kwargs):\n    return [0.0 for _ in completions]\n")
+    passed = {"problems": [], "heavy_in_launcher": []}
+    assert run_check(tmp_path, "reward_funcs=[good.py:score]") == {**passed, "remembered": False}
+    # The same run again (another output dir, as every default one is): no process, no TRL import.
+    assert run_check(tmp_path, "reward_funcs=[good.py:score]", "output_dir=elsewhere") == {**passed, "remembered": True}
+    write(good, good.read_text() + "# edited\n")  # the reward file changed: checked again
+    assert run_check(tmp_path, "reward_funcs=[good.py:score]") == {**passed, "remembered": False}
+    assert len(list((Path(os.environ["RLHF_CACHE"]) / "passed-checks").iterdir())) == 2
+
+
+TOOL_DOC = '    """Add.\n\n    Args:\n        a: a number\n    """\n'
+METHOD_DOC = TOOL_DOC.replace("\n    ", "\n        ").replace('    """Add', '        """Add', 1)
+ENVIRONMENTS = f"""
+class Broken:
+    def __init__(self):
+        raise RuntimeError("no sandbox")
+
+class NoReset:
+    def add(self, a: int) -> int:
+{METHOD_DOC}        return a
+
+class Loose:
+    def reset(self, **kwargs):
+        return None
+    def add(self, a, b: int) -> int:
+{METHOD_DOC}        return a
+"""
+
+
+def test_tools_that_transformers_cannot_describe_and_a_template_without_tool_calls_are_found(tmp_path: Path) -> None:
+    write(tmp_path / "raises.py", "raise ImportError('no calculator')\n")
+    write(tmp_path / "nohint.py", f"def add(a):\n{TOOL_DOC}    return a\n")
+    write(tmp_path / "noargs.py", "def add(a: int, b: int) -> int:\n    \"\"\"Add.\"\"\"\n    return a\n")
+    write(tmp_path / "env.py", ENVIRONMENTS)
+    write(tmp_path / "value.py", "rollout = 3\n")
+    problems = run_check(tmp_path, "tools=[raises.py:add, nohint.py:add, noargs.py:add]",
+                         "environment_factory={a: env.py:Broken, b: env.py:NoReset, c: env.py:Loose}",
+                         "rollout_func=value.py:rollout", recipe="grpo/smoke")["problems"]
+    assert problems == [
+        f"`tools`: {tmp_path}/raises.py:add: importing it failed (ImportError: no calculator); fix the module",
+        f"`tools`: {tmp_path}/nohint.py:add: transformers cannot turn it into a tool schema (Argument a is missing a "
+        "type hint in function add); give every argument a type hint and a line in the docstring's Args: section",
+        f"`tools`: {tmp_path}/noargs.py:add: transformers cannot turn it into a tool schema (Cannot generate JSON "
+        "schema for add because the docstring has no description for the argument 'a'); give every argument a type "
+        "hint and a line in the docstring's Args: section",
+        f"`environment_factory.a`: {tmp_path}/env.py:Broken: building one failed (RuntimeError: no sandbox); "
+        "GRPOTrainer builds it with no arguments, once per rollout",
+        f"`environment_factory.b`: {tmp_path}/env.py:NoReset has no `reset` method; GRPOTrainer calls reset(**row) "
+        "before each rollout",
+        f"`environment_factory.c`: {tmp_path}/env.py:Loose: method `add` is a tool, and transformers cannot turn it "
+        "into a tool schema (Argument a is missing a type hint in function add); give every argument a type hint "
+        "and a line in the docstring's Args: section (or make it _private)",
+        f"`rollout_func`: {tmp_path}/value.py:rollout is a int, not a function or class",
+        f"`model_name_or_path` ({RECIPES}/smoke/policy): its chat template cannot render a tool-calling conversation "
+        "(TRL's supports_tool_calling: user -> assistant with tool_calls -> tool); use a model whose template does "
+        "(Qwen 2.5, Llama 3.1)",
+    ]
+
+
+def test_the_agent_smoke_recipe_passes_the_check(tmp_path: Path) -> None:
+    passed = {"problems": [], "heavy_in_launcher": [], "remembered": False}
+    assert run_check(tmp_path, recipe="grpo/agent-smoke") == passed
+
+
+def test_a_template_that_loses_prefixes_or_has_no_parser_is_refused() -> None:
+    """The two template checks TRL makes once it has the tools: a prefix-preserving template (or one TRL can swap)
+    and a response parser it knows; the agent stand-in's (TRL's Qwen 2.5 template) passes both."""
+    from transformers import AutoTokenizer
+
+    from rlhf_cli.rank.prelaunch_tools import template_problems
+
+    assert template_problems(AutoTokenizer.from_pretrained(RECIPES / "smoke" / "agent"), "agent") == []
+    tokenizer = AutoTokenizer.from_pretrained(RECIPES / "smoke" / "agent")  # the check gave the first a parser
+    tokenizer.chat_template = (  # renders every part of a tool call, and marks the last turn only: loses prefixes
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}{% for t in m.tool_calls or [] %}{{ t.function.name }}"
+        "{{ t.function.arguments | tojson }}{% endfor %}{% if loop.last %}<|im_end|>{% endif %}{% endfor %}")
+    assert template_problems(tokenizer, "m") == [
+        "`model_name_or_path` (m): its chat template is not prefix-preserving (an earlier turn renders differently "
+        "once a tool result follows) and TRL has no training template for it",
+        "`model_name_or_path` (m): its tokenizer has no response schema to parse tool calls with and TRL knows none "
+        "for its chat template; set `response_template` in its tokenizer_config.json"]
+
+
+def test_a_reward_module_that_hangs_is_stopped_with_its_children(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    write(tmp_path / "hangs.py", "import subprocess, time\n"
+                                 f"child = subprocess.Popen(['sleep', '600'])\nopen({str(pid_file)!r}, 'w')"
+                                 ".write(str(child.pid))\ntime.sleep(600)\n"
+                                 "def score(**kwargs):\n    return []\n")
+    run = resolve(RunRequest("rloo", "rloo/smoke", sets=("reward_funcs=[hangs.py:score]",)), cwd=tmp_path, cuda=False)
+    with pytest.raises(ConfigError) as raised:
+        check_before_launch(run, timeout=8)
+    assert raised.value.problems == [f"the pre-launch check did not finish in 8 s while importing reward function "
+                                     f"{tmp_path}/hangs.py:score; a reward module that waits on something at import "
+                                     "hangs every rank too"]
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10  # SIGKILL is sent; on a busy machine the process takes a moment to go
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(child)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+    except OSError:
+        return False
+
+
+def test_a_reward_module_that_exits_the_process_is_reported(tmp_path: Path) -> None:
+    write(tmp_path / "quits.py", "import os\nos._exit(3)\ndef score(**kwargs):\n    return []\n")
+    run = resolve(RunRequest("rloo", "rloo/smoke", sets=("reward_funcs=[quits.py:score]",)), cwd=tmp_path, cuda=False)
+    with pytest.raises(ConfigError, match=r"ended with exit code 3 while importing reward function .*quits.py:score"):
+        check_before_launch(run, timeout=120)
+
+
+def test_num_generations_3_is_refused_before_any_process_starts(tmp_path: Path) -> None:
+    """The real command, nothing stubbed: exit 2 in about a second, no output dir, no rank."""
+    out = tmp_path / "out"
+    done = launch_rlhf("rloo", out, "--set", "num_generations=3", env={"PYTHONPATH": str(REPO)}, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "Error: `num_generations` (3) must divide the generation batch (4 = per_device_train_batch_size x processes "
+        "x steps per generation): set num_generations to 2, or per_device_train_batch_size to a multiple of 3"]
+    assert not out.exists()  # the ranks write their records there first

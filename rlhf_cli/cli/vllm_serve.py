@@ -3,7 +3,7 @@
 It resolves the recipe as the training command does (same flags and `--set`) and starts vLLM's OpenAI-compatible
 server on the run's policy, dtype, context length, tensor parallelism and port. The server listens on loopback
 (127.0.0.1) unless `--host` says otherwise, with vLLM's development endpoints on (VLLM_SERVER_DEV_MODE=1): the
-run refreshes the server's weights through `/collective_rpc` (rlhf_cli/rank/vllm_server.py). TRL's own
+run refreshes the server's weights through `/collective_rpc` (rlhf_cli/rank/vllm/server.py). TRL's own
 `trl vllm-serve` needs CUDA (and the package named `vllm`); this needs neither.
 """
 

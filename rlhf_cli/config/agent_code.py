@@ -3,7 +3,7 @@
 Each entry is `file.py:name` (relative to the recipe, or to the working directory on the command line) or
 `package.module:name`, checked here without running it (rlhf_cli/config/rewards.py). Whether each one imports
 and is a valid tool is asked once more before launch, in the pre-launch check's own process
-(rlhf_cli/rank/preflight.py), because that runs the user's code.
+(rlhf_cli/rank/prelaunch.py), because that runs the user's code.
 """
 
 from __future__ import annotations

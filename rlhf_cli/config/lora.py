@@ -13,7 +13,7 @@ import re
 from rlhf_cli.algorithms.spec import Algorithm, Values
 from rlhf_cli.models.architectures import (ALL_LINEAR, Architecture, architecture, default_targets, peft_targets,
                                            targeted)
-from rlhf_cli.config.generation import Gather, Generation
+from rlhf_cli.generation.choice import Gather, Generation
 from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
 
 

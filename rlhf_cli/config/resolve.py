@@ -20,9 +20,9 @@ from typing import Any
 from rlhf_cli.config import run_checks
 from rlhf_cli.config.accelerate import LAYOUT_KEYS, AccelerateChoices, build_accelerate_config
 from rlhf_cli.config.draft import Draft
-from rlhf_cli.config.generation import Generation
+from rlhf_cli.generation.choice import Generation
 from rlhf_cli.config.layers import apply_command_line, apply_environment, apply_recipe
-from rlhf_cli.config.prelaunch import run_problems
+from rlhf_cli.config.file_checks import run_problems
 from rlhf_cli.config.processes import default_process_count
 from rlhf_cli.config.recipe import Recipe, load_recipe
 from rlhf_cli.config.run import RESUME_AUTO, ResolvedRun, RunRequest, Setting
@@ -75,7 +75,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
 
 @dataclass(frozen=True)
 class _Given:
-    """The draft as rlhf_cli/config/prelaunch.py reads it: keys that were refused read as absent."""
+    """The draft as rlhf_cli/config/file_checks.py reads it: keys that were refused read as absent."""
 
     draft: Draft
 

@@ -3,7 +3,7 @@
 `file.py:function` is parsed (not imported: importing runs the user's code, which may load torch, print, or hang):
 a syntax error or a missing function is found here with its line. `package.module:function` is looked up on the
 path the ranks will have. Importing each one and checking that it takes TRL's arguments happens once more before
-launch, in a separate process with a time limit (rlhf_cli/rank/preflight.py).
+launch, in a separate process with a time limit (rlhf_cli/rank/prelaunch.py).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_cli.config.fields import RESUME_AUTO, catalogue
-from rlhf_cli.config.generation import Generation
+from rlhf_cli.generation.choice import Generation
 
 __all__ = ["RESUME_AUTO", "ResolvedRun", "RunRequest", "Setting"]
 

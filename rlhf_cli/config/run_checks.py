@@ -13,7 +13,7 @@ from typing import Any
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.output.checkpoints import incomplete_reason, newest_complete_checkpoint
 from rlhf_cli.config.accelerate import is_zero3, zero_stage
-from rlhf_cli.config.checks import check_model_config, check_reward_model, cross_field_problems
+from rlhf_cli.config.key_rules import check_model_config, check_reward_model, cross_field_problems
 from rlhf_cli.config.data_files import READERS, DataFileError, check_prompts
 from rlhf_cli.config.draft import Draft, Refused
 from rlhf_cli.config.locate import DATA_BUILDERS, MODEL_FIELDS
@@ -22,7 +22,7 @@ from rlhf_cli.config.output_dir import Input, OutputDirCheck
 from rlhf_cli.config.paths import path_state, writable_dir_problem
 from rlhf_cli.config.run import RESUME_AUTO, Setting
 from rlhf_cli.config.vllm import length_problems, vllm_problems
-from rlhf_cli.gather_budget import BudgetError, parse_budget
+from rlhf_cli.generation.budget import BudgetError, parse_budget
 from rlhf_cli.output.run_dir import MANIFEST
 from rlhf_cli.sizes import SizeError, parse_size
 

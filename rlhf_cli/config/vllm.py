@@ -17,7 +17,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from rlhf_cli.config.generation import Engine
+from rlhf_cli.generation.choice import Engine
 
 # trl 1.16's accepted range (trl/import_utils.py is_vllm_available; its `vllm` extra: vllm>=0.22.0,<=0.31.0)
 TRL_VLLM_RANGE = (Version("0.22.0"), Version("0.31.0"))

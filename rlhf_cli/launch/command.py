@@ -38,7 +38,7 @@ def launch_command(run: ResolvedRun, python: str = sys.executable, verbosity: st
     """accelerate's launcher starting `python -m rlhf_cli.rank ALGORITHM RECIPE` on every rank of this machine."""
     run_dir = run_files_dir(run)
     argv = [
-        python, "-m", "rlhf_cli.launch.agent",  # accelerate launch, without its own failure traceback
+        python, "-m", "rlhf_cli.launch.supervisor",  # accelerate launch, without its own failure traceback
         "--config_file", str(run_dir.accelerate_config),
         # The shared config file holds the job's layout; which machine this is goes on the command line.
         "--machine_rank", str(machine_rank(run)),
@@ -57,7 +57,7 @@ def launch_command(run: ResolvedRun, python: str = sys.executable, verbosity: st
     # it is in the resolved recipe and launch.sh, and each machine's launcher resolves the same recipe.
     env.update(run.value("env"))
     env[OUTPUT_MODE_ENV] = verbosity
-    env[RUN_DIR_ENV] = str(run.output_dir)  # shared by every machine: the agent records its ranks' ends there
+    env[RUN_DIR_ENV] = str(run.output_dir)  # shared by every machine: the supervisor records its ranks' ends there
     return Launch(argv, env)
 
 

@@ -1,4 +1,4 @@
-"""Why a run failed, in one line, from what its processes left behind: the launch agents' record of how each failed
+"""Why a run failed, in one line, from what its processes left behind: the launch supervisors' record of how each failed
 rank ended (a signal only they see), the ranks' own records (an error, a stall, a lost rank), and the output dir
 itself (full, unwritable). The rules, in order:
 
@@ -134,7 +134,7 @@ def _killed_line(death: dict[str, Any], machine: dict[str, Any], needs: PlanNeed
 
 def _signal_deaths(run_dir: RunDir) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(exit, machine) of the ranks killed by a signal among the first to end on their machine, aborts last. Later
-    ends are the agent's doing: it stops the survivors with SIGTERM, then SIGKILL 30 s later."""
+    ends are the supervisor's doing: it stops the survivors with SIGTERM, then SIGKILL 30 s later."""
     found = []
     for path in run_dir.rank_exits_files():
         machine = read_json(path) or {}

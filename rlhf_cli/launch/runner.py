@@ -18,7 +18,7 @@ from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.errors import OutputDirError
 from rlhf_cli.launch.command import launch_command, launch_script, machine_rank, run_files_dir
 from rlhf_cli.launch.faults import Failure, PlanNeeds, explain
-from rlhf_cli.launch.preflight import PendingCheck
+from rlhf_cli.launch.prelaunch import PendingCheck
 from rlhf_cli.launch.versions import installed_versions
 from rlhf_cli.machine.probe import free_space
 from rlhf_cli.output.ownership import record_end, record_start, remove_owned
@@ -119,7 +119,7 @@ def launch(run: ResolvedRun, verbosity: str = "normal", needs: PlanNeeds = UNKNO
     run_dir = RunDir(run.output_dir)
     command = launch_command(run, verbosity=verbosity)
     started = time.monotonic()
-    # The pre-launch check and the launch agent's imports (torch, accelerate) run at once: the agent waits at a
+    # The pre-launch check and the launch supervisor's imports (torch, accelerate) run at once: the supervisor waits at a
     # gate and starts no rank before the check has passed and the run's files are written.
     checking = PendingCheck(run)
     gate_read, gate_write = os.pipe()
@@ -150,14 +150,14 @@ def launch(run: ResolvedRun, verbosity: str = "normal", needs: PlanNeeds = UNKNO
                 _clear_previous_outcome(run_dir)
                 try_write_json(run_dir.run_record, _run_record(run, accelerate))
         except BaseException:
-            os.killpg(ranks.pid, signal.SIGKILL)  # only the agent so far: no rank has started
+            os.killpg(ranks.pid, signal.SIGKILL)  # only the supervisor so far: no rank has started
             ranks.wait()
             raise
         gate_open = True
         try:
             os.write(gate_write, START_GATE)
         except BrokenPipeError:
-            pass  # the agent ended before the gate opened: its exit code and output say why
+            pass  # the supervisor ended before the gate opened: its exit code and output say why
         code = ranks.wait()
     finally:
         os.close(gate_write)

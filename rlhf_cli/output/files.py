@@ -1,6 +1,6 @@
 """The output dir's small files, written so that a reader never sees half of one, and so that a full disk or an
 unwritable dir costs the file, never a second traceback: run.json, the ranks' records, their heartbeats, what the
-launch agent saw, and the first-failure marker. Pure Python: the CLI, the launch agent and the ranks use it.
+launch supervisor saw, and the first-failure marker. Pure Python: the CLI, the launch supervisor and the ranks use it.
 """
 
 from __future__ import annotations

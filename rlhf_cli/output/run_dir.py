@@ -16,12 +16,12 @@ OUTPUT_MODE_ENV = "RLHF_OUTPUT"  # quiet | normal | verbose, from --quiet / --ve
 PROBE_GENERATION_ENV = "RLHF_PROBE_GENERATION"  # set: each rank records what generation cost it
 STOCK_TRL_ENV = "RLHF_STOCK_TRL_GENERATION"  # set: TRL's no-gather generation as shipped (the upstream-bug canary)
 PROBE_CUDA_MEMORY_ENV = "RLHF_PROBE_CUDA_MEMORY"  # set: each rank records its peak CUDA memory per phase
-# The pre-launch check (rlhf_cli/rank/preflight.py) marks each step on stderr with this, for the launcher to say
+# The pre-launch check (rlhf_cli/rank/prelaunch.py) marks each step on stderr with this, for the launcher to say
 # which step hung.
-PREFLIGHT_STEP_MARK = "[rlhf preflight] "
-START_GATE_ENV = "RLHF_START_GATE_FD"  # the launch agent starts no rank until it reads START_GATE from this pipe
+PRELAUNCH_STEP_MARK = "[rlhf prelaunch] "
+START_GATE_ENV = "RLHF_START_GATE_FD"  # the launch supervisor starts no rank until it reads START_GATE from this pipe
 START_GATE = b"go"
-RUN_DIR_ENV = "RLHF_RUN_DIR"  # the shared output dir, for the launch agent: where it records how its ranks ended
+RUN_DIR_ENV = "RLHF_RUN_DIR"  # the shared output dir, for the launch supervisor: where it records how its ranks ended
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the ranks checkpointed and stopped; run again with --resume auto
 
@@ -121,7 +121,7 @@ class RunDir:
         return self.ranks / f"rank-{rank}.stack.txt"
 
     def rank_exits(self, machine_rank: int) -> Path:
-        """Written by a machine's launch agent when its ranks failed: each one's exit code or signal, and the
+        """Written by a machine's launch supervisor when its ranks failed: each one's exit code or signal, and the
         machine's memory; what a rank killed by a signal cannot record itself."""
         return self.ranks / f"machine-{machine_rank}.exits.json"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlhf_cli.gather_budget import Budget
+from rlhf_cli.generation.budget import Budget
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.hardware import Hardware
 from rlhf_cli.plan.memory import Component

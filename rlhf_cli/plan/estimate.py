@@ -16,10 +16,10 @@ from typing import Any
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.fields import catalogue
-from rlhf_cli.config.generation import Engine, Gather, Generation
+from rlhf_cli.generation.choice import Engine, Gather, Generation
 from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.errors import PlanError
-from rlhf_cli.gather_budget import Budget, ranked
+from rlhf_cli.generation.budget import Budget, ranked
 from rlhf_cli.plan import memory, vllm, vllm_search
 from rlhf_cli.plan.columns import Candidate, Column, Plan
 from rlhf_cli.plan.inputs import Inputs, read_inputs

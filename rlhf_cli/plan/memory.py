@@ -36,7 +36,7 @@ Weights: gathering for generation materialises the whole policy, P x b (for PPO 
 are one DeepSpeed engine). Otherwise DeepSpeed prefetches only within what is left of
 stage3_max_live_parameters (`max_params_to_prefetch` in its parameter coordinator), while the module being
 run is fetched whatever the budget: min(P, max_live + L) x b, in generation and in training alike
-(measured on a 100M model: benchmarks/). With a gather budget, the units it buys (rlhf_cli/gather_budget.py;
+(measured on a 100M model: benchmarks/). With a gather budget, the units it buys (rlhf_cli/generation/budget.py;
 B parameters) plus that bound for the rest: B x b + min(P - B, max_live + L) x b. Training adds the gradient
 of the module being reduced, L x b: ZeRO-3 materialises each module's whole gradient before it reduce-scatters
 it.
@@ -121,7 +121,7 @@ from dataclasses import dataclass
 
 from rlhf_cli.algorithms.spec import LogitsModel
 from rlhf_cli.models.architectures import ATTENTION_OUTPUT, Module
-from rlhf_cli.gather_budget import Unit, choose
+from rlhf_cli.generation.budget import Unit, choose
 from rlhf_cli.plan.model_sizes import Adapter, ModelSize
 
 GIB = 2**30

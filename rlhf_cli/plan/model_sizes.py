@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhf_cli.models.architectures import LAYER, Module, architecture, default_targets, selection
-from rlhf_cli.gather_budget import Unit
+from rlhf_cli.generation.budget import Unit
 from rlhf_cli.models.hub import ModelConfigUnavailable
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
@@ -41,7 +41,7 @@ class ModelSize:
     qk_norm: bool = False  # RMSNorm of each head's queries and keys (qwen3)
     max_positions: int | None = None  # longest sequence the model takes, when its config says
     approximate: bool = False  # an architecture we do not know: counted as a llama-like decoder
-    units: tuple[Unit, ...] = ()  # what a gather budget can buy of a causal LM (rlhf_cli/gather_budget.py)
+    units: tuple[Unit, ...] = ()  # what a gather budget can buy of a causal LM (rlhf_cli/generation/budget.py)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_cli.config.generation import Engine
+from rlhf_cli.generation.choice import Engine
 from rlhf_cli.plan.memory import GENERATION, GIB, STATIC, SYNC, Component
 
 SLEEP_RESIDUAL = 1 * GIB  # what vLLM keeps on a GPU while asleep: its CUDA graph pool and allocator state

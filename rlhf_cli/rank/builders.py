@@ -6,7 +6,7 @@ from typing import Any
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import load_object
-from rlhf_cli.config.generation import Gather
+from rlhf_cli.generation.choice import Gather
 from rlhf_cli.rank.inputs import RankInputs, agent_arguments, load_prompts, reward_funcs, reward_functions
 from rlhf_cli.rank.lora import adapt_ppo_models, peft_config
 from rlhf_cli.rank.zero3 import apply_zero3_settings
@@ -33,7 +33,7 @@ def _install_vllm(config: Any, inputs: RankInputs) -> None:
     import json
     from pathlib import Path
 
-    from rlhf_cli.rank.vllm_sync import install_vllm, training_dtype
+    from rlhf_cli.rank.vllm.sync import install_vllm, training_dtype
 
     config_file = Path(str(inputs.model_value("model_name_or_path")), "config.json")
     saved = json.loads(config_file.read_text()) if config_file.is_file() else {}

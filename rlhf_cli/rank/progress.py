@@ -98,7 +98,7 @@ def vllm_sync_text() -> str:
 
     from rlhf_cli.sizes import readable
 
-    sync = sys.modules.get("rlhf_cli.rank.vllm_sync")  # imported only by runs with vLLM
+    sync = sys.modules.get("rlhf_cli.rank.vllm.sync")  # imported only by runs with vLLM
     calls = sync.SyncLog.take() if sync is not None else []
     if not calls:
         return ""

@@ -259,7 +259,7 @@ class Watch:
     def _stop_job(self, verdict: Verdict, beats: list[Beat], now: float) -> NoReturn:
         """Stop the job: the first rank to judge so records the verdict; on a stall or a silent rank every rank
         writes its stack, and the first waits for theirs before it exits (its exit would break their collectives
-        into errors, and the agent would stop them, before they could)."""
+        into errors, and the launch supervisor would stop them, before they could)."""
         stalled = verdict.kind != GONE
         if not claim(self.run_dir.first_failure, STALLED if stalled else FAILED):
             stop_for_another_rank(self.run_dir)

@@ -11,7 +11,7 @@ TRL's private generation context (through `rlhf_cli.compat`), the one context ma
 every TRL trainer (and our PPO) generates, and invalidate the trace after each no-gather generation.
 Drop this module's fix once TRL invalidates the trace on its no-gather path too.
 
-The same wrapper spends the gather budget (`gather_budget`, rlhf_cli/gather_budget.py): on TRL's no-gather path it
+The same wrapper spends the gather budget (`gather_budget`, rlhf_cli/generation/budget.py): on TRL's no-gather path it
 gathers the chosen units of the policy once per generation call and takes ZeRO-3's hooks off them, so that only
 the rest is fetched per token; at the end it leaves ZeRO-3 as a full gather does (units partitioned, hooks back,
 fetch trace invalidated).
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhf_cli import compat
-from rlhf_cli.gather_budget import Budget, Unit, choose
+from rlhf_cli.generation.budget import Budget, Unit, choose
 from rlhf_cli.output.run_dir import STOCK_TRL_ENV
 from rlhf_cli.rank.probes import PhaseMemory, probe_generation
 
@@ -94,7 +94,7 @@ PINNED = -1  # in a gathered parameter's `ds_active_sub_modules` (module ids are
 
 @dataclass(frozen=True)
 class ModuleUnit:
-    """One unit of the policy (rlhf_cli/gather_budget.py) as modules: gathered whole or not at all."""
+    """One unit of the policy (rlhf_cli/generation/budget.py) as modules: gathered whole or not at all."""
 
     unit: Unit
     roots: tuple[Any, ...]  # each with all its submodules

@@ -156,7 +156,7 @@ def test_ppo_with_lora_checkpoints_adapters_and_resumes(tmp_path: Path) -> None:
     assert [e["objective/kl"] for e in resumed[2:]] == pytest.approx([e["objective/kl"] for e in full[2:]])
 
 
-# -- vLLM rollouts (rlhf_cli/rank/ppo/vllm_rollouts.py) ----------------------------------------------------------
+# -- vLLM rollouts (rlhf_cli/rank/vllm/ppo_rollouts.py) ----------------------------------------------------------
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed here (README: Installing vLLM)")
@@ -172,7 +172,7 @@ def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path
     gather choice allows (measured on the parameters: with no persistent parameters every whole one is gathered).
     With LoRA every adapted layer is merged into the weights sent, in its own layer's bucket. (A whole-model sync,
     one bucket: the server test below, and RLOO's in tests/launch/test_vllm_end_to_end.py, through the same
-    rlhf_cli/rank/vllm_sync.py.)"""
+    rlhf_cli/rank/vllm/sync.py.)"""
     out = tmp_path / "run"
     done = ppo(out, *gather, "--max-steps", "2", "--vllm", "colocate", env=VLLM_ENV, timeout=900)
     adapted = 0

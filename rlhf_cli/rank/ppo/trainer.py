@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase, Trainer, TrainerState, set_see
 from trl.models import prepare_deepspeed, unwrap_model_for_generation
 
 from rlhf_cli import compat
-from rlhf_cli.config.generation import Generation
+from rlhf_cli.generation.choice import Generation
 from rlhf_cli.rank.ppo import core, saving
 from rlhf_cli.rank.ppo.config import PPOConfig
 from rlhf_cli.rank.ppo.modules import (
@@ -90,7 +90,7 @@ class PPOTrainer(Trainer):
                 frozen.eval()
         self.vllm = None  # rollouts from vLLM (`use_vllm`), its weights refreshed after every update
         if generation.engine.vllm:
-            from rlhf_cli.rank.ppo.vllm_rollouts import VLLMRollouts
+            from rlhf_cli.rank.vllm.ppo_rollouts import VLLMRollouts
 
             self.vllm = VLLMRollouts(args, self.accelerator, policy, processing_class, self.stop_token_id,
                                      generation)

@@ -1,10 +1,10 @@
 """The pre-launch check, run by the launcher in a process of its own just before it starts the ranks:
-`python -m rlhf_cli.rank.preflight` reads {algorithm, values, processes} as JSON on stdin and writes
+`python -m rlhf_cli.rank.prelaunch` reads {algorithm, values, processes} as JSON on stdin and writes
 {"problems": [...]} as JSON on stdout.
 
 It does once what every rank would do first, and would die of on every rank: import each reward function and
 check that it takes the arguments the trainer passes; import each tool and environment and check that
-transformers can describe it and the policy's chat template can render its calls (rlhf_cli/rank/agent_checks.py);
+transformers can describe it and the policy's chat template can render its calls (rlhf_cli/rank/prelaunch_tools.py);
 and build the trainer's config (TRL's dataclass, ours for PPO) from the resolved values, where its __post_init__
 checks them. Its own process, because both run code the
 CLI must not: the user's modules (which may import torch, print, or hang: the launcher gives this process a time
@@ -22,13 +22,13 @@ from typing import Any
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import load_object
-from rlhf_cli.rank.agent_checks import agent_problems, one_line
+from rlhf_cli.rank.prelaunch_tools import agent_problems, one_line
 from rlhf_cli.rank.inputs import RankInputs, load_reward_function
-from rlhf_cli.output.run_dir import PREFLIGHT_STEP_MARK
+from rlhf_cli.output.run_dir import PRELAUNCH_STEP_MARK
 
 
 def _step(text: str) -> None:
-    print(f"{PREFLIGHT_STEP_MARK}{text}", file=sys.stderr, flush=True)
+    print(f"{PRELAUNCH_STEP_MARK}{text}", file=sys.stderr, flush=True)
 
 
 def reward_function_problems(inputs: RankInputs) -> list[str]:

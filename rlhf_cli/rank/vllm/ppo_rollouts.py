@@ -7,7 +7,7 @@ reference log-probs stay the policy's own forward passes, as with `generate`, so
 vLLM and the policy never enters PPO's ratio.
 
 After every update the policy's weights go to vLLM (`sync`) through rlhf's bucketed sync
-(rlhf_cli/rank/vllm_sync.py), gathered under the run's gather choice: into the colocated engine, or through a
+(rlhf_cli/rank/vllm/sync.py), gathered under the run's gather choice: into the colocated engine, or through a
 directory into the server.
 """
 
@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhf_cli.config.generation import Engine, Gather, Generation
-from rlhf_cli.rank import vllm_sync
-from rlhf_cli.rank.vllm_server import ServerTarget
+from rlhf_cli.generation.choice import Engine, Gather, Generation
+from rlhf_cli.rank.vllm import sync as vllm_sync
+from rlhf_cli.rank.vllm.server import ServerTarget
 from rlhf_cli.rank.zero3 import GenerationClock
 
 

@@ -1,10 +1,10 @@
 """`accelerate launch`, passing SIGUSR1 on to the ranks and ending with an exit code, not a traceback.
 
 When ranks fail, accelerate and torch's elastic agent would print two tracebacks saying only that they failed.
-Instead the agent writes down what only it knows, how each failed rank ended (an exit code, or the signal that
+Instead the supervisor writes down what only it knows, how each failed rank ended (an exit code, or the signal that
 killed it), with this machine's memory, into `ranks/machine-N.exits.json`, and raises the first-failure marker
 so that the ranks of other machines stop too; the launcher reads it to name the real cause.
-Usage is exactly accelerate's: `python -m rlhf_cli.launch.agent [accelerate launch args]`.
+Usage is exactly accelerate's: `python -m rlhf_cli.launch.supervisor [accelerate launch args]`.
 """
 
 from __future__ import annotations
@@ -54,11 +54,11 @@ def main(argv: list[str]) -> int:
     signal_stopped, rank_failed = compat.launch_errors()
     if os.environ.get(OUTPUT_MODE_ENV) != "verbose":
         # "Sending process N closing signal SIGTERM", "failed (exitcode: -9) local_rank: 1": the launcher says what
-        # happened, once, from what this agent records.
+        # happened, once, from what this supervisor records.
         logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     args = launch_command_parser().parse_args(argv)
     # torch's agent passes the signals it handles on to the ranks, which checkpoint on SIGTERM and SIGUSR1;
-    # any other signal kills the agent itself.
+    # any other signal kills the supervisor itself.
     compat.forward_signals_to_ranks(args, "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
     if not gate_opens():
         return 0

@@ -2,7 +2,7 @@
 
 Rank 0 holds TRL's `VLLMClient` (the server's OpenAI-compatible `/v1/completions`); every rank's prompts go to it
 in one request and each rank gets its share back. Weights reach the server through a directory both can read:
-rank 0 writes them as each bucket is gathered (rlhf_cli/rank/vllm_sync.py), then asks the server to reload from
+rank 0 writes them as each bucket is gathered (rlhf_cli/rank/vllm/sync.py), then asks the server to reload from
 the directory (`POST /collective_rpc` `reload_weights`, a development endpoint: `rlhf vllm-serve` starts the
 server with VLLM_SERVER_DEV_MODE=1) and to drop its prefix cache. TRL's NCCL weight transfer needs CUDA on both
 sides: it is the GPU transport; the directory is the one that works everywhere (and the one tested on CPU).

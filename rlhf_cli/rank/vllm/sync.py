@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhf_cli import compat
-from rlhf_cli.gather_budget import Budget
+from rlhf_cli.generation.budget import Budget
 from rlhf_cli.rank.zero3 import ModuleUnit, policy_units
 
 WHOLE = None  # a bucket limit: the whole policy in one bucket (--gather)

@@ -1,12 +1,12 @@
 """Before any rank starts: the trainer's config built and each reward function imported once, in a process of
-their own (rlhf_cli/rank/preflight.py), their problems reported as every other mistake is (exit 2).
+their own (rlhf_cli/rank/prelaunch.py), their problems reported as every other mistake is (exit 2).
 
 Why a separate process: both run code the launcher must not. TRL's config pulls in torch, and transformers'
 __post_init__ would set up a device and a process group in whatever process builds it; a reward module is the
 user's code, which may import anything, print, or never return. The launcher itself never imports torch, so it
 holds no CUDA context the ranks could trip over, and the check's process is gone before the ranks start.
 What it costs: one Python start and TRL's import, a few seconds (benchmarks/launcher.py measures it), which the
-launcher spends while the launch agent imports torch and accelerate: the agent waits at a gate and starts no
+launcher spends while the launch supervisor imports torch and accelerate: the supervisor waits at a gate and starts no
 rank until the check has passed (rlhf_cli/launch/runner.py). On 2 cores it cannot hide there, so a check that
 passed is remembered (`passed_checks_dir`), keyed by a hash of what it read: the resolved values, the ranks'
 environment, the installed versions, rlhf's own code, and each reward file's bytes. A run started again
@@ -29,21 +29,21 @@ from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.launch.command import launch_command
 from rlhf_cli.launch.versions import installed_versions
-from rlhf_cli.output.run_dir import OUTPUT_MODE_ENV, PREFLIGHT_STEP_MARK, RUN_DIR_ENV
+from rlhf_cli.output.run_dir import OUTPUT_MODE_ENV, PRELAUNCH_STEP_MARK, RUN_DIR_ENV
 
-PREFLIGHT_MODULE = "rlhf_cli.rank.preflight"
+PRELAUNCH_MODULE = "rlhf_cli.rank.prelaunch"
 CACHE_ENV = "RLHF_CACHE"  # where rlhf remembers passed checks; default ~/.cache/rlhf
 WHERE_IT_WRITES = ("output_dir", "logging_dir", "run_name")
 TIMEOUT_SECONDS = 300  # TRL's import on a slow shared file system, with room; a reward module that hangs stops here
 
 
 def _last_step(stderr: str) -> str:
-    steps = [line[len(PREFLIGHT_STEP_MARK):] for line in stderr.splitlines() if line.startswith(PREFLIGHT_STEP_MARK)]
+    steps = [line[len(PRELAUNCH_STEP_MARK):] for line in stderr.splitlines() if line.startswith(PRELAUNCH_STEP_MARK)]
     return steps[-1] if steps else "starting"
 
 
 def _last_lines(stderr: str, count: int = 3) -> str:
-    lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith(PREFLIGHT_STEP_MARK)]
+    lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith(PRELAUNCH_STEP_MARK)]
     return " | ".join(line.strip() for line in lines[-count:])
 
 
@@ -109,7 +109,7 @@ class PendingCheck:
         if self.remembered:
             return
         # Its own session: a reward module's children are stopped with it when it runs out of time.
-        self.checker = subprocess.Popen([sys.executable, "-m", PREFLIGHT_MODULE], stdin=subprocess.PIPE,
+        self.checker = subprocess.Popen([sys.executable, "-m", PRELAUNCH_MODULE], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                         env={**os.environ, **rank_env}, start_new_session=True)
 

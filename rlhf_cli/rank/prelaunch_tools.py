@@ -5,7 +5,7 @@ type hint or docstring line fails then, on every rank, after the models have loa
 at start-up to find its methods; and it checks the policy's chat template: that it renders a tool-calling
 conversation (`supports_tool_calling`), that it preserves prefixes (else it swaps in a training template of its
 own, when it has one) and that a response parser is known for it (`add_response_schema`). The same calls are made
-here, once, in the pre-launch check's own process (rlhf_cli/rank/preflight.py).
+here, once, in the pre-launch check's own process (rlhf_cli/rank/prelaunch.py).
 """
 
 from __future__ import annotations
