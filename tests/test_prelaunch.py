@@ -15,7 +15,7 @@ import pytest
 from helpers import RECIPES, REPO, launch_rlhf, write
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
-from rlhf_cli.launch.prelaunch import check_before_launch
+from rlhf_cli.launch.prelaunch import check_before_launch, check_key
 
 CHECK = """
 import json, sys
@@ -63,6 +63,21 @@ def test_what_trl_and_the_reward_functions_refuse_is_found_before_any_rank(tmp_p
                                   "log_metric): got an unexpected keyword argument 'prompts'")
     assert problems[2].startswith("trl.RLOOConfig refuses these values: ValueError: auto_find_batch_size is not "
                                   "supported by RLOO")  # a rule only TRL knows: the config's own check finds it
+
+
+def test_a_check_that_passed_holds_for_the_run_elsewhere_or_resumed_and_not_for_other_values() -> None:
+    """What the check never reads (where the run writes, the checkpoint it resumes, which the resolver checked)
+    leaves the key alone; a trainer value or the ranks' environment changes it."""
+    values = {"learning_rate": 1e-3, "output_dir": "runs/a", "resume_from_checkpoint": None}
+    payload = {"algorithm": "rloo", "values": values, "processes": 2}
+    env = {"DS_ACCELERATOR": "cpu"}
+    key = check_key(payload, env)
+    elsewhere = {**values, "output_dir": "runs/b", "logging_dir": "runs/b/logs", "run_name": "b",
+                 "resume_from_checkpoint": "runs/a/checkpoint-4"}
+    assert check_key({**payload, "values": elsewhere}, env) == key
+    assert check_key({**payload, "values": {**values, "learning_rate": 1e-2}}, env) != key
+    assert check_key(payload, {**env, "RLHF_GREETING": "hello"}) != key
+    assert check_key({**payload, "processes": 4}, env) != key
 
 
 def test_a_run_that_fits_passes_with_the_launcher_free_of_torch_and_is_checked_again_only_when_changed(

@@ -9,9 +9,9 @@ What it costs: one Python start and TRL's import, a few seconds (benchmarks/laun
 launcher spends while the launch supervisor imports torch and accelerate: the supervisor waits at a gate and starts no
 rank until the check has passed (rlhf_cli/launch/runner.py). On 2 cores it cannot hide there, so a check that
 passed is remembered (`passed_checks_dir`), keyed by a hash of what it read: the resolved values, the ranks'
-environment, the installed versions, rlhf's own code, and each reward file's bytes. A run started again
-unchanged skips it; a reward function from an installed module (whose code no hash here can follow) is checked
-every time. A pass remembered wrongly costs a rank's error at start, not a wrong run.
+environment, the installed versions, rlhf's own code, and each reward file's bytes, not where the run writes or
+which checkpoint it resumes. A run started again unchanged, elsewhere or resumed, skips it; a reward function
+from an installed module (whose code no hash here can follow) is checked every time. A pass remembered wrongly costs a rank's error at start, not a wrong run.
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ from rlhf_cli.output.run_dir import OUTPUT_MODE_ENV, PRELAUNCH_STEP_MARK, RUN_DI
 
 PRELAUNCH_MODULE = "rlhf_cli.rank.prelaunch"
 CACHE_ENV = "RLHF_CACHE"  # where rlhf remembers passed checks; default ~/.cache/rlhf
-WHERE_IT_WRITES = ("output_dir", "logging_dir", "run_name")
+# Where a run writes, and the checkpoint it resumes from (which the resolver checked): the trainer's config only
+# stores them, so a check that passed holds for a run started elsewhere or resumed.
+NOT_CHECKED = ("output_dir", "logging_dir", "run_name", "resume_from_checkpoint")
 TIMEOUT_SECONDS = 300  # TRL's import on a slow shared file system, with room; a reward module that hangs stops here
 
 
@@ -74,9 +76,9 @@ def check_key(payload: dict[str, Any], rank_env: dict[str, str]) -> str | None:
             sources[str(spec)] = hashlib.sha256(Path(target).read_bytes()).hexdigest()
         except OSError:
             return None  # the check itself says why
-    # Where a run writes and how much it prints change nothing the check looks at: a run with the default
-    # output dir (runs/ALGO-TIME) is the same check as the last one.
-    values = {key: value for key, value in payload["values"].items() if key not in WHERE_IT_WRITES}
+    # Where a run writes, what it resumes and how much it prints change nothing the check looks at: a run with the
+    # default output dir (runs/ALGO-TIME), or resumed after a preemption, is the same check as the last one.
+    values = {key: value for key, value in payload["values"].items() if key not in NOT_CHECKED}
     env = {key: value for key, value in rank_env.items() if key not in (RUN_DIR_ENV, OUTPUT_MODE_ENV)}
     identity = {"payload": {**payload, "values": values}, "env": env, "versions": installed_versions(),
                 "code": _code_stamp(), "python": sys.executable, "sources": sources}

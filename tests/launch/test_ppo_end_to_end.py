@@ -51,17 +51,35 @@ def test_score_rises_on_a_learnable_reward(tmp_path: Path) -> None:
     assert last > first + 0.05 and tau > 0.4, (tau, scores)
 
 
-def test_checkpoint_loads_and_resume_continues_episodes_and_schedule(tmp_path: Path) -> None:
+# The optimizer and the parameters offloaded to the CPU, from a user's accelerate config that leaves
+# zero3_save_16bit_model false (accelerate's default); no gather.
+OFFLOADED = ("--no-gather", "--offload-optimizer", "cpu", "--offload-params", "cpu")
+
+
+@pytest.fixture(scope="module")
+def offloaded_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[str, ...]]:
+    """One offloaded run of 4 updates saving every 2, which the offload test reads and the resume test resumes:
+    (its output dir, the flags a run of the same layout takes)."""
+    work = tmp_path_factory.mktemp("offloaded")
+    config = work / "accelerate.yaml"
+    config.write_text("distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 3\n"
+                      "  zero3_init_flag: true\n")
+    layout = (*OFFLOADED, "--accelerate-config", str(config))
+    ppo(work / "run", *layout, "--set", "save_strategy=steps", "--set", "save_steps=2")
+    return work / "run", layout
+
+
+def test_checkpoint_loads_and_resume_continues_episodes_and_schedule(offloaded_run: tuple[Path, tuple[str, ...]],
+                                                                     tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    out = tmp_path / "run"
-    ppo(out, "--set", "save_strategy=steps", "--set", "save_steps=2")
+    out, layout = offloaded_run
     full = logged(out)
     checkpoint = out / "checkpoint-2"
     assert AutoModelForCausalLM.from_pretrained(checkpoint).num_parameters() > 0
 
     resumed_dir = tmp_path / "resumed"
-    done = ppo(resumed_dir, "--resume", str(checkpoint))
+    done = ppo(resumed_dir, *layout, "--resume", str(checkpoint))
     resumed = logged(resumed_dir)
     assert [entry["step"] for entry in resumed] == [1, 2, 3, 4]  # the first two come from the checkpoint
     assert [entry["episode"] for entry in resumed[2:]] == [24, 32]
@@ -72,16 +90,12 @@ def test_checkpoint_loads_and_resume_continues_episodes_and_schedule(tmp_path: P
     assert "Traceback" not in done.stderr
 
 
-def test_ppo_trains_with_optimizer_and_parameters_offloaded_to_cpu(tmp_path: Path) -> None:
+def test_ppo_trains_with_optimizer_and_parameters_offloaded_to_cpu(offloaded_run: tuple[Path, tuple[str, ...]]) -> None:
     """Also from a user's accelerate config that leaves zero3_save_16bit_model false, accelerate's default: before,
     the run died at its first save (accelerate's get_state_dict refuses); the policy is consolidated anyway."""
     from transformers import AutoModelForCausalLM
 
-    out, config = tmp_path / "run", tmp_path / "accelerate.yaml"
-    config.write_text("distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 3\n"
-                      "  zero3_init_flag: true\n")
-    ppo(out, "--no-gather", "--offload-optimizer", "cpu", "--offload-params", "cpu", "--accelerate-config",
-        str(config), "--set", "save_strategy=steps", "--set", "save_steps=2")
+    out, _ = offloaded_run
     accelerate = (out / "accelerate_config.yaml").read_text()
     assert "offload_optimizer_device: cpu" in accelerate and "offload_param_device: cpu" in accelerate
     assert "zero3_save_16bit_model: true" not in accelerate
