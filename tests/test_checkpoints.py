@@ -171,3 +171,15 @@ def test_an_explicit_steps_per_generation_scales_with_the_accumulation(tmp_path:
     path = zero3_checkpoint(tmp_path / "checkpoint-2", SavedBy("rloo", 2, 2, 2))
     run = resume_on(1, path, tmp_path, "gradient_accumulation_steps=2", "steps_per_generation=2")
     assert (run.value("gradient_accumulation_steps"), run.value("steps_per_generation")) == (4, 4)
+
+
+@pytest.mark.parametrize("algorithm", ["rloo", "grpo", "online_dpo"])
+def test_every_trl_algorithm_resumed_on_one_process_doubles_its_accumulation(algorithm: str, tmp_path: Path) -> None:
+    """Their smoke recipes: 2 processes x 2 per device x 1 accumulation step; on 1 process, 2 steps keep the 4.
+    With the manifest of an older rlhf (no saved_by), the shards give the count and this run the batch layout."""
+    path = zero3_checkpoint(tmp_path / "checkpoint-2", SavedBy(algorithm, 2, 2, 1))
+    (path / MANIFEST).write_text(json.dumps({"files": {}}))
+    run = resume_on(1, path, tmp_path, algorithm=algorithm)
+    assert run.value("gradient_accumulation_steps") == 2
+    assert run.settings["gradient_accumulation_steps"].source == "rlhf: keeps checkpoint-2's global batch 4 on 1 " \
+                                                                 "process"

@@ -68,7 +68,8 @@ def keep_global_batch(draft: Draft, accelerate: dict[str, Any]) -> None:
                               f"run {', '.join(map(str, fitting))} processes, or a per_device_train_batch_size that "
                               f"times {processes} divides {global_batch}")
         return
-    why = f"rlhf: keeps {checkpoint.name}'s global batch {global_batch} on {processes} processes"
+    why = f"rlhf: keeps {checkpoint.name}'s global batch {global_batch} on {processes} process" + \
+        ("es" if processes > 1 else "")
     draft.settings["gradient_accumulation_steps"] = Setting(accumulation, why)
     _scale_steps_per_generation(draft, saved, processes, said)
     draft.notes.append(f"{said}: saved by {saved} processes, resumed on {processes}: gradient_accumulation_steps "
