@@ -67,6 +67,12 @@ INTERNALS = (
              "zero3_save_16bit_model says (accelerate's get_state_dict refuses without it and gathers frozen "
              "weights too)", "DeepSpeed or accelerate offer a public consolidated state dict that excludes frozen "
              "parameters", ("exclude_frozen_parameters",)),
+    Internal("deepspeed.checkpoint.ds_to_universal:main",
+             "a ZeRO-3 checkpoint resumed on another number of processes is converted to DeepSpeed's universal "
+             "checkpoint, which any count loads (`checkpoint.load_universal`); `main` is the conversion script's "
+             "entry point, called with the arguments its parser would give",
+             "DeepSpeed offers the conversion as a function of its own parameters, or loads another world size "
+             "directly", ("args",)),
     Internal("transformers:Trainer._load_rng_state", "PPO's resume restores every RNG as Trainer's does",
              "never: PPO is ours", ("checkpoint",)),
     Internal("transformers.trainer_callback:ExportableState",
@@ -263,6 +269,19 @@ def save_checkpoint(trainer: Any, model: Any) -> None:
 
 def load_rng_state(trainer: Any, checkpoint: str) -> None:
     trainer._load_rng_state(checkpoint)
+
+
+def convert_to_universal(shards: Any, universal: Any) -> None:
+    """DeepSpeed's universal checkpoint of the shards in folder `shards` (a checkpoint's `global_stepN`), written
+    to folder `universal`, with `latest_universal` beside it naming it. One worker each: it runs inside a rank,
+    where forked workers would inherit the rank's accelerator state."""
+    import argparse
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    ds_to_universal.main(argparse.Namespace(input_folder=str(shards), output_folder=str(universal),
+                                            num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False,
+                                            strict=True, inject_missing_state=False))
 
 
 def stop_sync_with_dataloader(accelerator: Any) -> None:

@@ -315,6 +315,8 @@ class PPOTrainer(Trainer):
         pg_loss, pg_clipfrac, approxkl = core.policy_loss(new_logprobs, old_logprobs, targets["advantages"][micro],
                                                           args.cliprange, ~padding)
         self.accelerator.backward(pg_loss + args.vf_coef * vf_loss)
+        if self.accelerator.sync_gradients and args.max_grad_norm:  # DeepSpeed clips in its own step (a no-op here)
+            self.accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad()
         with torch.no_grad():
