@@ -63,8 +63,9 @@ class ServerTarget:
             self.client = VLLMClient(base_url=server_url(args), connection_timeout=args.vllm_server_timeout)
         accelerator.wait_for_everyone()
 
-    def generate(self, prompts: list[list[int]], settings: dict[str, Any]) -> list[list[int]]:
-        """Completions of this rank's `prompts`: rank 0 asks for every rank's at once."""
+    def generate(self, prompts: list[list[int]], settings: dict[str, Any]) -> tuple[list[list[int]], list[Any]]:
+        """Completions of this rank's `prompts` and the log-probability of each sampled token (TRL's nesting: one
+        list per token): rank 0 asks for every rank's at once."""
         from accelerate.utils import broadcast_object_list, gather_object
 
         everyone = gather_object([prompts])  # one list per rank, in rank order
@@ -74,12 +75,13 @@ class ServerTarget:
             out = self.client.generate(prompts=flat, n=1, temperature=settings["temperature"],
                                        top_p=settings["top_p"], top_k=settings["top_k"], min_p=settings["min_p"],
                                        repetition_penalty=settings["repetition_penalty"],
-                                       max_tokens=settings["max_completion_length"], logprobs=None,
+                                       max_tokens=settings["max_completion_length"], logprobs=0,
                                        generation_kwargs=settings["generation_kwargs"])
-            completions = [out["completion_ids"]]
+            completions = [(out["completion_ids"], out["logprobs"])]
         broadcast_object_list(completions, from_process=0)
         start = sum(len(rank_prompts) for rank_prompts in everyone[:self.accelerator.process_index])
-        return completions[0][start:start + len(prompts)]
+        ids, logprobs = completions[0]
+        return ids[start:start + len(prompts)], logprobs[start:start + len(prompts)]
 
     def write_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """The sync's `reload`: rank 0 writes the weights as they are gathered; the other ranks take part in the
