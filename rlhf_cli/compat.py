@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -354,6 +355,11 @@ VLLM_INTERNALS = (
              "colocated vLLM runs its worker in the rank's own process: the sync reaches its model runner there "
              "(`llm_engine.model_executor.driver_worker.worker.model_runner`)", "as above"),
     Internal("vllm.v1.worker.worker_base:WorkerWrapperBase", "as above", "as above"),
+    Internal("transformers.conversion_mapping:get_model_conversion_mapping",
+             "the weight sync sends vLLM each parameter under its checkpoint name, undoing transformers' renamings "
+             "(GPT-NeoX's head: `lm_head` in memory, `embed_out` on disk)",
+             "transformers offers a public map from a model's parameter names to its checkpoint's", ("model",)),
+    Internal("transformers.core_model_loading:WeightRenaming", "as above", "as above"),
     Internal("vllm.model_executor.layers.vocab_parallel_embedding:UnquantizedEmbeddingMethod."
              "process_weights_after_loading",
              "a tied LM head is re-processed after each reload (vLLM re-processes only layers that received tensors, "
@@ -399,6 +405,26 @@ def vllm_reload_weights(llm: Any, weights: Any) -> None:
     copies = ((name, tensor.detach().clone()) for name, tensor in weights)
     runner.reload_weights(weights_iterator=copies, is_checkpoint_format=True)
     vllm_reprocess_shared_layers(runner.get_model())
+
+
+def checkpoint_renamings(model: Any) -> list[tuple[str, str]]:
+    """(regex over a parameter's name in memory, its name in the checkpoint) for each plain renaming transformers
+    applies when it loads `model` (a PreTrainedModel): vLLM loads checkpoint names (GPT-NeoX's head is `lm_head`
+    in transformers 5 and `embed_out` on disk). Renamings by pattern, and conversions that fuse or split tensors,
+    have no plain inverse and are left out."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming
+
+    plain = re.compile(r"^\^?(?:[A-Za-z0-9_]|\\\.)+$")  # letters, digits, _ and escaped dots, maybe anchored
+    found = []
+    for transform in get_model_conversion_mapping(model):
+        if type(transform) is not WeightRenaming or len(transform.source_patterns) != 1:
+            continue
+        source, target = transform.source_patterns[0], transform.target_patterns[0]
+        if plain.match(source) and re.fullmatch(r"[A-Za-z0-9_.]+", target):
+            anchor = "^" if source.startswith("^") else ""
+            found.append((anchor + re.escape(target), source.removeprefix("^").replace("\\.", ".")))
+    return found
 
 
 def vllm_model(llm: Any) -> Any:

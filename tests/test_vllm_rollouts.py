@@ -3,6 +3,7 @@ and the server command `rlhf vllm-serve` starts."""
 
 from __future__ import annotations
 
+import importlib
 import shlex
 import subprocess
 import sys
@@ -77,3 +78,8 @@ def test_vllm_serve_starts_the_runs_model_on_loopback_with_its_settings() -> Non
     assert options["--dtype"] == "float32"  # the checkpoint's, as the trainer holds it: not vLLM's auto (bf16)
     assert (options["--host"], options["--port"], options["--max-model-len"], options["--seed"]) == \
         ("127.0.0.1", "8123", "64", "7")
+    # the weight refresh reloads through rlhf's worker method, tied layers re-processed after
+    module, _, name = options["--worker-extension-cls"].rpartition(".")
+    from rlhf_cli.rank.vllm.worker_extension import RELOAD_METHOD
+
+    assert hasattr(getattr(importlib.import_module(module), name), RELOAD_METHOD)

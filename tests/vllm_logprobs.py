@@ -66,7 +66,7 @@ def adapted(model, targets: list[str]):
 
 def self_check(model, llm) -> dict:
     """The self-check on a good sync, on a sync whose tied layers are not re-processed (the stale tied head), and
-    on one that sends a norm's weight tripled."""
+    on one that sends the final norm's weight as 3 w + 1."""
     from rlhf_cli import compat
     from rlhf_cli.rank.vllm.self_check import SyncCheck, SyncCheckFailed
     from rlhf_cli.rank.vllm.sync import PER_UNIT, SyncLimit, sync_weights
@@ -76,15 +76,15 @@ def self_check(model, llm) -> dict:
     def stale_tied_head(engine, weights):
         compat.vllm_model_runner(engine).reload_weights(weights_iterator=weights, is_checkpoint_format=True)
 
-    norm = next(name for name, param in model.named_parameters()
-                if param.dim() == 1 and name.endswith("weight") and ("norm" in name or ".ln_" in name)
-                and (".layers.1." in name or ".h.1." in name))
+    norm = next(name for name, param in model.named_parameters()  # the final norm: it scales every logit
+                if param.dim() == 1 and name.endswith("weight") and ("norm" in name or "ln_f" in name)
+                and ".layers." not in name and ".h." not in name)
 
-    def tripled_norm(engine, weights):
-        compat.vllm_reload_weights(engine, ((n, t * 3 if norm.endswith(n) else t) for n, t in weights))
+    def broken_norm(engine, weights):
+        compat.vllm_reload_weights(engine, ((n, t * 3 + 1 if norm.endswith(n) else t) for n, t in weights))
 
-    found["tripled"] = norm
-    for case, reload in (("stale_tied_head", stale_tied_head), ("tripled_norm", tripled_norm)):
+    found["broken"] = norm
+    for case, reload in (("stale_tied_head", stale_tied_head), ("broken_norm", broken_norm)):
         train_one_step(model)
         try:
             found[case] = sync_weights(model, llm, SyncLimit(PER_UNIT), reload=reload, check=SyncCheck(1))

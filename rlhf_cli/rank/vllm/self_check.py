@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rlhf_cli import compat
-from rlhf_cli.rank.vllm.sync import gathered, vllm_name
+from rlhf_cli.rank.vllm.sync import checkpoint_names, gathered
 
 PROBE_PROMPTS = 3
 PROBE_PROMPT_TOKENS = 6
@@ -144,16 +144,17 @@ def head_difference(model: Any, llm: Any) -> float:
 def weight_differences(model: Any, engine: Any) -> dict[str, float]:
     """Max |difference| of every vLLM weight that is readable under the policy's checkpoint name, by that name."""
     held = {name: param for name, param in engine.named_parameters() if param.numel() > 0}
+    named = checkpoint_names(model)
     found: dict[str, float] = {}
     for name, param in model.named_parameters():
-        served = held.get(vllm_name(name) or "")
+        served = held.get(named(name) or "")
         if served is None:
             continue
         with gathered([param]):
             own = param.data.detach().float().cpu()
         if served.dim() == own.dim() and all(s >= o for s, o in zip(served.shape, own.shape)):
             part = served.detach()[tuple(slice(0, size) for size in own.shape)].float().cpu()
-            found[vllm_name(name)] = (part - own).abs().max().item()
+            found[named(name)] = (part - own).abs().max().item()
     return found
 
 

@@ -20,6 +20,7 @@ record.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -100,6 +101,21 @@ def vllm_name(name: str) -> str | None:
     return name
 
 
+def checkpoint_names(model: Any) -> Callable[[str], str | None]:
+    """`vllm_name` for `model`'s parameters, with the renamings transformers applies at load undone: vLLM loads the
+    names the checkpoint has (rlhf_cli/compat.checkpoint_renamings)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    renamings = compat.checkpoint_renamings(base) if hasattr(base, "config") else []
+
+    def name(param_name: str) -> str | None:
+        found = vllm_name(param_name)
+        for pattern, replacement in renamings if found is not None else ():
+            found = re.sub(pattern, replacement, found)
+        return found
+
+    return name
+
+
 def sync_weights(model: Any, llm: Any, limit: SyncLimit, reload: Callable[[Any, Any], None] | None = None,
                  reset: Callable[[Any], None] | None = None, check: Any | None = None,
                  woke: bool = False) -> dict[str, Any]:
@@ -127,7 +143,8 @@ def _bucket_weights(model: Any, units: list[ModuleUnit], packed: list[list[int]]
                     measure: GatheredBytes) -> Iterator[tuple[str, Any]]:
     """(vLLM name, full tensor) of every weight, a bucket gathered (and its LoRA layers merged) at a time; a
     parameter outside every unit (on a module with children, outside the decoder layers) is gathered alone."""
-    names = {id(param): name for name, param in model.named_parameters()}  # a tied weight under its first name
+    named = checkpoint_names(model)
+    names = {id(param): named(name) for name, param in model.named_parameters()}  # a tied weight: its first name
     in_units = {id(param) for unit in units for param in unit.params}
     contents = [([param for index in bucket for param in units[index].params],
                  [module for index in bucket for module in units[index].modules]) for bucket in packed]
@@ -139,7 +156,7 @@ def _bucket_weights(model: Any, units: list[ModuleUnit], packed: list[list[int]]
             measure.sample()
             measure.merged += merged
             for param in params:
-                name = vllm_name(names[id(param)])
+                name = names[id(param)]
                 if name is not None and id(param) not in sent:
                     sent.add(id(param))
                     yield name, param.data
