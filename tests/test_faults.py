@@ -15,7 +15,7 @@ from rich.console import Console
 
 from helpers import RECIPES
 from fixtures.rewards import MARKUP
-from rlhf_cli.output.checkpoints import write_manifest
+from rlhf_cli.output.checkpoints import SavedBy, write_manifest
 from rlhf_cli.cli import output
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import OutputDirError
@@ -111,8 +111,8 @@ def test_a_full_disk_is_one_line_with_the_free_space_and_the_checkpoint_to_resum
     for step in (2, 4, 6):
         (run_dir.checkpoint(step) / "model.safetensors").parent.mkdir(parents=True)
         (run_dir.checkpoint(step) / "model.safetensors").write_text("weights")
-    write_manifest(run_dir.checkpoint(2))
-    write_manifest(run_dir.checkpoint(4))  # checkpoint-6's save never finished
+    write_manifest(run_dir.checkpoint(2), SavedBy("rloo", 2, 2, 1))
+    write_manifest(run_dir.checkpoint(4), SavedBy("rloo", 2, 2, 1))  # checkpoint-6's save never finished
     error_record(run_dir, 0, "basic_ios::clear: iostream error", disk="no space left on device")
     monkeypatch.setattr(faults, "free_space", lambda path: 12 * 2**10)
     expected = (f"writing to {tmp_path} failed (no space left on device); 12.0 KiB free; the newest complete "

@@ -320,3 +320,21 @@ def test_vllm_refuses_a_policy_resized_for_its_pad_token(family_models: dict[str
         build(family_models["gpt2"], tmp_path / "gpt2", use_vllm=True)
     monkeypatch.setattr("rlhf_cli.rank.ppo.trainer.PPOTrainer.__init__", lambda self, **kwargs: None)
     build(family_models["pythia"], tmp_path / "pythia", use_vllm=True)  # built (its vLLM rollouts stubbed out)
+
+
+def test_max_grad_norm_clips_without_deepspeed_too(family_models: dict[str, Path], tmp_path: Path) -> None:
+    """As DeepSpeed's gradient_clipping does under ZeRO (TRL 1.12's loop never clipped): clipped to a norm far below
+    Adam's eps, a step barely moves the weights; 0 turns clipping off."""
+    import torch
+
+    def moved(max_grad_norm: float) -> float:
+        trainer = build(family_models["gemma"], tmp_path / f"out-{max_grad_norm}", total_episodes=4,
+                        max_grad_norm=max_grad_norm, recorder=Recorder(lambda n: [float(i % 2) for i in range(n)]))
+        before = {name: p.detach().clone() for name, p in trainer.policy_and_value.named_parameters()}
+        trainer.train()
+        return max((p.detach() - before[name]).abs().max().item()
+                   for name, p in trainer.policy_and_value.named_parameters())
+
+    with torch.random.fork_rng():
+        unclipped, clipped = moved(0.0), moved(1e-12)
+    assert unclipped > 1e-4 and clipped < unclipped / 100, (unclipped, clipped)

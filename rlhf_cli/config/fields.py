@@ -125,6 +125,9 @@ OWN_FIELDS = (
     Field("stall_timeout", "launch", ("int", "float"), 120,
           "Seconds without progress on any rank (or without a rank's heartbeat) before the job stops and names the "
           "stalled rank; loading and saving do not count. The collective timeout (ddp_timeout) follows it."),
+    Field("vllm_sync_check_steps", "launch", ("int",), 10,
+          "With vLLM colocated: compare vLLM's logprobs with the policy's on a fixed probe after the first weight "
+          "sync, after every wake from sleep and every this many syncs; the run stops when they differ. 0: never."),
     Field("dataset_prompt_column", "script", ("str",), "prompt",
           "Dataset column holding the prompt (plain text or a list of chat messages)."),
     Field("env", "launch", ("dict",), {},

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlhf_cli.config import run_checks
+from rlhf_cli.config import resume, run_checks
 from rlhf_cli.config.accelerate import LAYOUT_KEYS, AccelerateChoices, build_accelerate_config
 from rlhf_cli.config.draft import Draft
 from rlhf_cli.generation.choice import Generation
@@ -63,6 +63,8 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     run_checks.check_nvme_use(draft, accelerate)
     if not request.planning:  # the plan reads config.json alone: it plans a model before its weights are there
         draft.problems += run_problems(_Given(draft), cuda=not cpu_only, environ=environ)
+        resume.check_checkpoint(draft, accelerate)
+        resume.keep_global_batch(draft, accelerate)
     run_checks.check_cpu_and_lora(draft, cpu_only)
     run_checks.check_across_fields(draft, accelerate, cpu_only)
     if draft.problems:

@@ -23,7 +23,7 @@ from rlhf_cli.config.paths import path_state, writable_dir_problem
 from rlhf_cli.config.run import RESUME_AUTO, Setting
 from rlhf_cli.config.vllm import length_problems, vllm_problems
 from rlhf_cli.generation.budget import BudgetError, parse_budget
-from rlhf_cli.output.run_dir import MANIFEST
+from rlhf_cli.output.run_dir import MANIFEST, RunDir
 from rlhf_cli.sizes import SizeError, parse_size
 
 # The trainers' collective timeout, unless the recipe sets one: a backstop for what the stall watch does not judge
@@ -105,9 +105,13 @@ def find_resume_point(draft: Draft) -> None:
     if setting.value != RESUME_AUTO:
         checkpoint = Path(setting.value)
         reason = incomplete_reason(checkpoint)
-        if reason and (checkpoint / MANIFEST).is_file():  # a save that finished, damaged since
-            draft.problems.append(f"--resume {setting.value}: {reason}; pass an earlier checkpoint")
-        elif reason:  # a checkpoint rlhf did not write, or one whose save never finished: the user's call
+        # A save that finished and was damaged since, or one of an rlhf run that never finished, is refused; a
+        # checkpoint rlhf did not write (TRL's, transformers') has no manifest: the user's call.
+        if reason and ((checkpoint / MANIFEST).is_file() or RunDir(checkpoint.parent).written.is_file()):
+            draft.problems.append(f"--resume {setting.value}: {reason}; pass an earlier checkpoint, or --resume auto "
+                                  "(the newest whole one)")
+            draft.refused.add("resume_from_checkpoint")
+        elif reason:
             draft.notes.append(f"warning: --resume {setting.value}: {reason}; resuming from it as given")
         return
     if draft.settings["output_dir"].source == "default":

@@ -33,6 +33,7 @@ def _install_vllm(config: Any, inputs: RankInputs) -> None:
     import json
     from pathlib import Path
 
+    from rlhf_cli.rank.vllm.self_check import SyncCheck
     from rlhf_cli.rank.vllm.sync import install_vllm, training_dtype
 
     config_file = Path(str(inputs.model_value("model_name_or_path")), "config.json")
@@ -40,7 +41,8 @@ def _install_vllm(config: Any, inputs: RankInputs) -> None:
     dtype = training_dtype(config.bf16, config.fp16, config.model_init_kwargs.get("dtype"),
                            saved.get("dtype") or saved.get("torch_dtype"))
     gather = inputs.generation().gather
-    install_vllm(gather=gather == Gather.whole, budget=gather.budget, dtype=dtype)
+    install_vllm(gather=gather == Gather.whole, budget=gather.budget, dtype=dtype, seed=config.seed,
+                 check=SyncCheck(inputs.launch_value("vllm_sync_check_steps")))
 
 
 def _note_causal_lm_reward(inputs: RankInputs) -> None:
@@ -151,4 +153,5 @@ def build_ppo(inputs: RankInputs) -> Any:
     return PPOTrainer(args=config, processing_class=tokenizer, policy=policy, ref_policy=reference,
                       value_model=value, reward_model=reward, reward_funcs=reward_functions(inputs),
                       train_dataset=_tokenize_prompts(train, tokenizer),
-                      generation=inputs.generation())
+                      generation=inputs.generation(),
+                      vllm_sync_check_steps=inputs.launch_value("vllm_sync_check_steps"))

@@ -175,18 +175,22 @@ VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 @needs_vllm
 @pytest.mark.parametrize("gather", [("--gather-budget", "0.5"), ("--no-gather", "--lora")],
-                         ids=["budget", "no-gather-lora"])
-def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path: Path,
-                                                                        gather: tuple[str, ...]) -> None:
+                         ids=["budget", "no-gather-lora-tied"])
+def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path: Path, gather: tuple[str, ...],
+                                                                        tied_vllm_model: Path) -> None:
     """2 updates from colocated vLLM rollouts; after each, the weights go to vLLM in buckets no larger than the
     gather choice allows (measured on the parameters: with no persistent parameters every whole one is gathered).
-    With LoRA every adapted layer is merged into the weights sent, in its own layer's bucket. (A whole-model sync,
-    one bucket: the server test below, and RLOO's in tests/launch/test_vllm_end_to_end.py, through the same
-    rlhf_cli/rank/vllm/sync.py.)"""
+    With LoRA every adapted layer is merged into the weights sent, in its own layer's bucket; that run is on a
+    tied Qwen2.5-style stand-in (its own reward and value model), whose head vLLM re-processes after each reload.
+    vLLM's log-probs are requested: TRL's mismatch metric and importance-sampling weights are logged. (A
+    whole-model sync, one bucket: the server test below, and RLOO's in tests/launch/test_vllm_end_to_end.py,
+    through the same rlhf_cli/rank/vllm/sync.py.)"""
     out = tmp_path / "run"
-    done = ppo(out, *gather, "--max-steps", "2", "--vllm", "colocate", env=VLLM_ENV, timeout=900)
+    tied = "--lora" in gather
+    model = ("--model", str(tied_vllm_model), "--set", f"reward_model_name_or_path={tied_vllm_model}") if tied else ()
+    done = ppo(out, *gather, *model, "--max-steps", "2", "--vllm", "colocate", env=VLLM_ENV, timeout=900)
     adapted = 0
-    if "--lora" in gather:
+    if tied:
         from safetensors import safe_open
 
         with safe_open(str(out / "adapter_model.safetensors"), "pt") as saved:
@@ -195,20 +199,23 @@ def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path
     steps = logged(out)
     assert len(steps) == 2 and all(set(PPO_METRICS) <= entry.keys() for entry in steps)
     assert all(entry["vllm/sync_seconds"] > 0 for entry in steps)
+    # vLLM samples from the policy PPO trains (float32: kernels apart, the same log-probs)
+    assert all(entry["sampling/sampling_logp_difference/mean"] < 0.1 for entry in steps), steps
+    assert all(0.5 < entry["sampling/importance_sampling_ratio/mean"] < 1.5 for entry in steps), steps
     assert all(" sync " in line for line in done.stdout.splitlines() if line.startswith("step "))  # progress
     for rank in (0, 1):
         record = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())
         assert record["generation_probe"]["calls"] == 0  # HF's generate never ran
         assert len(record["vllm_generation_seconds"]) == 2
         syncs = record["vllm_sync"]
-        assert len(syncs) == 2
+        assert len(syncs) == 2 and syncs[0]["check_logp_difference"] < 1e-3  # the self-check, first sync
         for sync in syncs:
             assert sync["merged_lora_layers"] == adapted
             share = sync["peak_bytes"] / sync["full_bytes"]
             if gather[0] == "--gather-budget":
                 assert 0 < share <= 0.5 and sync["buckets"] > 1
-            else:  # one unit a bucket: 2 layers, embedding, final norm, LM head; a layer is the largest
-                assert 0 < share < 0.3 and sync["buckets"] == 5
+            else:  # one unit a bucket: 2 layers, the tied embedding and head, final norm; a layer is the largest
+                assert 0 < share < 0.4 and sync["buckets"] == 4
 
 
 def _wait_for_server(url: str, server: subprocess.Popen, log: Path, timeout: float = 600) -> None:
