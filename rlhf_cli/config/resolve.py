@@ -70,7 +70,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     settings = run_checks.completed_settings(draft, accelerate, cpu_only)
     generation = Generation.from_values(lambda name: settings[name].value if name in settings else None)
     return ResolvedRun(request.algorithm, recipe.path if recipe else None, settings, accelerate, cpu_only,
-                       generation, tuple(draft.notes + accelerate_notes))
+                       generation, tuple(draft.notes + accelerate_notes), draft.output_dir_entries)
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,7 @@ def check_output_dir(draft: Draft) -> None:
     resume = draft.settings.get("resume_from_checkpoint")
     check = OutputDirCheck(Path(setting.value), flag, draft.request.overwrite, draft.resume_asked)
     draft.problems += check.check(_inputs(draft), resume is not None and resume.value is not None)
+    draft.output_dir_entries = check.entries
 
 
 def _inputs(draft: Draft) -> list[Input]:
