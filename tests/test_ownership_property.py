@@ -19,7 +19,7 @@ from helpers import REPO
 from rlhf_cli.output.ownership import record_end, remove_owned
 from rlhf_cli.output.run_dir import RunDir
 
-TREES = 300
+TREES = 200
 REPORTED = 10  # of them also get `rlhf report` (seconds each: matplotlib)
 TRL_CARD = "# Model Card\n\nIt has been trained using [TRL](https://github.com/huggingface/trl).\n"
 RUN_FILES = ("recipe.yaml", "run.json", "accelerate_config.yaml", "launch.sh", "model.safetensors", "config.json",
