@@ -250,3 +250,13 @@ logging_steps: 1
 save_strategy: "no"
 report_to: none
 """)
+
+
+def hold_output_dir(directory: Path) -> subprocess.Popen:
+    """Another launcher holding `directory`: a process that takes the output dir's lock and waits (kill it to leave
+    a stale lock behind, as a launcher killed mid-run does)."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from rlhf_cli.output.lock import acquire; acquire(Path(sys.argv[1])); print('held', "
+                               "flush=True); time.sleep(600)", str(directory)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder

@@ -659,6 +659,37 @@ CASES = [
             files={"p.jsonl": '{"prompt": "a"}\n'}),
     mixture("streaming: true\ndatasets:\n  - {path: json, data_files: {tmp}/p.jsonl, fraction: 0.5}\n",
             "`fraction` cannot be used with `streaming: true`", files={"p.jsonl": '{"prompt": "a"}\n'}),
+    # -- accepted before, then every rank died or trained nonsense (this round's probe) ---------------------------
+    sets("range", "reward_weights=[.nan]", "`reward_weights`: must be a finite number, got nan", command="grpo"),
+    sets("range", "reward_weights=[1.0, .inf]", "`reward_weights`: must be a finite number, got inf", command="grpo"),
+    sets("range", "vllm_server_timeout=-1", "`vllm_server_timeout`: must be above 0, got -1", command="grpo"),
+    sets("range", "max_tool_calling_iterations=-1", "`max_tool_calling_iterations`: must be at least 0, got -1",
+         command="grpo"),
+    sets("range", "vllm_max_model_length=0", "`vllm_max_model_length`: must be at least 1, got 0", command="grpo"),
+    flags("bad path: dataset", "--dataset", "{tmp}/x.jsonl", message="`dataset_name`: {tmp}/x.jsonl is a directory, "
+          "not a .jsonl file; give the data file itself", files={"x.jsonl/part.jsonl": '{"prompt": "a"}\n'}),
+    flags("bad path: dataset", "--dataset", "a/b/c/d", message="`dataset_name`: a/b/c/d is not found here, and is "
+          "not a hub id (NAME or OWNER/NAME)"),
+    flags("bad path: dataset", "--dataset", "/dev/zero", message="`dataset_name`: /dev/zero is neither a file nor a "
+          "directory (a device, pipe or socket)"),
+    flags("bad path: model", "--model", "/dev/null", message="`model_name_or_path`: /dev/null is neither a file nor a "
+          "directory"),
+    flags("bad path: resume", "--resume", "{tmp}/run", message="--resume {tmp}/run: is a run's output dir, not one of "
+          "its checkpoints; pass --resume auto", files={"run/trainer_state.json": "{}",
+                                                        "run/checkpoint-2/trainer_state.json": "{}"}),
+    env({"VLLM_CPU_KVCACHE_SPACE": "abc"}, "VLLM_CPU_KVCACHE_SPACE='abc' is not a whole number (GiB)"),
+    recipe("environment", "env:\n  VLLM_CPU_KVCACHE_SPACE: 1.5\n", "`env.VLLM_CPU_KVCACHE_SPACE` '1.5' is not a "
+           "whole number (GiB)"),
+    env({"TORCH_EXTENSIONS_DIR": "/etc/hostname"}, "TORCH_EXTENSIONS_DIR=/etc/hostname is not a directory"),
+    recipe("traceback: env", 'env:\n  A: "x\\0y"\n', "`env.A`: a NUL byte, which no environment variable can hold"),
+    vllm("bad path: vllm server", ("--vllm", "server", "--set", "vllm_server_base_url=htp:/x"),
+         "`vllm_server_base_url`: 'htp:/x' is not an http:// or https:// URL with a host"),
+    vllm("bad path: vllm server", ("--vllm", "server", "--set", "vllm_server_base_url=localhost:8000"),
+         "`vllm_server_base_url`: 'localhost:8000' is not an http:// or https:// URL with a host"),
+    vllm("bad path: vllm server", ("--vllm", "server", "--set", "vllm_server_base_url=http://h:99999"),
+         "`vllm_server_base_url`: 'http://h:99999' has no valid port (1 to 65535)"),
+    vllm("bad path: vllm server", ("--vllm", "server", "--set", "vllm_server_base_url=http://vllm.invalid:8000"),
+         "`vllm_server_base_url`: host vllm.invalid does not resolve"),
     recipe("message", "datasets:\n  - path: json\n    data_files: {tmp}/p.jsonl\n", "`dataset_name` and `datasets` "
            "both name training data (TRL would silently use `datasets`); keep one",
            files={"p.jsonl": '{"prompt": "a"}\n'}),

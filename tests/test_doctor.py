@@ -142,3 +142,14 @@ def test_hub_cache_location_and_size(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     [check] = doctor.check_hub_cache()
     assert check.status == "ok" and check.detail.startswith(f"{cache} (2.9 KiB; ")
+
+
+def test_a_hub_cache_under_a_file_is_a_problem(cli, tmp_path, monkeypatch) -> None:
+    """HF_HOME a file: every download and load would fail, so doctor must not say ok."""
+    (tmp_path / "hf").write_text("not a directory")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    from rlhf_cli.machine.readiness import PROBLEM, check_hub_cache
+
+    [check] = check_hub_cache()
+    assert check.status == PROBLEM and f"{tmp_path / 'hf'} is not a directory; point HF_HOME" in check.detail

@@ -12,14 +12,14 @@ PACKAGE = REPO / "rlhf_cli"
 # the leaves and the layers listed for it, never one above it.
 # `generation` is one: how a run generates and syncs (the choice and the gather budget's units), read by the config
 # layer, the plan, the launcher and the ranks.
-# `output` (the output dir's contract: its names, small files, checkpoints and ownership) is read and written by
+# `output` (the output dir's contract: its names, small files, checkpoints, ownership and lock) is read and written by
 # the config layer, the launcher, the launch supervisor and the ranks. `models` (config.json without weights, and the
 # modules LoRA adapts) is read by resolution's checks, the plan and the ranks. `machine.probe` (GPUs, CUDA, memory,
 # free disk, no torch) is asked by resolution, the plan, the launcher and `rlhf doctor`.
 LEAVES = {"rlhf_cli", "rlhf_cli.errors", "rlhf_cli.sizes", "rlhf_cli.generation", "rlhf_cli.generation.budget",
           "rlhf_cli.generation.choice", "rlhf_cli.machine.probe",
           "rlhf_cli.output", "rlhf_cli.output.run_dir", "rlhf_cli.output.files", "rlhf_cli.output.checkpoints",
-          "rlhf_cli.output.ownership", "rlhf_cli.models", "rlhf_cli.models.hub", "rlhf_cli.models.architectures"}
+          "rlhf_cli.output.ownership", "rlhf_cli.output.lock", "rlhf_cli.models", "rlhf_cli.models.hub", "rlhf_cli.models.architectures"}
 # The top: the CLI and `python -m rlhf_cli` may import any layer.
 TOP = {"cli", "__main__"}
 MAY_IMPORT = {

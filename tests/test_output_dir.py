@@ -102,16 +102,53 @@ def test_overwrite_removes_only_what_the_earlier_run_wrote(cli, tmp_path, ranks_
                                           "tokenizer_config.json", "trainer_state.json"]), "running": False}
     again = cli("rloo", "-r", paths["recipe"], "-o", out)
     assert again.exit_code == 2 and "already holds a run" in again.output and "finished" in again.output
-    (out / "stale.bin").write_text("from the earlier run")
+    (out / "pytorch_model.bin").write_text("from the earlier run")
     (out / "checkpoint-9").mkdir()  # an earlier run's checkpoint; --overwrite must not leave it to be resumed
-    written["entries"] += ["checkpoint-9", "stale.bin"]
+    written["entries"] += ["checkpoint-9", "pytorch_model.bin"]
     RunDir(out).written.write_text(json.dumps(written))
     assert cli("rloo", "-r", paths["recipe"], "-o", out, "--overwrite").exit_code == 0
-    assert not (out / "stale.bin").exists() and not (out / "checkpoint-9").exists()
+    assert not (out / "pytorch_model.bin").exists() and not (out / "checkpoint-9").exists()
     (out / "notes.txt").write_text("mine")  # the user's, added after the run
     refused = cli("rloo", "-r", paths["recipe"], "-o", out, "--overwrite")
     assert refused.exit_code == 2 and "holds files rlhf did not write (notes.txt)" in refused.output
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_record_naming_what_no_run_writes_adopts_nothing(cli, tmp_path, ranks_write_a_model):
+    """The record is anyone's to edit: `../victim`, a link to the user's files, a user's notes.txt stay where
+    they are, and make the directory one a run refuses."""
+    paths = inputs(tmp_path)
+    out = tmp_path / "runs" / "a"
+    assert cli("rloo", "-r", paths["recipe"], "-o", out).exit_code == 0
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "victim" / "thesis.tex").write_text("mine")
+    (out / "checkpoint-7").symlink_to(tmp_path / "victim")
+    (out / "notes.txt").write_text("mine")
+    written = json.loads(RunDir(out).written.read_text())
+    for running in (False, True):  # a finished run's record, and a crashed one's (it never recorded its end)
+        RunDir(out).written.write_text(json.dumps({"entries": [*written["entries"], "../victim", str(tmp_path),
+                                                               "checkpoint-7", "notes.txt"], "running": running}))
+        refused = cli("rloo", "-r", paths["recipe"], "-o", out, "--overwrite")
+        assert refused.exit_code == 2, refused.output
+        assert "holds files rlhf did not write (checkpoint-7, notes.txt)" in " ".join(refused.output.split())
+    assert (tmp_path / "victim" / "thesis.tex").read_text() == "mine" and (out / "notes.txt").read_text() == "mine"
+    (out / "checkpoint-7").unlink()
+    (out / "notes.txt").unlink()
+    assert cli("rloo", "-r", paths["recipe"], "-o", out, "--overwrite").exit_code == 0
+    assert (tmp_path / "victim" / "thesis.tex").read_text() == "mine"
+
+
+def test_a_file_the_user_adds_while_the_run_runs_stays_the_users(cli, tmp_path, monkeypatch, check_passes):
+    """The run's end records what runs write, not whatever the directory then holds."""
+    rank = RANK + "(out / 'notes.txt').write_text('mine')\n"
+    monkeypatch.setattr(runner, "launch_command",
+                        lambda run, verbosity="normal": Launch([sys.executable, "-c", rank, str(run.output_dir)], {}))
+    paths = inputs(tmp_path)
+    out = tmp_path / "runs" / "a"
+    assert cli("rloo", "-r", paths["recipe"], "-o", out).exit_code == 0
+    assert "notes.txt" not in json.loads(RunDir(out).written.read_text())["entries"]
+    refused = cli("rloo", "-r", paths["recipe"], "-o", out, "--overwrite")
+    assert refused.exit_code == 2 and "holds files rlhf did not write (notes.txt)" in refused.output
 
 
 TRL_MODEL_CARD = "---\nlibrary_name: transformers\n---\n# Model Card for a\n\nIt has been trained using [TRL](https://github.com/huggingface/trl).\n"

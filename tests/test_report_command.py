@@ -112,3 +112,33 @@ def test_sampled_rows_are_spread_and_keep_both_ends() -> None:
     assert len(rows) == 20 and rows[0] == 0 and rows[-1] == 999
     gaps = {b - a for a, b in zip(rows, rows[1:], strict=False)}
     assert max(gaps) - min(gaps) <= 1
+
+
+def test_the_plot_replaces_only_the_runs_own_file_and_never_writes_through_a_link(cli, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(RUNS / "rloo", run)
+    mine = write(tmp_path / "mine.png", "my own picture")
+    (run / "report.png").symlink_to(mine)
+    refused = cli("report", run)
+    assert refused.exit_code == 2 and "report.png exists and is a link, which may be yours; pass --force" in \
+        " ".join(refused.stderr.split())
+    forced = cli("report", run, "--force")
+    assert forced.exit_code == 0, forced.output
+    assert mine.read_text() == "my own picture" and not (run / "report.png").is_symlink()
+    assert (run / "report.png").read_bytes().startswith(b"\x89PNG")
+    again = cli("report", run)  # no record lists the file: forced once, it is still not known to be rlhf's
+    assert again.exit_code == 2 and "a file no run record lists as rlhf's" in " ".join(again.stderr.split())
+    write(run / "rlhf-files.json", json.dumps({"entries": ["report.png", "rlhf-files.json"], "running": False}))
+    assert cli("report", run).exit_code == 0  # the run's own plot, replaced without --force
+
+
+def test_report_out_refuses_an_existing_file_without_force(cli, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(RUNS / "grpo", run)
+    mine = write(tmp_path / "curves.png", "my own picture")
+    refused = cli("report", run, "--out", mine)
+    assert refused.exit_code == 2 and mine.read_text() == "my own picture"
+    assert cli("report", run, "--out", mine, "--force").exit_code == 0
+    assert mine.read_bytes().startswith(b"\x89PNG") and not list(tmp_path.glob(".curves.png.*"))
+    (tmp_path / "dir.png").mkdir()
+    assert "is a directory" in cli("report", run, "--out", tmp_path / "dir.png", "--force").stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -39,11 +40,40 @@ def _table(metrics: RunMetrics, title: str) -> Table:
     return table
 
 
+def _in_run_dir(png: Path, run_dir: Path) -> bool:
+    try:
+        return png.parent.resolve() == run_dir.resolve()
+    except OSError:
+        return False
+
+
+def _check_target(png: Path, in_run: bool, run_dir: Path, force: bool) -> None:
+    """The plot replaces only a file of the run's own (its record lists it), or any file with --force; never a
+    directory."""
+    if not (png.exists() or png.is_symlink()):
+        return
+    if png.is_dir() and not png.is_symlink():
+        raise RlhfError(f"--out {png} is a directory; give a file name ending in .png")
+    if force:
+        return
+    if in_run and not png.is_symlink():
+        from rlhf_cli.output.ownership import holdings
+
+        if png.name in holdings(run_dir).owned:
+            return
+    what = "a link" if png.is_symlink() else "a file no run record lists as rlhf's"
+    raise RlhfError(f"{png} exists and is {what}, which may be yours; pass --force to replace it (a link itself, "
+                    "not what it points at), or --out another file")
+
+
 def report(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run's output directory.",
                                             show_default=False)],
     out: Annotated[Optional[Path], typer.Option(
         "--out", "-o", metavar="PNG", help="Where to write the plot. Default: RUN_DIR/report.png.")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace a file no run record lists as rlhf's (a link is replaced, not written through).")]
+    = False,
 ) -> None:
     """Plot a run's curves (reward, KL, loss; PPO: value loss, clip fraction) to a PNG and print them as a table."""
     from rlhf_cli.cli.output import print_whole, stderr
@@ -57,12 +87,16 @@ def report(
         raise RlhfError(f"--out {png}: matplotlib cannot write a {png.suffix or 'suffix-less'} file; "
                         f"end the name with .png (or .{', .'.join(f for f in formats if f != 'png')})")
     metrics = load_metrics(run_dir)
-    new = not png.exists()
+    in_run = _in_run_dir(png, run_dir)
+    _check_target(png, in_run, run_dir, force)
+    temporary = png.with_name(f".{png.name}.{os.getpid()}.tmp")
     try:
-        draw(metrics, png, title)
+        draw(metrics, temporary, title, png.suffix.lower().lstrip("."))
+        os.replace(temporary, png)  # replaces a link itself, never what it points at
     except OSError as error:
+        temporary.unlink(missing_ok=True)
         raise RlhfError(f"{png}: cannot write the plot ({error.strerror})") from None
-    if new and png.parent.resolve() == run_dir.resolve():  # the run's own file now, not one the user wrote
+    if in_run:  # the run's own file now
         from rlhf_cli.output.ownership import record_added
         from rlhf_cli.output.run_dir import RunDir
 

@@ -37,6 +37,7 @@ class Draft:
         self.refused: set[str] = set()  # keys given a value that was refused
         self.recipe_path: Path | None = None
         self.resume_asked: str | None = None  # `--resume` as given (`auto`, a path), before `auto` is looked up
+        self.output_dir_entries: tuple[str, ...] | None = None  # what the output dir held when it was checked
 
     def value(self, name: str) -> Any:
         setting = self.settings.get(name)

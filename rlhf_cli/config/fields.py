@@ -332,7 +332,7 @@ def coerce(field: Field, value: Any) -> Any:
             if not isinstance(item, str) or item not in field.choices:
                 raise FieldTypeError(f"{item!r} is not one of {_choices_text(field.choices)}"
                                      f"{_closest(item, field.choices) if isinstance(item, str) else ''}")
-        for item in value if field.limits is not None else ():  # online DPO's `beta`: one per epoch
+        for item in value:  # finite, and in range: online DPO's `beta` (one per epoch), GRPO's `reward_weights`
             if isinstance(item, (int, float)) and not isinstance(item, bool):
                 _checked_number(field, item)
         return value

@@ -21,7 +21,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
 # The tools the ranks find on PATH: DeepSpeed builds its ops with ninja and a C++ compiler.
 RANK_TOOLS = ("ninja", "c++")
 PRIVILEGED_PORTS = 1024
-CACHE_VARIABLES = ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "TRITON_CACHE_DIR")  # directories, made if missing
+# Directories, made if missing: the caches, and where torch builds DeepSpeed's ops.
+CACHE_VARIABLES = ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR")
+# Whole numbers of GiB a library reads with int() on every rank, and dies of otherwise.
+COUNT_VARIABLES = ("VLLM_CPU_KVCACHE_SPACE",)
 # A model's sizes that a checkpoint of it shares (config.json, GPT-2's names second).
 SHAPE = (("hidden_size", "n_embd"), ("num_hidden_layers", "n_layer"), ("vocab_size",), ("intermediate_size",))
 TIED_HEAD = "lm_head.weight"  # absent from a save where it is tied to the input embedding
@@ -117,8 +120,17 @@ def environment_problems(env: dict[str, str], where: str, cuda: bool) -> list[st
     if port is not None and (not port.isdigit() or not PRIVILEGED_PORTS <= int(port) <= 65535):
         problems.append(f"{where}: `env.MASTER_PORT` {port!r}: the rendezvous needs a port from {PRIVILEGED_PORTS} "
                         "to 65535 (lower ones are privileged); set --main-process-port instead")
-    problems += [problem for name in CACHE_VARIABLES
-                 if (problem := _cache_dir_problem(env, name, f"{where}: `env.{{name}}` {{value}}"))]
+    return problems + _variable_problems(env, f"{where}: `env.{{name}}` {{value}}")
+
+
+def _variable_problems(env: Mapping[str, str], label: str) -> list[str]:
+    """Directories and counts the ranks' libraries read from the environment."""
+    problems = [problem for name in CACHE_VARIABLES if (problem := _cache_dir_problem(env, name, label))]
+    for name in COUNT_VARIABLES:
+        value = env.get(name)
+        if value is not None and not value.strip().isdigit():
+            problems.append(f"{label.format(name=name, value=repr(value))} is not a whole number (GiB); set it "
+                            "to one, like 4")
     return problems
 
 
@@ -131,7 +143,7 @@ def _cache_dir_problem(env: Mapping[str, str], name: str, label: str) -> str | N
 
 def environ_problems(environ: Mapping[str, str]) -> list[str]:
     """The caller's own variables, which the ranks inherit, where they break every rank."""
-    return [problem for name in CACHE_VARIABLES if (problem := _cache_dir_problem(environ, name, "{name}={value}"))]
+    return _variable_problems(environ, "{name}={value}")
 
 
 def checkpoint_problem(checkpoint: Path, use_peft: bool, model: Any, algorithm: str, deepspeed: bool) -> str | None:

@@ -24,7 +24,9 @@ MODEL_FIELDS = ("model_name_or_path", "reward_model_name_or_path", "value_model_
 EXISTING_PATHS = {"accelerate_config": ("file", False), "nvme_path": ("directory", True),
                   "resume_from_checkpoint": ("checkpoint directory", True)}
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-DATA_BUILDERS = ("json", "csv", "parquet")  # `datasets` builders that read local `data_files`
+DATA_BUILDERS = ("json", "csv", "parquet")
+# The hub's repository ids: a name, or an owner and a name (huggingface_hub's validate_repo_id).
+HUB_ID = re.compile(r"(?!.*(--|\.\.))[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?(?<![.-])")  # `datasets` builders that read local `data_files`
 
 
 def _trl_accelerate_config(value: str, base_dirs: tuple[Path, ...]) -> Path | None:
@@ -96,12 +98,21 @@ def _local_or_hub(draft: Draft, name: str, value: str, where: str, base_dirs: tu
     if not state.exists:
         if looks_local or state.kind == "error" or state.reason:
             draft.problems.append(f"{where}: `{name}`: {describe(value, state, kind)}")
+        elif not HUB_ID.fullmatch(value):
+            draft.problems.append(f"{where}: `{name}`: {value} is not found here, and is not a hub id (NAME or "
+                                  f"OWNER/NAME); give a local {kind} that exists, or a hub id")
         return value  # a hub id
+    if state.kind == "other":  # a pipe or a device: the ranks would read it forever, or read nothing
+        draft.problems.append(f"{where}: `{name}`: {value} is neither a file nor a directory (a device, pipe or "
+                              f"socket); give a {kind}")
+    elif name == "dataset_name" and state.kind == "dir" and found.suffix in DATA_SUFFIXES:
+        draft.problems.append(f"{where}: `{name}`: {value} is a directory, not a {found.suffix} file; give the "
+                              "data file itself")
     if name == "dataset_name" and state.kind == "file" and found.suffix not in DATA_SUFFIXES:
         draft.problems.append(f"{where}: `{name}`: {value} is not a .json, .jsonl, .parquet or .csv file")
-    if name in MODEL_FIELDS and state.kind != "dir":
+    if name in MODEL_FIELDS and state.kind == "file":
         draft.problems.append(f"{where}: `{name}`: {value} is a file; give a saved model's directory")
-    elif name in MODEL_FIELDS and path_state(found / "config.json").kind != "file":
+    elif name in MODEL_FIELDS and state.kind == "dir" and path_state(found / "config.json").kind != "file":
         draft.problems.append(f"{where}: `{name}`: {value} has no config.json; is it a saved model directory?")
     return str(found)
 
@@ -127,6 +138,9 @@ def _environment(draft: Draft, value: dict[Any, Any], where: str) -> dict[str, s
         elif text is None or isinstance(text, (list, dict)):
             draft.problems.append(f"{where}: `env.{name}`: give the variable one value (text or a number), "
                                   f"got {text!r}")
+        elif "\0" in str(text):
+            draft.problems.append(f"{where}: `env.{name}`: a NUL byte, which no environment variable can hold; "
+                                  "remove it")
         else:
             environment[name] = str(text)
     return environment

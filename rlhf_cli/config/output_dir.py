@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlhf_cli.output.lock import holder
 from rlhf_cli.output.ownership import LISTED, Holdings, holdings, listing
 
 
@@ -31,10 +32,16 @@ class OutputDirCheck:
     overwrite: bool = False
     resume: str | None = None  # `auto`, a checkpoint path, or None
     problems: list[str] = field(default_factory=list)
+    entries: tuple[str, ...] = ()  # what the directory held when it was checked
 
     def check(self, inputs: Iterable[Input], resume_found: bool) -> list[str]:
         """Every reason the run must not write here; `resume_found`: `--resume auto` found a checkpoint."""
+        running = holder(self.output_dir)
+        if running is not None:  # another run writes here: nothing else about the directory holds for long
+            self.problems.append(running.problem(self.flag))
+            return self.problems
         held = holdings(self.output_dir)
+        self.entries = held.entries
         inside = [item for item in inputs if self._in_the_way(item, held)]
         if inside:  # one line for them all; the files there are the user's, which says the rest
             where = "is" if inside[0].path == self.output_dir else "contains"

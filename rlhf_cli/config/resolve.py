@@ -54,7 +54,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         run_checks.find_resume_point(draft)
         run_checks.check_output_dir(draft)
     for check in (run_checks.check_nvme_path, run_checks.check_gpu_memory, run_checks.check_data,
-                  run_checks.check_mixture, run_checks.check_stall_timeout):
+                  run_checks.check_mixture, run_checks.check_stall_timeout, run_checks.check_vllm_server):
         check(draft)
     cpu_only = not (cuda_present() if cuda is None else cuda) or environ.get("DS_ACCELERATOR") == "cpu"
     _default_process_count(draft, environ)
@@ -72,7 +72,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     settings = run_checks.completed_settings(draft, accelerate, cpu_only)
     generation = Generation.from_values(lambda name: settings[name].value if name in settings else None)
     return ResolvedRun(request.algorithm, recipe.path if recipe else None, settings, accelerate, cpu_only,
-                       generation, tuple(draft.notes + accelerate_notes))
+                       generation, tuple(draft.notes + accelerate_notes), draft.output_dir_entries)
 
 
 @dataclass(frozen=True)

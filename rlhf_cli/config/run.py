@@ -45,6 +45,9 @@ class ResolvedRun:
     cpu_only: bool
     generation: Generation  # read from the settings once; `with_generation` keeps the two in step
     notes: tuple[str, ...] = ()
+    # What the output dir held when it was checked (machine rank 0): the launcher, once it holds the directory,
+    # refuses to start if another run changed it meanwhile. None: not checked (another machine's launcher).
+    output_dir_entries: tuple[str, ...] | None = None
 
     @property
     def output_dir(self) -> Path:

@@ -21,8 +21,10 @@ from rlhf_cli.config.lora import lora_problems
 from rlhf_cli.config.output_dir import Input, OutputDirCheck
 from rlhf_cli.config.paths import path_state, writable_dir_problem
 from rlhf_cli.config.run import RESUME_AUTO, Setting
+from rlhf_cli.config.server_url import server_problems, server_url
 from rlhf_cli.config.vllm import length_problems, vllm_problems
 from rlhf_cli.generation.budget import BudgetError, parse_budget
+from rlhf_cli.generation.choice import Engine
 from rlhf_cli.output.run_dir import MANIFEST, RunDir
 from rlhf_cli.sizes import SizeError, parse_size
 
@@ -104,6 +106,11 @@ def find_resume_point(draft: Draft) -> None:
     draft.resume_asked = setting.value
     if setting.value != RESUME_AUTO:
         checkpoint = Path(setting.value)
+        if RunDir(checkpoint).checkpoints() or path_state(RunDir(checkpoint).run_record).kind == "file":
+            draft.problems.append(f"--resume {setting.value}: is a run's output dir, not one of its checkpoints; "
+                                  "pass --resume auto (its newest complete checkpoint, with -o on it) or a "
+                                  "checkpoint-N directory in it")
+            return
         reason = incomplete_reason(checkpoint)
         # A save that finished and was damaged since, or one of an rlhf run that never finished, is refused; a
         # checkpoint rlhf did not write (TRL's, transformers') has no manifest: the user's call.
@@ -145,6 +152,7 @@ def check_output_dir(draft: Draft) -> None:
     resume = draft.settings.get("resume_from_checkpoint")
     check = OutputDirCheck(Path(setting.value), flag, draft.request.overwrite, draft.resume_asked)
     draft.problems += check.check(_inputs(draft), resume is not None and resume.value is not None)
+    draft.output_dir_entries = check.entries
 
 
 def _inputs(draft: Draft) -> list[Input]:
@@ -238,6 +246,20 @@ def check_mixture(draft: Draft) -> None:
     elif draft.value("streaming"):
         draft.problems.append(f"{where}: `datasets`: `fraction` cannot be used with `streaming: true` (a stream's "
                               "length is unknown); drop one")
+
+
+def check_vllm_server(draft: Draft) -> None:
+    """vLLM's server mode: the server the ranks will wait for is one they can reach (rlhf_cli/config/server_url.py)."""
+    names = ("use_vllm", "vllm_mode", "vllm_server_base_url", "vllm_server_host", "vllm_server_port",
+             "vllm_server_timeout")
+    values = {name: draft.value(name) for name in names if name in draft.fields and draft.value(name) is not None}
+    if draft.request.planning or set(names) & draft.refused or Engine.from_values(values.get) != Engine.server:
+        return
+    named = "vllm_server_base_url" if values.get("vllm_server_base_url") else "vllm_server_host"
+    url, where = server_url(values, draft.layers.get(named, ("", "the default"))[1])
+    problems, warnings = server_problems(url, where.removeprefix(": "), float(values.get("vllm_server_timeout", 240)))
+    draft.problems += problems
+    draft.notes += warnings
 
 
 def check_deepspeed_field(draft: Draft, accelerate: dict[str, Any]) -> None:

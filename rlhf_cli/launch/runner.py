@@ -21,7 +21,8 @@ from rlhf_cli.launch.faults import Failure, PlanNeeds, explain
 from rlhf_cli.launch.prelaunch import PendingCheck
 from rlhf_cli.launch.versions import installed_versions
 from rlhf_cli.machine.probe import free_space
-from rlhf_cli.output.ownership import record_end, record_start, remove_owned
+from rlhf_cli.output.lock import LockHeld, acquire, release
+from rlhf_cli.output.ownership import holdings, listing, record_end, record_start, remove_owned
 from rlhf_cli.output.files import read_json, try_write_json, write_atomic
 from rlhf_cli.output.run_dir import EXIT_PREEMPTED, RECIPE_HEADER, START_GATE, START_GATE_ENV, RunDir
 from rlhf_cli.sizes import readable
@@ -78,6 +79,28 @@ def _remove_earlier_run(run_dir: RunDir) -> None:
                              "--output-dir") from None
 
 
+def _hold_output_dir(run: ResolvedRun) -> Path | None:
+    """Machine rank 0's launcher holds the output dir from before it writes anything until the run has ended: a
+    second launch into it stops here (or at its own check), naming this one. The directory must still hold what
+    the run's check saw: another run may have written there between the check and the lock."""
+    if machine_rank(run) != 0:
+        return None
+    try:
+        lock = acquire(run.output_dir)
+    except LockHeld as held:
+        raise OutputDirError(held.holder.problem("--output-dir")) from None
+    except OSError as error:
+        raise OutputDirError(f"cannot write to the output dir {run.output_dir}: "
+                             f"{(error.strerror or str(error)).lower()}; choose another --output-dir") from None
+    now = holdings(run.output_dir).entries
+    if run.output_dir_entries is not None and now != run.output_dir_entries:
+        release(lock)
+        raise OutputDirError(f"--output-dir: output dir {run.output_dir} changed while the run was being checked "
+                             f"(it now holds {listing(now) or 'nothing'}); another run wrote there: look, then run "
+                             "again")
+    return lock
+
+
 def _run_record(run: ResolvedRun, accelerate: dict[str, Any]) -> dict[str, Any]:
     return {
         "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
@@ -113,6 +136,16 @@ def outcome(run_dir: RunDir, code: int, signals: list[int], wall_seconds: float,
 def launch(run: ResolvedRun, verbosity: str = "normal", needs: PlanNeeds = UNKNOWN, overwrite: bool = False) -> Outcome:
     """Run this machine's ranks to the end; signals are passed on to them. Says how they ended; `needs` (from the
     plan) makes a failure's explanation more precise; `overwrite` first removes what earlier runs wrote there."""
+    lock = _hold_output_dir(run)
+    try:
+        return _launch_held(run, verbosity, needs, overwrite)
+    finally:
+        if lock is not None:
+            release(lock)
+
+
+def _launch_held(run: ResolvedRun, verbosity: str, needs: PlanNeeds, overwrite: bool) -> Outcome:
+    """`launch`, once this machine's launcher holds the output dir (or, on another machine, needs not)."""
     accelerate = dict(run.accelerate)
     if int(accelerate.get("num_machines") or 1) == 1 and not accelerate.get("main_process_port"):
         accelerate["main_process_port"] = _free_port()  # two runs on one node must not collide

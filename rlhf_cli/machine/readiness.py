@@ -218,6 +218,9 @@ def _human(size: float) -> str:
 def check_hub_cache() -> list[Check]:
     path = hub_cache()
     existing = next(parent for parent in (path, *path.parents) if parent.exists())
+    if not existing.is_dir():  # HF_HOME (or HF_HUB_CACHE) a file: every download and load fails
+        return [Check("hub cache", PROBLEM, f"{path} cannot be created: {existing} is not a directory; point "
+                      "HF_HOME (or HF_HUB_CACHE) at a directory")]
     free = f"{_human(shutil.disk_usage(existing).free)} free"
     if not path.exists():
         return [Check("hub cache", OK, f"{path} (not created yet; {free})")]

@@ -36,7 +36,8 @@ def image_formats() -> list[str]:
     return list(FigureCanvasBase.get_supported_filetypes())
 
 
-def draw(metrics: RunMetrics, out: Path, title: str) -> None:
+def draw(metrics: RunMetrics, out: Path, title: str, image_format: str | None = None) -> None:
+    """The curves into `out`, as `image_format` (default: from its suffix)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter, MaxNLocator
@@ -72,4 +73,4 @@ def draw(metrics: RunMetrics, out: Path, title: str) -> None:
     smoothed = "; faint: as logged, bold: moving average" if len(metrics.steps) >= SMOOTH_FROM else ""
     figure.suptitle(f"{title}\n{len(metrics.steps)} logged steps from {metrics.source.name}{smoothed}", fontsize=11)
     out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=DPI)
+    figure.savefig(out, dpi=DPI, format=image_format)
