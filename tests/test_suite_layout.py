@@ -29,12 +29,17 @@ def _imported_modules(tree: ast.AST) -> set[str]:
 def _functions(tree: ast.Module) -> dict[str, str]:
     """Each top-level helper (a function or class that is not a test) by its code, whatever it is called and says
     of itself: name -> code."""
+    constants = {target.id: ast.dump(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                 for target in node.targets if isinstance(target, ast.Name)}
     found = {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("test_"):
             body = node.body[1:] if ast.get_docstring(node) is not None else node.body
             args = ast.dump(node.args) if isinstance(node, ast.FunctionDef) else ""
-            found[node.name] = args + "".join(ast.dump(statement) for statement in body)
+            read = sorted({name.id for name in ast.walk(node) if isinstance(name, ast.Name) and name.id in constants})
+            # The module's constants it reads belong to its code: two fixtures running two scripts differ.
+            found[node.name] = args + "".join(ast.dump(statement) for statement in body) + \
+                "".join(constants[name] for name in read)
     return found
 
 
