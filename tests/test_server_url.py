@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from helpers import free_port
-
 from rlhf_cli.config.server_url import server_problems
 
 
