@@ -1,0 +1,58 @@
+"""Seconds of vLLM's work for one training process: one generation call, and one weight sync.
+
+A colocated vLLM with tensor parallelism T is one engine per T processes: it generates their batches together,
+each GPU reading 1/T of the weights per decode step, with two all-reduces per layer. A server generates every
+process's batch at once on GPUs of its own (VLLM_SERVER_GPUS, assumed), and the processes wait for it. The
+weight sync gathers the policy bucket by bucket (rlhf_cli/generation/sync_buckets.py, the ranks' packing) and
+hands each to vLLM: copied in place when colocated, broadcast from rank 0 to the server otherwise.
+"""
+
+from __future__ import annotations
+
+from rlhf_cli.generation.choice import Engine
+from rlhf_cli.plan import memory
+from rlhf_cli.plan.columns import Candidate
+from rlhf_cli.plan.inputs import Inputs
+from rlhf_cli.plan.rates import Rates, forward_flops
+
+# All assumed, then checked against published step times (benchmarks/plan_published.py):
+VLLM_PREFILL_UTILISATION = 0.5  # share of peak FLOPs of vLLM's prefill (FlashAttention, fused kernels)
+VLLM_DECODE_BANDWIDTH = 0.8  # share of memory bandwidth vLLM's decode reaches with CUDA graphs
+VLLM_STEP_OVERHEAD = 2e-3  # seconds per decode step: scheduling and sampling
+TP_ALL_REDUCE = 20e-6  # seconds per all-reduce of a decode step's activations between tensor-parallel GPUs
+VLLM_SERVER_GPUS = 1  # the server's GPUs, as TRL's documentation's examples give it
+COLOCATED_BUCKET_OVERHEAD = 5e-3  # seconds per sync bucket: the gather's launch, vLLM's layerwise reload call
+SERVER_BUCKET_OVERHEAD = 20e-3  # seconds per sync bucket to a server: its HTTP request and NCCL broadcast set-up
+
+
+def call_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
+    """One generation call of the process's batch: a prefill at vLLM's compute rate, then one decode step per
+    completion token at the rate the engine's GPUs read their share of the weights and KV cache."""
+    work, policy, b = inputs.work, inputs.roles[0].size, inputs.work.element_bytes
+    settings = candidate.colocated
+    if settings is not None:
+        gpus, sequences = settings.tensor_parallel_size, work.generation_batch * settings.tensor_parallel_size
+    else:
+        gpus, sequences = VLLM_SERVER_GPUS, work.generation_batch * rates.gpus
+    p, c = work.prompt_length, work.completion_length
+    prefill = rates.matmul(forward_flops(policy, sequences, p) / gpus, VLLM_PREFILL_UTILISATION)
+    kv = memory.kv_cache(policy, sequences, p + c // 2, b) / gpus
+    read = (policy.params * b / gpus + kv) / (rates.memory * VLLM_DECODE_BANDWIDTH)
+    compute = rates.matmul(forward_flops(policy, sequences, 1) / gpus, VLLM_PREFILL_UTILISATION)
+    all_reduce = 2 * policy.layers * TP_ALL_REDUCE if gpus > 1 else 0.0
+    return prefill + c * (max(read, compute) + all_reduce + VLLM_STEP_OVERHEAD)
+
+
+def sync_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
+    """One weight sync: every bucket gathered, then copied into a colocated vLLM's weights at memory speed, or
+    broadcast to the server over the link between GPUs; each bucket pays its fixed overhead."""
+    b = inputs.work.element_bytes
+    buckets = inputs.sync_buckets(candidate.generation.gather, candidate.lora)
+    server = candidate.generation.engine == Engine.server
+    seconds = 0.0
+    for numel in buckets:
+        size = numel * b
+        handing = size / rates.interconnect + SERVER_BUCKET_OVERHEAD if server else \
+            size / rates.memory + COLOCATED_BUCKET_OVERHEAD
+        seconds += rates.fetch(size) + handing
+    return seconds
