@@ -47,3 +47,15 @@ def launch_rlhf(command: str, out: Path, *args: str, recipe: Path | str | None =
                           timeout=timeout, cwd=cwd, env={**os.environ, **(env or {})})
     print(done.stdout[-4000:], done.stderr[-8000:], sep="\n")
     return done
+
+
+COMMIT = "a" * 40  # the hub cache's commit of the model configs tests put there
+
+
+def cache_model(repo_id: str, fixture: str, commit: str = COMMIT, ref: str = "main") -> Path:
+    """Put a fixture's config.json (tests/fixtures/models) into the hub cache of this test's HF_HOME, as
+    `hf download` lays it out."""
+    repo = Path(os.environ["HF_HOME"]) / "hub" / f"models--{repo_id.replace('/', '--')}"
+    write(repo / "refs" / ref, commit)
+    config = (FIXTURES / "models" / fixture / "config.json").read_text()
+    return write(repo / "snapshots" / commit / "config.json", config)

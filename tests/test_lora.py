@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RECIPES, REPO, write
+from helpers import RECIPES, REPO, cache_model, write
 from rlhf_cli.models.architectures import architecture, peft_targets, targeted
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.model_sizes import LoraSettings, adapter_size, model_size
@@ -314,7 +314,6 @@ def test_online_dpo_ranks_sample_their_own_random_numbers(tmp_path: Path, monkey
 
 @pytest.fixture
 def big_models() -> None:
-    from test_plan import cache_model
 
     for repo_id, fixture in (("EleutherAI/pythia-12b", "pythia-12b"), ("EleutherAI/pythia-70m", "pythia-70m"),
                              ("meta-llama/Meta-Llama-3-70B", "llama-3-70b"),

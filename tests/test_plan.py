@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RECIPES, REPO, write
+from helpers import RECIPES, REPO, cache_model, write
 from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.generation.choice import Engine, Gather, Generation
@@ -29,16 +29,7 @@ WHOLE, SHARDS = Generation(Gather.whole), Generation(Gather.shards)
 FIXTURES = REPO / "tests" / "fixtures" / "models"
 SEED = RECIPES / "ppo" / "pythia-12b-descriptiveness.yaml"
 SEED_HARDWARE = {"gpu_memory": ("--gpu-memory", "23.7GiB"), "num_gpus": ("--num-gpus", 4)}
-COMMIT = "a" * 40
 pytestmark = pytest.mark.usefixtures("nothing_launches")  # no test here starts ranks
-
-
-def cache_model(repo_id: str, fixture: str, commit: str = COMMIT, ref: str = "main") -> Path:
-    """Put a fixture's config.json into the hub cache of this test's HF_HOME, as `hf download` lays it out."""
-    repo = Path(os.environ["HF_HOME"]) / "hub" / f"models--{repo_id.replace('/', '--')}"
-    write(repo / "refs" / ref, commit)
-    snapshot = write(repo / "snapshots" / commit / "config.json", (FIXTURES / fixture / "config.json").read_text())
-    return snapshot
 
 
 @pytest.fixture
@@ -649,7 +640,7 @@ def test_gather_auto_takes_vllm_where_left_open_and_installed(installed: bool, m
     run, plan = planned(qwen_plan(*sets, hardware=small, gather="auto"))
     if installed:
         assert run.value("use_vllm") is True and plan.chosen.candidate.vllm is not None and plan.chosen.fits
-        assert "use_vllm left open" in run.settings["use_vllm"].source
+        assert "the engine left open" in run.settings["use_vllm"].source
         assert run.generation.engine == Engine.colocate and run.value("vllm_mode") == "colocate"
     else:
         assert run.value("use_vllm") is False and plan.chosen.candidate.vllm is None

@@ -97,9 +97,8 @@ def check_hardware(draft: Draft) -> None:
     if draft.value("interconnect") is not None:
         try:
             with_interconnect(gpu or GPUS["h100"], str(draft.value("interconnect")))
-        except HardwareError as error:
-            if gpu is not None or "nvlink" not in str(error):  # nvlink needs the GPU's rate: the plan says so
-                draft.problems.append(f"{draft.layers['interconnect'][1]}: `interconnect`: {error}")
+        except HardwareError as error:  # with no GPU named, nvlink is checked against nvidia-smi's by the plan
+            draft.problems.append(f"{draft.layers['interconnect'][1]}: `interconnect`: {error}")
 
 
 def check_stall_timeout(draft: Draft) -> None:

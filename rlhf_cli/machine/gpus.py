@@ -109,10 +109,11 @@ def from_smi_name(name: str, memory_bytes: int) -> Gpu | None:
     key = _key(name)
     if key.startswith("a100"):
         return GPUS["a100-pcie" if "pcie" in key else "a100-40gb" if memory_bytes < 60 * 2**30 else "a100-80gb"]
-    for candidate in sorted(GPUS, key=len, reverse=True):  # l40s before l4
-        base = candidate.split("-")[0]
-        if key.startswith(base) or key.endswith(base) or f"-{base}-" in f"-{key}-":
-            return GPUS["h100-pcie"] if base == "h100" and "pcie" in key else GPUS[candidate]
+    words = key.split("-")
+    for candidate in sorted(GPUS, key=len, reverse=True):  # h100-pcie before h100, l40s before l4
+        base, _, variant = candidate.partition("-")
+        if (not variant or variant in words) and base in words:
+            return GPUS[candidate]
     return None
 
 

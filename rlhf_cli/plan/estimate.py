@@ -281,7 +281,7 @@ def plan_run(run: ResolvedRun) -> Plan:
 
 
 def _vllm_open(run: ResolvedRun) -> bool:
-    """`gather: auto` may choose vLLM where no source set `use_vllm`, the algorithm's trainer has the key, and
+    """`gather: auto` may choose vLLM where no source chose the engine, the algorithm's trainer can use vLLM, and
     vLLM is installed here (a launch must not switch to an engine it cannot import)."""
     return USE_VLLM_KEY in catalogue(run.algorithm) and USE_VLLM_KEY not in run.settings and vllm.installed()
 
@@ -333,7 +333,7 @@ def settle_gather(run: ResolvedRun, plan: Plan) -> ResolvedRun:
                         f"of {memory_text} per GPU ({memory.MARGIN:.0%} margin). {what}")
     why = f"{doing} needs {gib(gathered.peak)} of {memory_text}"
     if chosen.generation.engine != engine:
-        why += f"; vLLM (installed, use_vllm left open) with {chosen.label} needs {gib(plan.chosen.peak)}"
+        why += f"; vLLM (installed, the engine left open) with {chosen.label} needs {gib(plan.chosen.peak)}"
     if chosen.generation.gather.budget is not None:
         why += f"; gathering {chosen.generation.gather.budget} of the policy needs {gib(plan.chosen.peak)}"
     if plan.chosen.step_seconds is not None:
