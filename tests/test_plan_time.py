@@ -15,7 +15,7 @@ from rlhf_cli.config.run_checks import VLLM_SYNC_DEFAULT
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.generation.budget import Budget
 from rlhf_cli.generation.choice import Engine, Gather, Generation
-from rlhf_cli.generation.sync_buckets import PER_UNIT, WHOLE, bucket_limit, bucket_numels
+from rlhf_cli.generation.sync_buckets import PER_UNIT, WHOLE, bucket_limit, buckets
 from rlhf_cli.machine import gpus
 from rlhf_cli.plan import time
 from rlhf_cli.plan.columns import Candidate
@@ -180,9 +180,9 @@ def test_one_bucket_packing_for_the_plan_and_the_ranks() -> None:
     assert bucket_limit(Gather.of(Budget(size=60)), 100, 2) == 30
     with pytest.raises(ValueError, match="settles it"):
         bucket_limit(Gather.auto, 100, 2)
-    assert bucket_numels([10, 10, 10, 40], WHOLE) == [70]
-    assert bucket_numels([10, 10, 10, 40], PER_UNIT) == [10, 10, 10, 40]
-    assert bucket_numels([10, 10, 10, 40], 25) == [20, 10, 40]  # a unit is never split
+    assert buckets([10, 10, 10, 40], WHOLE) == [[0, 1, 2, 3]]
+    assert buckets([10, 10, 10, 40], PER_UNIT) == [[0], [1], [2], [3]]
+    assert buckets([10, 10, 10, 40], 25) == [[0, 1], [2], [3]]  # a unit is never split
 
 
 # -- the choice ------------------------------------------------------------------------------------------------
@@ -237,3 +237,23 @@ def test_candidates_carry_a_generation() -> None:
 def test_an_unknown_gpu_name_stops_resolution() -> None:
     with pytest.raises(ConfigError, match="unknown GPU"):
         seed_run("rtx9090")
+
+
+def test_published_times_keep_their_orderings(tmp_path: Path, monkeypatch) -> None:
+    """benchmarks/published_times.py: vLLM colocated and a server both faster than HF generation (ms-swift's GKD),
+    2 GiB sync buckets faster than tensor by tensor (the Megatron-LM bridge); each time predicted."""
+    from helpers import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import published_times
+    from _common import cache_model_configs
+    from plan_published import HUB_MODELS
+
+    hub = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    cache_model_configs(hub, HUB_MODELS)
+    _, rows, orderings = published_times.replay(tmp_path)
+    assert len(rows) == len(published_times.ROWS) and all(row[3] != "-" for row in rows)
+    right = [line for line in orderings if line.startswith("right")]
+    assert any("2 GiB buckets faster" in line for line in right)
+    assert sum("faster than GKD Qwen2.5-7B" in line for line in right) == 2

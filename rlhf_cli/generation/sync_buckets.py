@@ -39,7 +39,3 @@ def buckets(numels: Sequence[int], limit: int | None) -> list[list[int]]:
             held = numel
     return packed
 
-
-def bucket_numels(numels: Sequence[int], limit: int | None) -> list[int]:
-    """Elements of each bucket one sync gathers, in order."""
-    return [sum(numels[index] for index in bucket) for bucket in buckets(numels, limit)]

@@ -91,7 +91,7 @@ def components(inputs: Inputs, candidate: Candidate) -> list[Component]:
         trained_params, largest_trained, size_bytes, hw.total_gpus, optimizer_offloaded)))
     # vLLM's rows: its copy of the policy is the policy with its adapters merged, synced a bucket at a time
     synced = policy.params + (inputs.roles[0].adapter.params if candidate.lora and inputs.roles[0].adapter else 0)
-    bucket = max(inputs.sync_buckets(candidate.generation.gather, candidate.lora)) * size_bytes
+    bucket = max(numel for numel, _ in inputs.sync_buckets(candidate.generation.gather, candidate.lora)) * size_bytes
     return rows + vllm.components(candidate.vllm, candidate.generation.engine, hw.gpu_memory, hw.gpus_per_machine,
                                   synced, size_bytes, memory.phase_totals(rows)[TRAINING], bucket)
 

@@ -20,7 +20,8 @@ def duration(seconds: float) -> str:
 
 
 def _spare(column: Column, gpu_memory: int) -> str:
-    return gib(max(0, int((1 - memory.MARGIN) * gpu_memory) - column.peak))
+    left = int((1 - memory.MARGIN) * gpu_memory) - column.peak
+    return f"{gib(left)} to spare" if left >= 0 else f"{gib(-left)} over"
 
 
 def _cost(column: Column, gpu_memory: int) -> str:
@@ -28,7 +29,7 @@ def _cost(column: Column, gpu_memory: int) -> str:
     slowest = max(column.seconds, key=lambda phase: column.seconds[phase] if column.seconds else 0.0)
     share = column.seconds[slowest] / column.step_seconds if column.step_seconds else 0.0
     return (f"{column.candidate.label}: {duration(STEPS * column.step_seconds)} per {STEPS} steps "
-            f"({slowest} {share:.0%}), {gib(column.peak)} per GPU, {_spare(column, gpu_memory)} to spare")
+            f"({slowest} {share:.0%}), {gib(column.peak)} per GPU, {_spare(column, gpu_memory)}")
 
 
 def _generation_ratio(slow: Column, fast: Column) -> str:

@@ -23,6 +23,10 @@ TP_ALL_REDUCE = 20e-6  # seconds per all-reduce of a decode step's activations b
 VLLM_SERVER_GPUS = 1  # the server's GPUs, as TRL's documentation's examples give it
 COLOCATED_BUCKET_OVERHEAD = 5e-3  # seconds per sync bucket: the gather's launch, vLLM's layerwise reload call
 SERVER_BUCKET_OVERHEAD = 20e-3  # seconds per sync bucket to a server: its HTTP request and NCCL broadcast set-up
+# vLLM's load_weights takes tensor by tensor (each parameter's weight_loader, its sharding and copy): 0.5 ms a
+# tensor, of the order the Megatron-LM bridge's published syncs imply (84.9 s for Qwen3-30B-A3B's 18,867 tensors
+# one at a time, 11.8 s in 2 GiB buckets; benchmarks/plan_published.py replays both)
+TENSOR_LOAD = 0.5e-3
 
 
 def call_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
@@ -44,15 +48,20 @@ def call_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
 
 
 def sync_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
-    """One weight sync: every bucket gathered, then copied into a colocated vLLM's weights at memory speed, or
-    broadcast to the server over the link between GPUs; each bucket pays its fixed overhead."""
+    """One weight sync of the candidate's buckets (a unit's modules counted as its tensors)."""
     b = inputs.work.element_bytes
     buckets = inputs.sync_buckets(candidate.generation.gather, candidate.lora)
-    server = candidate.generation.engine == Engine.server
+    return buckets_seconds([(numel * b, tensors) for numel, tensors in buckets], rates,
+                           candidate.generation.engine == Engine.server)
+
+
+def buckets_seconds(buckets: list[tuple[float, int]], rates: Rates, server: bool) -> float:
+    """A sync of `buckets` (bytes, tensors): each gathered, then copied into a colocated vLLM's weights at memory
+    speed or broadcast to the server over the link between GPUs, vLLM loading it tensor by tensor; each bucket
+    pays its fixed overhead."""
     seconds = 0.0
-    for numel in buckets:
-        size = numel * b
+    for size, tensors in buckets:
         handing = size / rates.interconnect + SERVER_BUCKET_OVERHEAD if server else \
             size / rates.memory + COLOCATED_BUCKET_OVERHEAD
-        seconds += rates.fetch(size) + handing
+        seconds += rates.fetch(size) + handing + tensors * TENSOR_LOAD
     return seconds
