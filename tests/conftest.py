@@ -42,6 +42,15 @@ def family_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture
+def seed_models() -> None:
+    """The seed recipe's models (Pythia 12B and 70M) in the hub cache, config.json only."""
+    from helpers import cache_model
+
+    cache_model("EleutherAI/pythia-12b", "pythia-12b")
+    cache_model("EleutherAI/pythia-70m", "pythia-70m")
+
+
+@pytest.fixture
 def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Run `rlhf ARGS` in-process from a fresh working directory; returns the click Result."""
     monkeypatch.chdir(tmp_path)

@@ -3,10 +3,9 @@ torch. Seconds, no launch: an upgrade that moves one fails here, not in a run on
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
+from helpers import needs_vllm
 from rlhf_cli import compat
 
 
@@ -22,7 +21,7 @@ def test_trls_vllm_sync_is_where_rlhf_replaces_it(internal: compat.Internal) -> 
     assert internal.why and internal.until
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+@needs_vllm
 @pytest.mark.parametrize("internal", compat.VLLM_INTERNALS, ids=[i.path for i in compat.VLLM_INTERNALS])
 def test_vllm_internal_is_where_rlhf_expects_it(internal: compat.Internal) -> None:
     compat.check(internal)
@@ -94,7 +93,7 @@ def test_the_no_gather_fix_wraps_trls_generation_context() -> None:
         compat.replace_trl_generation_context(original)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+@needs_vllm
 def test_a_run_without_vllm_never_imports_it() -> None:
     """TRL imports vLLM wherever it is installed (about 9 s of CPU per rank); a rank or pre-launch check of a run
     that does not use it imports every trainer, ours included, without it."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RECIPES, REPO, cache_model, write
+from helpers import RECIPES, REPO, TINY, cache_model, saved_by_one_layer, write
 from rlhf_cli.models.architectures import architecture, peft_targets, targeted
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.model_sizes import LoraSettings, adapter_size, model_size
@@ -18,8 +18,6 @@ WHOLE, SHARDS = Generation(Gather.whole), Generation(Gather.shards)
 
 pytestmark = pytest.mark.usefixtures("nothing_launches")  # no test here starts ranks
 
-TINY = {"vocab_size": 320, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "max_position_embeddings": 128}
 CONFIGS = {
     "llama": {**TINY, "model_type": "llama", "num_key_value_heads": 2},
     "qwen2": {**TINY, "model_type": "qwen2", "num_key_value_heads": 2},
@@ -213,8 +211,6 @@ LAYERS = {"llama": {**LAYER_SHAPE, "model_type": "llama"},
 @pytest.mark.parametrize("name", LAYERS)
 def test_lora_layer_activations_are_what_autograd_keeps(name: str, attention: str) -> None:
     """Measured on the CPU, whose dropout keeps its mask in the model's dtype (CUDA's is bool: mask_bytes 1)."""
-    from test_plan import saved_by_one_layer
-
     size = model_size(LAYERS[name])
     for dtype_name, element_bytes in (("bfloat16", 2), ("float32", 4)):
         for targets in (None, ["all-linear"], ["o_proj", "dense"]):
@@ -314,7 +310,6 @@ def test_online_dpo_ranks_sample_their_own_random_numbers(tmp_path: Path, monkey
 
 @pytest.fixture
 def big_models() -> None:
-
     for repo_id, fixture in (("EleutherAI/pythia-12b", "pythia-12b"), ("EleutherAI/pythia-70m", "pythia-70m"),
                              ("meta-llama/Meta-Llama-3-70B", "llama-3-70b"),
                              ("meta-llama/Llama-3.1-8B", "llama-3.1-8b")):

