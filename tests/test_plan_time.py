@@ -129,7 +129,7 @@ def _seconds(run, candidate_of) -> dict[str, float]:
     inputs = read_inputs(run)
     plan = plan_run(run)
     candidate = candidate_of(plan.chosen.candidate)
-    return time.step_time(inputs, candidate, inputs.hardware.gpu, plan.checkpoint_bytes).seconds
+    return time.step_time(inputs, candidate, inputs.hardware.gpu, plan.checkpoint_bytes)
 
 
 def test_decode_is_bandwidth_bound_and_fetches_ride_the_interconnect() -> None:

@@ -74,6 +74,12 @@ class Role:
     adapter: Adapter | None = None
 
 
+def trained_checkpoint_bytes(roles: list[Role], lora: bool, element_bytes: int) -> int:
+    """Bytes of one checkpoint of every trained model (with LoRA, of its adapters)."""
+    return sum(memory.checkpoint_bytes(role.adapter.params if lora and role.adapter else role.size.params,
+                                       element_bytes) for role in roles if role.trained)
+
+
 @dataclass(frozen=True)
 class Column:
     candidate: Candidate
@@ -116,9 +122,8 @@ class Plan:
         if not self.known:
             return None
         assert self.work is not None
-        lora = self.chosen is not None and self.chosen.candidate.lora
-        return sum(memory.checkpoint_bytes(role.adapter.params if lora and role.adapter else role.size.params,
-                                           self.work.element_bytes) for role in self.roles if role.trained)
+        return trained_checkpoint_bytes(self.roles, self.chosen is not None and self.chosen.candidate.lora,
+                                        self.work.element_bytes)
 
     def column(self, generation: Generation, offload_optimizer: str, offload_params: str, lora: bool = False,
                vllm_settings: VllmSettings | None = None) -> Column | None:

@@ -23,7 +23,7 @@ from rlhf_cli.generation.choice import GATHER_KEY, USE_VLLM_KEY, Engine, Gather,
 from rlhf_cli.errors import PlanError
 from rlhf_cli.generation.budget import Budget, ranked
 from rlhf_cli.plan import memory, time, vllm, vllm_search
-from rlhf_cli.plan.columns import Candidate, Column, Plan
+from rlhf_cli.plan.columns import Candidate, Column, Plan, trained_checkpoint_bytes
 from rlhf_cli.plan.inputs import Inputs, read_inputs
 from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, TRAINING, Component
 from rlhf_cli.plan.vllm import VllmSettings
@@ -110,14 +110,10 @@ def _column(inputs: Inputs, candidate: Candidate, chosen: bool) -> Column:
     rows = components(inputs, candidate)
     peak = memory.peak(rows)
     gpu = inputs.hardware.gpu
-    seconds = time.step_time(inputs, candidate, gpu, _checkpoint_bytes(inputs, candidate)).seconds if gpu else None
+    seconds = time.step_time(inputs, candidate, gpu, trained_checkpoint_bytes(
+        inputs.roles, candidate.lora, inputs.work.element_bytes)) if gpu else None
     return Column(candidate, rows, peak, sum(row.cpu for row in rows),
                   memory.fits(peak, inputs.hardware.gpu_memory) and _vllm_starts(inputs, candidate), chosen, seconds)
-
-
-def _checkpoint_bytes(inputs: Inputs, candidate: Candidate) -> int:
-    return sum(memory.checkpoint_bytes(role.adapter.params if candidate.lora and role.adapter else role.size.params,
-                                       inputs.work.element_bytes) for role in inputs.roles if role.trained)
 
 
 def _vllm_starts(inputs: Inputs, candidate: Candidate) -> bool:
@@ -176,7 +172,8 @@ def suggestions(inputs: Inputs, columns: list[Column], candidate: Candidate) -> 
              if c.fits and c.candidate.lora == candidate.lora]
     lora = [c for c in same_engine if c.fits and c.candidate.lora]
     if not candidate.lora and not found and lora:  # offloading parameters is the slowest way to fit; then no-gather
-        best = min(lora, key=lambda c: (c.candidate.offload_params != "none", c.candidate.generation.gather != Gather.whole))
+        best = min(lora, key=lambda c: (c.candidate.offload_params != "none",
+                                        c.candidate.generation.gather != Gather.whole))
         found.append(f"--lora fits ({gib(best.peak)}): {best.candidate.label}")
     per_machine = inputs.hardware.gpus_per_machine
     machines = _machines_needed(inputs, candidate)

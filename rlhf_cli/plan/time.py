@@ -19,8 +19,6 @@ amortised over `save_steps`), `waiting` (on other ranks: 0, no imbalance is mode
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import StepWork
 from rlhf_cli.generation.budget import choose
@@ -49,26 +47,13 @@ NVME_BANDWIDTH = 3e9  # bytes/s per machine: one PCIe Gen4 NVMe drive's sequenti
 DISK_BANDWIDTH = 1e9  # bytes/s per machine writing a checkpoint (a local disk; network filesystems are slower)
 TRL_SAVE_STEPS = 500  # transformers' TrainingArguments default save_steps
 
-@dataclass(frozen=True)
-class StepTime:
-    """Seconds per optimizer step on one GPU, by phase."""
 
-    seconds: dict[str, float]
-
-    @property
-    def total(self) -> float:
-        return sum(self.seconds.values())
-
-    def as_dict(self) -> dict[str, float]:
-        return {phase: round(self.seconds[phase], 6) for phase in PHASES}
-
-
-def step_time(inputs: Inputs, candidate: Candidate, gpu: Gpu, checkpoint_bytes: int) -> StepTime:
-    """Seconds per optimizer step of `candidate` on `gpu`, by phase."""
+def step_time(inputs: Inputs, candidate: Candidate, gpu: Gpu, checkpoint_bytes: int) -> dict[str, float]:
+    """Seconds per optimizer step of `candidate` on `gpu`, by phase (PHASES, in order)."""
     hw = inputs.hardware
     rates = Rates.of(gpu, hw.total_gpus, hw.machines, candidate.offload_params != "none")
     step = algorithm(inputs.algorithm).step_work(inputs.value)
-    return StepTime({
+    return {
         GENERATION: generation_seconds(inputs, candidate, rates, step),
         WEIGHT_SYNC: vllm_time.sync_seconds(inputs, candidate, rates) * step.syncs if candidate.vllm else 0.0,
         SCORING: scoring_seconds(inputs, candidate, rates, step),
@@ -76,7 +61,7 @@ def step_time(inputs: Inputs, candidate: Candidate, gpu: Gpu, checkpoint_bytes: 
         OPTIMIZER_STEP: optimizer_seconds(inputs, candidate, rates),
         SAVING: saving_seconds(inputs, checkpoint_bytes, hw.machines),
         WAITING: 0.0,
-    })
+    }
 
 
 def generation_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: StepWork) -> float:
