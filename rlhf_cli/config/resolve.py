@@ -53,8 +53,9 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     if not request.planning:
         run_checks.find_resume_point(draft)
         run_checks.check_output_dir(draft)
-    for check in (run_checks.check_nvme_path, run_checks.check_gpu_memory, run_checks.check_data,
-                  run_checks.check_mixture, run_checks.check_stall_timeout, run_checks.check_vllm_server):
+    for check in (run_checks.check_nvme_path, run_checks.check_gpu_memory, run_checks.check_hardware,
+                  run_checks.check_data, run_checks.check_mixture, run_checks.check_stall_timeout,
+                  run_checks.check_vllm_server):
         check(draft)
     cpu_only = not (cuda_present() if cuda is None else cuda) or environ.get("DS_ACCELERATOR") == "cpu"
     _default_process_count(draft, environ)

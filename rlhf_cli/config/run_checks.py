@@ -25,6 +25,7 @@ from rlhf_cli.config.server_url import server_problems, server_url
 from rlhf_cli.config.vllm import length_problems, vllm_problems
 from rlhf_cli.generation.budget import BudgetError, parse_budget
 from rlhf_cli.generation.choice import Engine
+from rlhf_cli.machine.gpus import GPUS, HardwareError, from_file, named, with_interconnect
 from rlhf_cli.output.run_dir import MANIFEST, RunDir
 from rlhf_cli.sizes import SizeError, parse_size
 
@@ -81,6 +82,24 @@ def check_gpu_memory(draft: Draft) -> None:
             parse_size(draft.value("gpu_memory"))
         except SizeError as error:
             draft.problems.append(f"{draft.layers['gpu_memory'][1]}: `gpu_memory`: {error}")
+
+
+def check_hardware(draft: Draft) -> None:
+    """`gpu`, `hardware_file` and `interconnect` as the time plan reads them (rlhf_cli/machine/gpus.py)."""
+    gpu = None
+    for key, read in (("gpu", named), ("hardware_file", lambda text: from_file(Path(text)))):
+        if draft.value(key) is not None:
+            try:
+                gpu = read(str(draft.value(key)))
+            except HardwareError as error:
+                draft.problems.append(f"{draft.layers[key][1]}: `{key}`: {error}")
+    if draft.value("gpu") is not None and draft.value("hardware_file") is not None:
+        draft.problems.append(f"{draft.layers['gpu'][1]}: `gpu` and `hardware_file` both name the GPU; keep one")
+    if draft.value("interconnect") is not None:
+        try:
+            with_interconnect(gpu or GPUS["h100"], str(draft.value("interconnect")))
+        except HardwareError as error:  # with no GPU named, nvlink is checked against nvidia-smi's by the plan
+            draft.problems.append(f"{draft.layers['interconnect'][1]}: `interconnect`: {error}")
 
 
 def check_stall_timeout(draft: Draft) -> None:
@@ -358,13 +377,24 @@ def check_across_fields(draft: Draft, accelerate: dict[str, Any], cpu_only: bool
             pass  # judged once the refused value is fixed
 
 
+# The source of `gather: auto` where a vLLM run gives no gather choice: the plan sizes the weight sync's bucket
+VLLM_SYNC_DEFAULT = "default: with vLLM, the sync's bucket is the plan's choice"
+
+
+def default_gather(draft: Draft) -> Setting:
+    """When no source gives a gather choice: TRL's (gather) to generate; with vLLM the plan's bucket for its weight
+    sync (`auto`), except under DoRA, whose magnitudes need the whole layer gathered (rlhf_cli/config/lora.py)."""
+    if Engine.from_values(draft.value).vllm and not draft.value("use_dora"):
+        return Setting("auto", VLLM_SYNC_DEFAULT)
+    return Setting(draft.fields["ds3_gather_for_generation"].default, "default")
+
+
 def completed_settings(draft: Draft, accelerate: dict[str, Any], cpu_only: bool) -> dict[str, Setting]:
     """The settings as they will run: the values rlhf chooses when the recipe does not (each with why)."""
     settings = dict(draft.settings)
     if "num_gpus" in settings:  # num_processes follows: the written recipe must agree with itself
         settings["num_processes"] = Setting(accelerate.get("num_processes"), "num_gpus x num_machines")
-    settings.setdefault("ds3_gather_for_generation",
-                        Setting(draft.fields["ds3_gather_for_generation"].default, "default"))
+    settings.setdefault("ds3_gather_for_generation", default_gather(draft))
     settings.setdefault("ddp_timeout", Setting(round(COLLECTIVE_TIMEOUT_FACTOR * draft.value("stall_timeout")),
                                                f"rlhf: {COLLECTIVE_TIMEOUT_FACTOR} x stall_timeout"))
     if cpu_only:  # DeepSpeed's CPU path: fp32 (TRL turns bf16 on by default) over gloo
