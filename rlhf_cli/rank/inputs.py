@@ -93,10 +93,13 @@ class RankInputs:
 
 def load_prompts(inputs: RankInputs):
     """The train split (and test split when evaluating), with the prompt column named `prompt`: from
-    `dataset_name`, or from TRL's mixture of `datasets` as `trl ALGO --config` loads it."""
+    `dataset_name`, or from TRL's mixture of `datasets` as `trl ALGO --config` loads it. Neither: no split (GRPO's
+    environment owns the data)."""
     from datasets import load_dataset
 
     name = inputs.script_value("dataset_name")
+    if name is None and not inputs.script_value("datasets"):
+        return None, None
     train_split = inputs.script_value("dataset_train_split")
     if inputs.script_value("datasets"):
         from trl import DatasetMixtureConfig, get_dataset
