@@ -20,7 +20,7 @@ def agent_smoke(out: Path, *args: str) -> list[dict]:
     """Two steps of the bundled agent recipe with the diverging tools and TRL's reward signature; the logged
     steps."""
     done = launch_rlhf("grpo", out, "--max-steps", "2", "--set", f"reward_funcs=[{DIVERGING}:reward]",
-                       "--set", "max_tool_calling_iterations=2", *args,
+                       "--set", f"tools=[{DIVERGING}:calculate]", "--set", "max_tool_calling_iterations=2", *args,
                        recipe=RECIPES / "grpo" / "agent-smoke.yaml", timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
@@ -36,14 +36,14 @@ def test_ranks_whose_rollouts_take_different_numbers_of_turns_finish_gathered_an
     """Gathered: both ranks call the calculator, rank 1's results overlong; the run finishes and the logged calls
     are every call made. From shards: rank 0's calculator raises (each a failed call, fed back, and rank 0's
     rollouts go on), rank 1's results overlong; the failures logged are exactly rank 0's calls."""
-    gathered = agent_smoke(tmp_path / "gather", "--gather", "--set", f"tools=[{DIVERGING}:calculate]")
+    gathered = agent_smoke(tmp_path / "gather", "--gather")
     assert len(gathered) == 2
     made = calls(tmp_path / "gather", 0) + calls(tmp_path / "gather", 1)
     assert calls(tmp_path / "gather", 0) and calls(tmp_path / "gather", 1)  # rank 0 regenerated, rank 1 could not
     assert round(sum(entry["tools/call_frequency"] for entry in gathered) * COMPLETIONS_PER_STEP) == len(made)
     assert all(entry["tools/failure_frequency"] == 0 for entry in gathered)
 
-    failing = agent_smoke(tmp_path / "no-gather", "--no-gather", "--set", f"tools=[{DIVERGING}:calculate_or_fail]")
+    failing = agent_smoke(tmp_path / "no-gather", "--no-gather", "--set", "env={DIVERGING_TOOLS_FAIL: '1'}")
     assert len(failing) == 2
     failed, overlong = calls(tmp_path / "no-gather", 0), calls(tmp_path / "no-gather", 1)
     assert failed and overlong
