@@ -278,3 +278,29 @@ def test_num_generations_3_is_refused_before_any_process_starts(tmp_path: Path) 
         "Error: `num_generations` (3) must divide the generation batch (4 = per_device_train_batch_size x processes "
         "x steps per generation): set num_generations to 2, or per_device_train_batch_size to a multiple of 3"]
     assert not out.exists()  # the ranks write their records there first
+
+
+def test_the_remembered_check_is_keyed_on_every_file_the_run_executes_and_the_chat_template(tmp_path: Path) -> None:
+    """Tools, environments and the rollout function as reward files are; the policy's chat template with tools;
+    code from a module, or tools with a policy that is not a local directory, are checked every time."""
+    from rlhf_cli.launch.prelaunch import check_key
+
+    model = tmp_path / "model"
+    write(model / "chat_template.jinja", "{{ messages }}")
+    code = {name: write(tmp_path / f"{name}.py", f"# {name}\n") for name in ("tools", "env", "rollout", "reward")}
+    values = {"model_name_or_path": str(model), "reward_funcs": [f"{code['reward']}:score"],
+              "tools": [f"{code['tools']}:add"], "environment_factory": {"a": f"{code['env']}:Sandbox"},
+              "rollout_func": f"{code['rollout']}:generate"}
+
+    def key(**changed: object) -> str | None:
+        return check_key({"algorithm": "grpo", "values": {**values, **changed}, "processes": 2}, {})
+
+    first = key()
+    assert first is not None and key() == first
+    for path in (*code.values(), model / "chat_template.jinja"):
+        write(path, path.read_text() + "# edited\n")
+        assert key() != first, path
+        first = key()
+    assert key(tools=["my_pkg.tools:add"]) is None
+    assert key(model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct") is None
+    assert key(tools=None, environment_factory=None, model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct") is not None
