@@ -160,6 +160,9 @@ AGENT_FIELDS = (
           "file.py:Class, or a mapping of environment names (the dataset's `environment` column) to classes."),
     Field("rollout_func", "script", ("str", "null"), None,
           "Your own generation function in place of the trainer's (GRPOTrainer's rollout_func): file.py:function."),
+    Field("tool_timeout", "script", ("int", "float", "null"), None,
+          "Seconds one tool call may take (tools and environment methods); a call past it is a failed call, its "
+          "error fed back to the policy, and the run goes on. Default: no limit, as TRL."),
 )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.output.checkpoints import incomplete_reason, newest_complete_checkpoint
 from rlhf_cli.config.accelerate import is_zero3, zero_stage
+from rlhf_cli.config.agent_code import own_data_problem
 from rlhf_cli.config.key_rules import check_model_config, check_reward_model, cross_field_problems
 from rlhf_cli.config.data_files import READERS, DataFileError, check_prompts
 from rlhf_cli.config.draft import Draft, Refused
@@ -36,11 +37,16 @@ COLLECTIVE_TIMEOUT_FACTOR = 5
 
 
 def check_required(draft: Draft) -> None:
+    """A policy, a dataset and a reward; GRPO's environment may own the data and the reward, as TRL lets it (the
+    pre-launch check finds whether it has get_reward)."""
     if "model_name_or_path" not in draft.settings:
         draft.problems.append("no policy model: set `model_name_or_path` in the recipe or pass --model")
+    environment = draft.value("environment_factory") if "environment_factory" in draft.fields else None
     if "dataset_name" not in draft.settings and not draft.value("datasets") and "datasets" not in draft.refused:
-        draft.problems.append("no dataset: set `dataset_name` in the recipe or pass --dataset")
-    if not draft.value("reward_model_name_or_path") and not draft.value("reward_funcs"):
+        problem = own_data_problem(environment, draft.value("max_steps")) if environment else \
+            "no dataset: set `dataset_name` in the recipe or pass --dataset"
+        draft.problems += [problem] if problem else []
+    if not draft.value("reward_model_name_or_path") and not draft.value("reward_funcs") and not environment:
         draft.problems.append(
              "no reward: set `reward_model_name_or_path` (or --reward-model) and/or `reward_funcs`")
 
@@ -247,7 +253,8 @@ def check_data(draft: Draft) -> None:
     for where, path, columns in files:
         if path_state(path).kind == "file":
             try:
-                check_prompts(path, column, columns)
+                check_prompts(path, column, columns, optional=bool(draft.fields.get("environment_factory")
+                                                                    and draft.value("environment_factory")))
             except DataFileError as error:
                 draft.problems.append(f"{where}: {error}")
 
