@@ -100,6 +100,15 @@ INTERNALS = (
              "a run without vLLM tells TRL that vLLM is absent before TRL's modules import it: TRL imports vLLM "
              "whenever it is installed (seconds of CPU in every rank and in the pre-launch check)",
              "TRL imports vLLM only when a trainer uses it"),
+    Internal("trl.trainer.grpo_trainer:GRPOTrainer._tool_call_loop",
+             "GRPO's tool-calling turns are made collective (rlhf_cli/rank/agent_turns.py): TRL's loop regenerates "
+             "per rank, and ranks whose rollouts take different numbers of turns deadlock in generation",
+             "TRL's tool loop takes its turns on every rank together",
+             ("prompts", "prompt_ids", "completion_ids", "completions", "logprobs", "images", "multimodal_fields")),
+    Internal("trl.trainer.grpo_trainer:GRPOTrainer._generate_single_turn",
+             "as above: each regeneration inside the loop is announced to the other ranks, and a rank that left the "
+             "loop joins the others' with a throwaway row", "as above",
+             ("prompt_ids", "images", "multimodal_fields", "num_generations")),
     Internal("transformers:TrainingArguments._setup_devices",
              "the launcher's pre-launch check builds the trainer config outside any rank: without a process "
              "group, on no device, with the run's number of processes as its world size",
@@ -335,6 +344,20 @@ def count_collectives(on_enter: Callable[[], None]) -> None:
         setattr(distributed_c10d, name, counted)
         if getattr(dist, name, None) is original:
             setattr(dist, name, counted)
+
+
+# -- GRPO's tool loop ---------------------------------------------------------------------------------------------
+
+def trl_tool_turns(trainer: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(the tool loop, the single-turn generation) of a GRPOTrainer, bound to it, as TRL defines them."""
+    return trainer._tool_call_loop, trainer._generate_single_turn
+
+
+def replace_trl_tool_turns(trainer: Any, tool_call_loop: Callable[..., Any], single_turn: Callable[..., Any]) -> None:
+    """Make this trainer (only) run its tool loop and its single-turn generation through rlhf's functions; its
+    `_generate` looks both up on the instance at each call."""
+    trainer._tool_call_loop = tool_call_loop
+    trainer._generate_single_turn = single_turn
 
 
 # -- transformers' TrainingArguments, built outside a rank -------------------------------------------------------

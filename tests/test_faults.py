@@ -188,3 +188,21 @@ def test_text_from_ranks_and_libraries_is_printed_literally(tmp_path: Path, monk
     summary = {"algorithm": "rloo", "global_step": 4, "max_steps": 4, "final_metrics": {}, "saved": f"/runs/{MARKUP}"}
     output.print_outcome(runner.Outcome(0, "finished", summary=summary), run, quiet=False)
     assert MARKUP in captured.getvalue()
+
+
+def test_a_stall_inside_grpos_tool_loop_says_so(tmp_path: Path) -> None:
+    """faulthandler's frames as a rank writes them: the stalled rank's main thread in TRL's tool loop (a tool that
+    never returned), the other's in a collective."""
+    run_dir = RunDir(tmp_path)
+    watch_record(run_dir, "stalled", [(1, "a", 124)])
+    in_loop = ('Thread 0x00007f (most recent call first):\n  File "/x/calc.py", line 9 in calculate\n'
+               '  File "/x/trl/trainer/grpo_trainer.py", line 1978 in _tool_call_loop\n'
+               '  File "/x/rlhf_cli/rank/agent_turns.py", line 41 in tool_call_loop\n')
+    run_dir.stack(1).parent.mkdir(parents=True, exist_ok=True)
+    run_dir.stack(1).write_text(in_loop)
+    run_dir.stack(0).write_text('  File "/x/torch/distributed/distributed_c10d.py", line 2 in all_reduce\n')
+    assert explain(run_dir, PlanNeeds()).line.endswith(
+        "; rank 1 stalled in GRPO's tool-calling loop (TRL's _tool_call_loop): a tool that never returns stops every "
+        "rank, so give slow tools a `tool_timeout`")
+    run_dir.stack(1).write_text(run_dir.stack(0).read_text())
+    assert "tool-calling" not in explain(run_dir, PlanNeeds()).line

@@ -200,7 +200,7 @@ def test_gen_weights_are_the_units_bought_plus_what_zero3_keeps_live_of_the_rest
     run = resolve(smoke(tmp_path, "", gather_budget=("--gather-budget", "0.5")), cuda=False)
     plan = plan_run(run)
     chosen = plan.chosen
-    assert chosen.candidate.budget == Budget(fraction=0.5) and chosen.candidate.mode == "budget 0.5"
+    assert chosen.candidate.generation.gather.budget == Budget(fraction=0.5) and chosen.candidate.mode == "budget 0.5"
     policy = model_size(read_config(str(SMOKE_POLICY)))
     bought = sum(policy.units[i].numel for i in choose(policy.units, policy.params // 2))
     assert 0 < bought <= policy.params // 2
@@ -226,7 +226,7 @@ def test_gather_auto_takes_the_largest_budget_that_fits(seed_models) -> None:
     source = run.settings["gather_budget"].source
     assert source.startswith("rlhf plan: gathering needs") and "of the policy needs" in source
     assert any(note.startswith(f"gather: auto -> budget {budget:.3g}") for note in run.notes)
-    assert plan.chosen.fits and plan.chosen.candidate.budget == Budget(fraction=budget)
+    assert plan.chosen.fits and plan.chosen.candidate.generation.gather.budget == Budget(fraction=budget)
     # One more unit does not fit: the next budget up, planned as the run's own, is over the GPU.
     policy = plan.roles[0].size
     bought = sum(policy.units[i].numel for i in choose(policy.units, int(budget * policy.params)))
@@ -243,7 +243,7 @@ def test_dry_run_shows_the_budget_auto_chose_and_why(cli, seed_models) -> None:
     assert data["trainer"]["ds3_gather_for_generation"] is False
     assert data["sources"]["gather_budget"].startswith("rlhf plan: gathering needs")
     assert any(note.startswith("gather: auto -> budget") for note in data["notes"])
-    assert result.stderr.startswith("plan: gathering 0.")  # the compact plan: the budget chosen and its peak
+    assert result.stderr.startswith("plan: gather 0.")  # the compact plan: the budget chosen and its peak
     assert [c["gather_budget"] for c in data["plan"]["configurations"] if c["chosen"]] != [None]
 
 

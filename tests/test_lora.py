@@ -12,6 +12,9 @@ from helpers import RECIPES, REPO, TINY, cache_model, saved_by_one_layer, write
 from rlhf_cli.models.architectures import architecture, peft_targets, targeted
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.model_sizes import LoraSettings, adapter_size, model_size
+from rlhf_cli.generation.choice import Gather, Generation
+
+WHOLE, SHARDS = Generation(Gather.whole), Generation(Gather.shards)
 
 pytestmark = pytest.mark.usefixtures("nothing_launches")  # no test here starts ranks
 
@@ -326,7 +329,7 @@ def test_lora_columns_hold_frozen_shards_adapter_states_and_no_reference(big_mod
     _, plan = seed_plan()
     policy, reference, reward, value = plan.roles
     assert reference.name == "reference" and policy.adapter and value.adapter and reward.adapter is None
-    full, lora = plan.column(True, "none", "none"), plan.column(True, "none", "none", lora=True)
+    full, lora = plan.column(WHOLE, "none", "none"), plan.column(WHOLE, "none", "none", lora=True)
     rows, full_rows = ({part.name: part.gpu for part in column.components} for column in (lora, full))
     assert rows["policy shard"] == memory.frozen_shard(policy.size.params, 2, 4) == full_rows["reference shard"]
     assert rows["reference shard"] == 0 and full_rows["policy shard"] == 0
@@ -341,7 +344,7 @@ def test_lora_columns_hold_frozen_shards_adapter_states_and_no_reference(big_mod
 
 def test_gather_auto_decides_among_the_lora_columns(big_models) -> None:
     run, plan = seed_plan("use_peft=true", gather=("--gather auto", "auto"))
-    gathered = plan.column(True, "cpu", "none", lora=True)  # the recipe offloads the optimizer: the run's own
+    gathered = plan.column(WHOLE, "cpu", "none", lora=True)  # the recipe offloads the optimizer: the run's own
     assert gathered is not None and not gathered.fits and run.value("ds3_gather_for_generation") is False
     assert run.settings["ds3_gather_for_generation"].source.startswith(f"rlhf plan: gathering needs "
                                                                        f"{gathered.peak / 2**30:.1f} GiB")
@@ -352,7 +355,7 @@ def test_gather_auto_decides_among_the_lora_columns(big_models) -> None:
 def test_when_nothing_else_fits_the_plan_says_lora_does(big_models) -> None:
     # Without gradient checkpointing (TRL 1.12's PPO turns it on), where full fine-tuning's activations do not fit
     _, plan = seed_plan("gradient_checkpointing=false", memory_per_gpu="6GiB")
-    lora = plan.column(False, "cpu", "cpu", lora=True)
+    lora = plan.column(SHARDS, "cpu", "cpu", lora=True)
     assert not any(column.fits for column in plan.columns if not column.candidate.lora) and lora.fits
     assert f"--lora fits ({lora.peak / 2**30:.1f} GiB): LoRA, no-gather, opt+params->cpu" in plan.suggestions
     _, plan = seed_plan()  # no-gather with the optimizer offloaded fits: no word of LoRA
@@ -367,7 +370,7 @@ def test_seventy_b_on_eight_gpus(big_models) -> None:
               "reward_model_name_or_path": ("--reward-model", "meta-llama/Llama-3.1-8B")}
     _, plan = seed_plan(gpus=8, memory_per_gpu="80GiB", **models)
     assert all(column.cpu_per_machine > 2**40 for column in plan.columns if column.fits and not column.candidate.lora)
-    assert plan.column(False, "none", "none", lora=True).fits
+    assert plan.column(SHARDS, "none", "none", lora=True).fits
     _, plan = seed_plan(gpus=8, memory_per_gpu="24GiB", **models)
     full = [column for column in plan.columns if column.fits and not column.candidate.lora]
     lora = [column for column in plan.columns if column.fits and column.candidate.lora]

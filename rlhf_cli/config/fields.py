@@ -116,6 +116,15 @@ OWN_FIELDS = (
           "GPUs per machine; sets num_processes to num_gpus x num_machines when that is not given."),
     Field("gpu_memory", "launch", ("str", "int", "null"), None,
           "Memory of each GPU for the memory plan (24GiB, 24GB, 24576MiB or bytes); default: asked of nvidia-smi."),
+    Field("gpu", "launch", ("str", "null"), None,
+          "The GPU the time plan assumes (a10, l4, l40s, rtx3090, rtx4090, a100-40gb, a100-80gb, h100, h200, b200, "
+          "...); default: nvidia-smi's."),
+    Field("interconnect", "launch", ("str", "null"), None,
+          "How the GPUs of a machine reach each other, for the time plan: nvlink, pcie, or a rate each way per GPU "
+          "(50GB); default: the GPU's."),
+    Field("hardware_file", "launch", ("str", "null"), None,
+          "A YAML file describing a GPU the table lacks, for the time plan: name, bf16_tflops, "
+          "memory_bandwidth_gbs, interconnect, interconnect_gbs, host_gbs."),
     Field("plan_prompt_length", "launch", ("int", "null"), None,
           "Longest prompt in tokens, as the memory plan assumes it; default 512."),
     Field("accelerate_config", "launch", ("str", "null"), None,
@@ -151,6 +160,9 @@ AGENT_FIELDS = (
           "file.py:Class, or a mapping of environment names (the dataset's `environment` column) to classes."),
     Field("rollout_func", "script", ("str", "null"), None,
           "Your own generation function in place of the trainer's (GRPOTrainer's rollout_func): file.py:function."),
+    Field("tool_timeout", "script", ("int", "float", "null"), None,
+          "Seconds one tool call may take (tools and environment methods); a call past it is a failed call, its "
+          "error fed back to the policy, and the run goes on. Default: no limit, as TRL."),
 )
 
 

@@ -65,9 +65,14 @@ def build_trl_generating(inputs: RankInputs) -> Any:
     _note_causal_lm_reward(inputs)
     train, evaluation = load_prompts(inputs)
     trainer_class = load_object(entry.trainer_class)
-    return trainer_class(model=inputs.model_value("model_name_or_path"), reward_funcs=reward_funcs(inputs),
-                         args=config, train_dataset=train, eval_dataset=evaluation, peft_config=peft_config(inputs),
-                         **agent_arguments(inputs))
+    trainer = trainer_class(model=inputs.model_value("model_name_or_path"), reward_funcs=reward_funcs(inputs),
+                            args=config, train_dataset=train, eval_dataset=evaluation,
+                            peft_config=peft_config(inputs), **agent_arguments(inputs))
+    if entry.takes_tools:
+        from rlhf_cli.rank.agent_turns import take_turns_together
+
+        take_turns_together(trainer)
+    return trainer
 
 
 def build_online_dpo(inputs: RankInputs) -> Any:
