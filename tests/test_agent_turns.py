@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import socket
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
+from helpers import free_port
 
 CALL, ANSWER = 1, 2  # the fake policy's tokens: a tool call, a final answer
 AGAIN, DONE = 100, 101  # the tool-result suffix's token: the tool said "call again", or gave its result
@@ -102,9 +103,7 @@ def one_rank(rank: int, port: int, scenario: str, together: bool, results: Any) 
 
 
 def run_ranks(scenario: str, together: bool) -> dict[int, tuple]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     ranks = [context.Process(target=one_rank, args=(rank, port, scenario, together, results)) for rank in (0, 1)]
