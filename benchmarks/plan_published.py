@@ -276,6 +276,9 @@ def main() -> None:
         os.environ["HF_HUB_CACHE"] = str(Path(scratch) / "hub")
         cache_model_configs(Path(scratch) / "hub", HUB_MODELS)
         replays = [replay(row, Path(scratch) / f"row-{index}.yaml") for index, row in enumerate(ROWS)]
+        from published_times import NOT_REPLAYED, replay as replay_times
+
+        time_columns, time_rows, orderings = replay_times(Path(scratch))
     columns, rows = table(replays)
     print_table("rlhf plan against published peaks per GPU", columns, rows)
     agree = sum(r.fits == r.row.ran for r in replays)
@@ -284,9 +287,20 @@ def main() -> None:
     summary = (f"Verdicts agree in {agree} of {len(replays)} rows; {within} of {len(numeric)} published figures "
                f"are within 15% of the prediction.")
     print(summary)
+    print_table("rlhf plan against published step and sync times", time_columns, time_rows)
+    right = sum(line.startswith("right") for line in orderings)
+    time_summary = f"{right} of {len(orderings)} published orderings right."
+    print("\n".join([*orderings, time_summary]))
     method = "\n\n".join(__doc__.split("\n\n")[1:-1])
+    import published_times
+
+    skipped = "\n".join(f"- {what}: {why}" for what, why in NOT_REPLAYED)
     write_markdown(args.out / "plan_published.md", f"# `rlhf plan` against published GPU memory\n\n{method}\n\n"
-                   f"{markdown_table(columns, rows)}\n{summary}\n")
+                   f"{markdown_table(columns, rows)}\n{summary}\n\n"
+                   f"# `rlhf plan` against published step and sync times\n\n{published_times.__doc__}\n"
+                   f"{markdown_table(time_columns, time_rows)}\n"
+                   + "\n".join(f"- {line}" for line in orderings) + f"\n\n{time_summary}\n\n"
+                   f"Not replayed:\n\n{skipped}\n")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,12 @@ INTERNALS = (
              "zero3_save_16bit_model says (accelerate's get_state_dict refuses without it and gathers frozen "
              "weights too)", "DeepSpeed or accelerate offer a public consolidated state dict that excludes frozen "
              "parameters", ("exclude_frozen_parameters",)),
+    Internal("deepspeed.checkpoint.ds_to_universal:main",
+             "a ZeRO-3 checkpoint resumed on another number of processes is converted to DeepSpeed's universal "
+             "checkpoint, which any count loads (`checkpoint.load_universal`); `main` is the conversion script's "
+             "entry point, called with the arguments its parser would give",
+             "DeepSpeed offers the conversion as a function of its own parameters, or loads another world size "
+             "directly", ("args",)),
     Internal("transformers:Trainer._load_rng_state", "PPO's resume restores every RNG as Trainer's does",
              "never: PPO is ours", ("checkpoint",)),
     Internal("transformers.trainer_callback:ExportableState",
@@ -93,6 +100,15 @@ INTERNALS = (
              "a run without vLLM tells TRL that vLLM is absent before TRL's modules import it: TRL imports vLLM "
              "whenever it is installed (seconds of CPU in every rank and in the pre-launch check)",
              "TRL imports vLLM only when a trainer uses it"),
+    Internal("trl.trainer.grpo_trainer:GRPOTrainer._tool_call_loop",
+             "GRPO's tool-calling turns are made collective (rlhf_cli/rank/agent_turns.py): TRL's loop regenerates "
+             "per rank, and ranks whose rollouts take different numbers of turns deadlock in generation",
+             "TRL's tool loop takes its turns on every rank together",
+             ("prompts", "prompt_ids", "completion_ids", "completions", "logprobs", "images", "multimodal_fields")),
+    Internal("trl.trainer.grpo_trainer:GRPOTrainer._generate_single_turn",
+             "as above: each regeneration inside the loop is announced to the other ranks, and a rank that left the "
+             "loop joins the others' with a throwaway row", "as above",
+             ("prompt_ids", "images", "multimodal_fields", "num_generations")),
     Internal("transformers:TrainingArguments._setup_devices",
              "the launcher's pre-launch check builds the trainer config outside any rank: without a process "
              "group, on no device, with the run's number of processes as its world size",
@@ -265,6 +281,19 @@ def load_rng_state(trainer: Any, checkpoint: str) -> None:
     trainer._load_rng_state(checkpoint)
 
 
+def convert_to_universal(shards: Any, universal: Any) -> None:
+    """DeepSpeed's universal checkpoint of the shards in folder `shards` (a checkpoint's `global_stepN`), written
+    to folder `universal`, with `latest_universal` beside it naming it. One worker each: it runs inside a rank,
+    where forked workers would inherit the rank's accelerator state."""
+    import argparse
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    ds_to_universal.main(argparse.Namespace(input_folder=str(shards), output_folder=str(universal),
+                                            num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False,
+                                            strict=True, inject_missing_state=False))
+
+
 def stop_sync_with_dataloader(accelerator: Any) -> None:
     """Gradients accumulate over the loader's last batch like over any other."""
     accelerator.gradient_state.plugin_kwargs["sync_with_dataloader"] = False
@@ -317,6 +346,20 @@ def count_collectives(on_enter: Callable[[], None]) -> None:
             setattr(dist, name, counted)
 
 
+# -- GRPO's tool loop ---------------------------------------------------------------------------------------------
+
+def trl_tool_turns(trainer: Any) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """(the tool loop, the single-turn generation) of a GRPOTrainer, bound to it, as TRL defines them."""
+    return trainer._tool_call_loop, trainer._generate_single_turn
+
+
+def replace_trl_tool_turns(trainer: Any, tool_call_loop: Callable[..., Any], single_turn: Callable[..., Any]) -> None:
+    """Make this trainer (only) run its tool loop and its single-turn generation through rlhf's functions; its
+    `_generate` looks both up on the instance at each call."""
+    trainer._tool_call_loop = tool_call_loop
+    trainer._generate_single_turn = single_turn
+
+
 # -- transformers' TrainingArguments, built outside a rank -------------------------------------------------------
 
 def detached_config_class(config_class: type, processes: int) -> type:
@@ -354,6 +397,18 @@ VLLM_INTERNALS = (
              "colocated vLLM runs its worker in the rank's own process: the sync reaches its model runner there "
              "(`llm_engine.model_executor.driver_worker.worker.model_runner`)", "as above"),
     Internal("vllm.v1.worker.worker_base:WorkerWrapperBase", "as above", "as above"),
+    Internal("transformers.conversion_mapping:get_model_conversion_mapping",
+             "the weight sync sends vLLM each parameter under its checkpoint name, undoing transformers' renamings "
+             "(GPT-NeoX's head: `lm_head` in memory, `embed_out` on disk)",
+             "transformers offers a public map from a model's parameter names to its checkpoint's", ("model",)),
+    Internal("transformers.core_model_loading:WeightRenaming", "as above", "as above"),
+    Internal("vllm.model_executor.layers.vocab_parallel_embedding:UnquantizedEmbeddingMethod."
+             "process_weights_after_loading",
+             "a tied LM head is re-processed after each reload (vLLM re-processes only layers that received tensors, "
+             "and skips a tied model's lm_head.*): on CPU the head's weight was packed into a oneDNN kernel at load",
+             "vLLM's layerwise reload re-processes layers that share a reloaded weight", ("layer",)),
+    Internal("vllm.model_executor.layers.linear:UnquantizedLinearMethod.process_weights_after_loading",
+             "as above, for a tied layer built as a linear one", "as above", ("layer",)),
     # TRL imports vLLM's LLM into these modules only where vLLM is installed
     Internal("trl.generation.vllm_generation:LLM",
              "TRL builds colocated vLLM without a dtype, and vLLM downcasts a float32 model to bfloat16 (on CPU and "
@@ -382,8 +437,61 @@ def vllm_model_runner(llm: Any) -> Any:
 
 
 def vllm_reload_weights(llm: Any, weights: Any) -> None:
-    """Load (checkpoint name, tensor) pairs into a colocated vLLM in place, as one layerwise reload."""
-    vllm_model_runner(llm).reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+    """Load (checkpoint name, tensor) pairs into a colocated vLLM in place, as one layerwise reload, then
+    re-process the layers that share a reloaded weight (`vllm_reprocess_shared_layers`).
+
+    vLLM keeps each tensor it is handed until its layer has all its elements, and a layer with more rows than the
+    checkpoint (a vocabulary padded to a multiple of 64) only at the end of the reload: each goes in as a copy, so
+    that the bucket it came from can be released (and its LoRA unmerged) under it."""
+    runner = vllm_model_runner(llm)
+    copies = ((name, tensor.detach().clone()) for name, tensor in weights)
+    runner.reload_weights(weights_iterator=copies, is_checkpoint_format=True)
+    vllm_reprocess_shared_layers(runner.get_model())
+
+
+def checkpoint_renamings(model: Any) -> list[tuple[str, str]]:
+    """(regex over a parameter's name in memory, its name in the checkpoint) for each plain renaming transformers
+    applies when it loads `model` (a PreTrainedModel): vLLM loads checkpoint names (GPT-NeoX's head is `lm_head`
+    in transformers 5 and `embed_out` on disk). Renamings by pattern, and conversions that fuse or split tensors,
+    have no plain inverse and are left out."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming
+
+    plain = re.compile(r"^\^?(?:[A-Za-z0-9_]|\\\.)+$")  # letters, digits, _ and escaped dots, maybe anchored
+    found = []
+    for transform in get_model_conversion_mapping(model):
+        if type(transform) is not WeightRenaming or len(transform.source_patterns) != 1:
+            continue
+        source, target = transform.source_patterns[0], transform.target_patterns[0]
+        if plain.match(source) and re.fullmatch(r"[A-Za-z0-9_.]+", target):
+            anchor = "^" if source.startswith("^") else ""
+            found.append((anchor + re.escape(target), source.removeprefix("^").replace("\\.", ".")))
+    return found
+
+
+def vllm_model(llm: Any) -> Any:
+    """The torch module a colocated `vllm.LLM` generates with (for the sync's self-check)."""
+    return vllm_model_runner(llm).get_model()
+
+
+def vllm_reprocess_shared_layers(model: Any) -> list[str]:
+    """Re-run `process_weights_after_loading` on every unquantized layer whose weight another layer holds too (a
+    tied LM head), returning their names. vLLM's loader skips `lm_head.*` of a tied model and its layerwise reload
+    re-processes only the layers that received tensors, so a tied head keeps what it derived from the old weight:
+    on CPU the oneDNN kernel the weight was packed into at load (the head then samples from the first weights)."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    owners: dict[int, list[tuple[str, Any]]] = {}
+    for name, module in model.named_modules():
+        weight = module._parameters.get("weight") if hasattr(module, "_parameters") else None
+        if weight is not None and isinstance(getattr(module, "quant_method", None),
+                                             (UnquantizedEmbeddingMethod, UnquantizedLinearMethod)):
+            owners.setdefault(id(weight), []).append((name, module))
+    shared = [(name, module) for held in owners.values() if len(held) > 1 for name, module in held]
+    for _, module in shared:
+        module.quant_method.process_weights_after_loading(module)
+    return [name for name, _ in shared]
 
 
 def vllm_reset_prefix_cache(llm: Any) -> None:

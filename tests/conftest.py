@@ -41,6 +41,24 @@ def family_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return build_all(tmp_path_factory.mktemp("families"))
 
 
+@pytest.fixture(scope="session")
+def tied_vllm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Qwen2.5-0.5B-style stand-in vLLM's CPU attention runs: tied embeddings, q/k/v biases, 2 heads of 64, one
+    KV head (tests/families/build.py `for_vllm`)."""
+    from families.build import build_family
+
+    return build_family("qwen2.5", tmp_path_factory.mktemp("vllm-families") / "qwen2.5", vllm=True)
+
+
+@pytest.fixture
+def seed_models() -> None:
+    """The seed recipe's models (Pythia 12B and 70M) in the hub cache, config.json only."""
+    from helpers import cache_model
+
+    cache_model("EleutherAI/pythia-12b", "pythia-12b")
+    cache_model("EleutherAI/pythia-70m", "pythia-70m")
+
+
 @pytest.fixture
 def cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Run `rlhf ARGS` in-process from a fresh working directory; returns the click Result."""

@@ -63,6 +63,8 @@ FIELD_CHECKS: dict[str, Callable[[Algorithm], bool]] = {
     "trains_value_model": lambda e: isinstance(e.trains_value_model, bool),
     "bf16_unless_told": lambda e: isinstance(e.bf16_unless_told, bool),
     "sequence_cap_field": lambda e: e.sequence_cap_field is None or e.sequence_cap_field in catalogue(e.name),
+    "step_work": lambda e: e.step_work is not unset and (lambda work: work.trained >= 1 and work.generated > 0
+                                                          and 0 < work.syncs <= 1)(e.step_work(smoke_values(e))),
     "logits": lambda e: e.logits is not None and (e.logits.fused_head or e.logits.sequence_copies > 0),
     "headline_metrics": lambda e: bool(e.headline_metrics)
     and e.headline_metrics[0][0] in logged_metrics(e),  # the first is the score every logging step carries
@@ -92,7 +94,8 @@ def test_a_missing_field_fails_its_check_not_the_import() -> None:
     incomplete = Algorithm(name="ppo", command="ppo")  # builds: a command reading it would fail, this test first
     failing = {field for field, check in FIELD_CHECKS.items() if not _passes(check, incomplete)}
     assert failing >= {"summary", "example", "config_class", "builder", "trainer_class", "completion_field",
-                       "batch_fields", "batches", "has_reference", "headline_metrics", "starter", "logits"}
+                       "batch_fields", "batches", "step_work", "has_reference", "headline_metrics", "starter",
+                       "logits"}
 
 
 def _passes(check: Callable[[Algorithm], bool], entry: Algorithm) -> bool:
@@ -137,6 +140,28 @@ def test_batches_follow_the_trainers(tmp_path: Path) -> None:
             Batches(generation=8, train=4, score=4)
         assert entry.batches(values(per_device_train_batch_size=4, generation_batch_size=64), 8).generation == 8
     assert algorithm("online_dpo").batches(values(per_device_train_batch_size=3), 2) == Batches(6, 6, 6)
+
+
+def test_step_work_follows_the_trainers() -> None:
+    """Per process and optimizer step: PPO's update is num_ppo_epochs x num_mini_batches steps over its rollouts;
+    RLOO always takes old log-probs, GRPO only when generation and steps misalign or with vLLM's correction;
+    online DPO generates and trains two completions per prompt of every micro-batch."""
+    def values(**given: Any) -> Callable[[str], Any]:
+        return lambda key: given.get(key)
+
+    ppo = algorithm("ppo").step_work(values(per_device_train_batch_size=2, gradient_accumulation_steps=4,
+                                            num_mini_batches=2, num_ppo_epochs=4))
+    assert (ppo.generated, ppo.trained, ppo.syncs, ppo.old_logprobs) == (1.0, 4, 1 / 8, True)
+    aligned = values(per_device_train_batch_size=4, gradient_accumulation_steps=2, num_iterations=1,
+                     vllm_importance_sampling_correction=True)
+    rloo, grpo = (algorithm(name).step_work(aligned) for name in ("rloo", "grpo"))
+    assert rloo.generated == grpo.generated == 8 and rloo.old_logprobs and not grpo.old_logprobs
+    assert grpo.old_logprobs_with_vllm and grpo.syncs == 1
+    reused = algorithm("grpo").step_work(values(per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                                                num_iterations=2, steps_per_generation=2))
+    assert (reused.generated, reused.trained, reused.syncs, reused.old_logprobs) == (4.0, 8, 0.5, True)
+    dpo = algorithm("online_dpo").step_work(values(per_device_train_batch_size=3, gradient_accumulation_steps=2))
+    assert (dpo.generated, dpo.trained, dpo.old_logprobs) == (12, 12, False)
 
 
 @pytest.mark.parametrize("command", ["rloo", "grpo"])

@@ -47,12 +47,33 @@ OLDER_RUN = {"old/recipe.yaml": "# Resolved by rlhf from flags; a valid recipe f
              "old/model.safetensors": SAFETENSORS, "old/checkpoint-2/trainer_state.json": "{}"}
 
 
+def manifest(files: dict, algorithm: str = "rloo", processes: int = 2) -> str:
+    """A checkpoint's rlhf-manifest.json: its files, and the run that saved it (2 per device, no accumulation)."""
+    return json.dumps({"version": 2, "files": files, "saved_by": {
+        "algorithm": algorithm, "processes": processes, "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 1}})
+
+
+# An RLOO checkpoint copied out of its run dir: its manifest still says what saved it.
+RLOO_COPIED_OUT = {"ck/trainer_state.json": "{}", "ck/rlhf-manifest.json": manifest({})}
+_POLICY_HEADER = json.loads((RECIPES / "smoke" / "policy" / "model.safetensors").read_bytes()[8:][
+    :int.from_bytes((RECIPES / "smoke" / "policy" / "model.safetensors").read_bytes()[:8], "little")])
+# The smoke policy with one KV head: the same four sizes in config.json, another shape (a header is what is read).
+_ONE_KV = json.dumps({**_POLICY_HEADER, "model.layers.0.self_attn.k_proj.weight": {
+    "dtype": "F32", "shape": [32, 64], "data_offsets": [0, 8192]}}).encode()
+ONE_KV_HEAD = len(_ONE_KV).to_bytes(8, "little") + _ONE_KV
+# A 2-process ZeRO-3 checkpoint's files (its shards empty); a None value leaves that file out.
+ZERO3_SHARDS = {"ck/trainer_state.json": "{}", "ck/latest": "global_step4",
+                **{f"ck/global_step4/zero_pp_rank_{rank}_mp_rank_00_{kind}_states.pt": kind
+                   for rank in (0, 1) for kind in ("model", "optim")}}
+
+
 @dataclass(frozen=True)
 class Bad:
     kind: str
     args: tuple[str, ...]  # after the command; {tmp}: the test's directory (also the working directory)
     message: str  # found in the one error line, whitespace squeezed
-    files: dict[str, str | bytes] = field(default_factory=dict)  # path under {tmp} -> content
+    files: dict[str, str | bytes | None] = field(default_factory=dict)  # path under {tmp} -> content (None: none)
     env: dict[str, str] = field(default_factory=dict)
     command: tuple[str, ...] = ("rloo",)
     vllm: str | None = None  # a vLLM version to show as installed (package metadata); ABSENT: only where none is
@@ -672,6 +693,29 @@ CASES = [
     recipe("message", "datasets:\n  - path: json\n    data_files: {tmp}/p.jsonl\n", "`dataset_name` and `datasets` "
            "both name training data (TRL would silently use `datasets`); keep one",
            files={"p.jsonl": '{"prompt": "a"}\n'}),
+    Bad("bad path: resume", ("-r", "ppo/smoke", "--resume", "{tmp}/ck"), "{tmp}/ck is a checkpoint of an `rlhf rloo` "
+        "run, not of ppo; resume it with `rlhf rloo`", files=RLOO_COPIED_OUT, command=("ppo",)),
+    Bad("bad path: resume", ("-r", "grpo/smoke", "--resume", "{tmp}/ck"), "{tmp}/ck is a checkpoint of an `rlhf rloo` "
+        "run, not of grpo", files=RLOO_COPIED_OUT, command=("grpo",)),
+    flags("bad path: resume", "--resume", "{tmp}/ck", message="--resume {tmp}/ck: trainer_state.json has changed since "
+          "it was saved (its checksum differs); pass an earlier checkpoint",
+          files={"ck/trainer_state.json": "{}", "ck/rlhf-manifest.json": manifest(
+              {"trainer_state.json": {"size": 2, "blake2b": "0" * 32}})}),
+    flags("bad path: resume", "--resume", "{tmp}/ck", message="{tmp}/ck/trainer_state.json is not valid JSON (damaged)",
+          files={"ck/trainer_state.json": "{x"}),
+    flags("bad path: resume", "--resume", "{tmp}/ck", message="{tmp}/ck is of another model: model.layers.0.self_attn."
+          f"k_proj.weight is [32, 64] there and [64, 64] in the policy {RECIPES}/smoke/policy",
+          files={"ck/trainer_state.json": "{}", "ck/model.safetensors": ONE_KV_HEAD}),
+    flags("bad path: resume", "--resume", "{tmp}/ck", message="{tmp}/ck has no DeepSpeed state (no `latest` naming its "
+          "global_stepN/ shards)", files={"ck/trainer_state.json": "{}"}),
+    flags("bad path: resume", "--resume", "{tmp}/ck", message="{tmp}/ck/global_step4 lacks the DeepSpeed optim shards of "
+          "rank 1 (of 2)", files={**ZERO3_SHARDS, "ck/global_step4/zero_pp_rank_1_mp_rank_00_optim_states.pt": None}),
+    flags("bad path: resume", "--resume", "{tmp}/run/checkpoint-2", message="checkpoint-2: no rlhf-manifest.json (the "
+          "save did not finish); pass an earlier checkpoint", files={"run/checkpoint-2/trainer_state.json": "{}",
+                                                                      "run/rlhf-files.json": '{"entries": []}'}),
+    flags("cross-field", "--resume", "{tmp}/ck", "--num-processes", "3", message="it was trained with a global batch "
+          "of 4 (2 processes), which 3 processes x per_device_train_batch_size 2 cannot keep",
+          files={**ZERO3_SHARDS, "ck/rlhf-manifest.json": manifest({}, processes=2)}),
 ]
 
 
@@ -687,6 +731,8 @@ def test_the_table_covers_every_kind_with_enough_cases() -> None:
 def test_bad_input_is_one_line_exit_2_and_starts_nothing(case: Bad, cli, nothing_launches, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     for name, content in case.files.items():
+        if content is None:
+            continue
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(content, bytes):

@@ -3,10 +3,9 @@ torch. Seconds, no launch: an upgrade that moves one fails here, not in a run on
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
+from helpers import needs_vllm
 from rlhf_cli import compat
 
 
@@ -22,7 +21,7 @@ def test_trls_vllm_sync_is_where_rlhf_replaces_it(internal: compat.Internal) -> 
     assert internal.why and internal.until
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+@needs_vllm
 @pytest.mark.parametrize("internal", compat.VLLM_INTERNALS, ids=[i.path for i in compat.VLLM_INTERNALS])
 def test_vllm_internal_is_where_rlhf_expects_it(internal: compat.Internal) -> None:
     compat.check(internal)
@@ -40,8 +39,9 @@ def test_trls_colocated_vllm_syncs_through_rlhf_and_server_mode_through_trl(monk
     monkeypatch.setattr(OnlineDPOTrainer, "_move_model_to_vllm", originals[1])
     monkeypatch.setattr(compat, "replace_trl_vllm_engine", lambda factory: None)  # TRL imports LLM only with vLLM
     synced, served = [], []
-    monkeypatch.setattr(vllm_sync, "sync_weights", lambda model, llm, limit: synced.append((model, llm, limit)))
-    vllm_sync.install_vllm(gather=False, budget=None, dtype="float32")
+    monkeypatch.setattr(vllm_sync, "sync_weights",
+                        lambda model, llm, limit, check, woke: synced.append((model, llm, limit, check)))
+    vllm_sync.install_vllm(gather=False, budget=None, dtype="float32", seed=0, check="the check")
     assert VLLMGeneration.sync_weights.__wrapped__ is originals[0]
     assert OnlineDPOTrainer._move_model_to_vllm.__wrapped__ is originals[1]
     monkeypatch.setattr(VLLMGeneration.sync_weights, "__wrapped__", served.append)
@@ -54,6 +54,7 @@ def test_trls_colocated_vllm_syncs_through_rlhf_and_server_mode_through_trl(monk
     Generation.model = torch.nn.Linear(2, 2)
     VLLMGeneration.sync_weights(Generation())
     assert synced and synced[0][1] is Generation.llm and synced[0][2].numel == vllm_sync.PER_UNIT
+    assert synced[0][3] == "the check"
     Generation.mode = "server"
     VLLMGeneration.sync_weights(Generation())
     assert len(synced) == 1 and len(served) == 1  # the server's own transport, as TRL does it
@@ -94,7 +95,7 @@ def test_the_no_gather_fix_wraps_trls_generation_context() -> None:
         compat.replace_trl_generation_context(original)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+@needs_vllm
 def test_a_run_without_vllm_never_imports_it() -> None:
     """TRL imports vLLM wherever it is installed (about 9 s of CPU per rank); a rank or pre-launch check of a run
     that does not use it imports every trainer, ours included, without it."""

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from helpers import RECIPES
 from fixtures.rewards import MARKUP
-from rlhf_cli.output.checkpoints import write_manifest
+from rlhf_cli.output.checkpoints import SavedBy, write_manifest
 from rlhf_cli.cli import output
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import OutputDirError
@@ -111,8 +111,8 @@ def test_a_full_disk_is_one_line_with_the_free_space_and_the_checkpoint_to_resum
     for step in (2, 4, 6):
         (run_dir.checkpoint(step) / "model.safetensors").parent.mkdir(parents=True)
         (run_dir.checkpoint(step) / "model.safetensors").write_text("weights")
-    write_manifest(run_dir.checkpoint(2))
-    write_manifest(run_dir.checkpoint(4))  # checkpoint-6's save never finished
+    write_manifest(run_dir.checkpoint(2), SavedBy("rloo", 2, 2, 1))
+    write_manifest(run_dir.checkpoint(4), SavedBy("rloo", 2, 2, 1))  # checkpoint-6's save never finished
     error_record(run_dir, 0, "basic_ios::clear: iostream error", disk="no space left on device")
     monkeypatch.setattr(faults, "free_space", lambda path: 12 * 2**10)
     expected = (f"writing to {tmp_path} failed (no space left on device); 12.0 KiB free; the newest complete "
@@ -188,3 +188,21 @@ def test_text_from_ranks_and_libraries_is_printed_literally(tmp_path: Path, monk
     summary = {"algorithm": "rloo", "global_step": 4, "max_steps": 4, "final_metrics": {}, "saved": f"/runs/{MARKUP}"}
     output.print_outcome(runner.Outcome(0, "finished", summary=summary), run, quiet=False)
     assert MARKUP in captured.getvalue()
+
+
+def test_a_stall_inside_grpos_tool_loop_says_so(tmp_path: Path) -> None:
+    """faulthandler's frames as a rank writes them: the stalled rank's main thread in TRL's tool loop (a tool that
+    never returned), the other's in a collective."""
+    run_dir = RunDir(tmp_path)
+    watch_record(run_dir, "stalled", [(1, "a", 124)])
+    in_loop = ('Thread 0x00007f (most recent call first):\n  File "/x/calc.py", line 9 in calculate\n'
+               '  File "/x/trl/trainer/grpo_trainer.py", line 1978 in _tool_call_loop\n'
+               '  File "/x/rlhf_cli/rank/agent_turns.py", line 41 in tool_call_loop\n')
+    run_dir.stack(1).parent.mkdir(parents=True, exist_ok=True)
+    run_dir.stack(1).write_text(in_loop)
+    run_dir.stack(0).write_text('  File "/x/torch/distributed/distributed_c10d.py", line 2 in all_reduce\n')
+    assert explain(run_dir, PlanNeeds()).line.endswith(
+        "; rank 1 stalled in GRPO's tool-calling loop (TRL's _tool_call_loop): a tool that never returns stops every "
+        "rank, so give slow tools a `tool_timeout`")
+    run_dir.stack(1).write_text(run_dir.stack(0).read_text())
+    assert "tool-calling" not in explain(run_dir, PlanNeeds()).line

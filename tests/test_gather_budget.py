@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RECIPES, write
+from helpers import ARCHITECTURES, RECIPES, SEED, seed_run, write
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.generation.budget import Budget, BudgetError, Unit, choose, parse_budget
@@ -19,7 +19,6 @@ from rlhf_cli.plan import memory
 from rlhf_cli.plan.estimate import plan_run, planned
 from rlhf_cli.models.hub import read_config
 from rlhf_cli.plan.model_sizes import model_size
-from test_plan import ARCHITECTURES, SEED, SEED_HARDWARE, TINY, seed_models, seed_run  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("nothing_launches")
 SMOKE_POLICY = RECIPES / "smoke" / "policy"
@@ -201,7 +200,7 @@ def test_gen_weights_are_the_units_bought_plus_what_zero3_keeps_live_of_the_rest
     run = resolve(smoke(tmp_path, "", gather_budget=("--gather-budget", "0.5")), cuda=False)
     plan = plan_run(run)
     chosen = plan.chosen
-    assert chosen.candidate.budget == Budget(fraction=0.5) and chosen.candidate.mode == "budget 0.5"
+    assert chosen.candidate.generation.gather.budget == Budget(fraction=0.5) and chosen.candidate.mode == "budget 0.5"
     policy = model_size(read_config(str(SMOKE_POLICY)))
     bought = sum(policy.units[i].numel for i in choose(policy.units, policy.params // 2))
     assert 0 < bought <= policy.params // 2
@@ -210,7 +209,7 @@ def test_gen_weights_are_the_units_bought_plus_what_zero3_keeps_live_of_the_rest
     assert next(c.gpu for c in chosen.components if c.name == "gen weights") == bought * 4 + live
 
 
-def test_a_budget_lies_between_no_gather_and_gather(seed_models) -> None:  # noqa: F811 (a fixture)
+def test_a_budget_lies_between_no_gather_and_gather(seed_models) -> None:
     weights = {}
     for budget in ("0", "0.25", "0.5", "0.75", "1"):
         chosen = plan_run(seed_run(gather_budget=("--gather-budget", budget))).chosen
@@ -220,14 +219,14 @@ def test_a_budget_lies_between_no_gather_and_gather(seed_models) -> None:  # noq
     assert weights["0"] == next(c.gpu for c in no_gather.components if c.name == "gen weights")
 
 
-def test_gather_auto_takes_the_largest_budget_that_fits(seed_models) -> None:  # noqa: F811 (a fixture)
+def test_gather_auto_takes_the_largest_budget_that_fits(seed_models) -> None:
     run, plan = planned(seed_run(ds3_gather_for_generation=("--gather auto", "auto")))
     budget = run.value("gather_budget")
     assert run.value("ds3_gather_for_generation") is False and 0 < budget < 1
     source = run.settings["gather_budget"].source
     assert source.startswith("rlhf plan: gathering needs") and "of the policy needs" in source
     assert any(note.startswith(f"gather: auto -> budget {budget:.3g}") for note in run.notes)
-    assert plan.chosen.fits and plan.chosen.candidate.budget == Budget(fraction=budget)
+    assert plan.chosen.fits and plan.chosen.candidate.generation.gather.budget == Budget(fraction=budget)
     # One more unit does not fit: the next budget up, planned as the run's own, is over the GPU.
     policy = plan.roles[0].size
     bought = sum(policy.units[i].numel for i in choose(policy.units, int(budget * policy.params)))
@@ -236,7 +235,7 @@ def test_gather_auto_takes_the_largest_budget_that_fits(seed_models) -> None:  #
     assert not more.chosen.fits
 
 
-def test_dry_run_shows_the_budget_auto_chose_and_why(cli, seed_models) -> None:  # noqa: F811 (a fixture)
+def test_dry_run_shows_the_budget_auto_chose_and_why(cli, seed_models) -> None:
     result = cli("ppo", "-r", SEED, "--gpu-memory", "23.7GiB", "--num-gpus", "4", "--gather", "auto",
                  "--dry-run", "--json")
     assert result.exit_code == 0, result.output
@@ -244,11 +243,11 @@ def test_dry_run_shows_the_budget_auto_chose_and_why(cli, seed_models) -> None: 
     assert data["trainer"]["ds3_gather_for_generation"] is False
     assert data["sources"]["gather_budget"].startswith("rlhf plan: gathering needs")
     assert any(note.startswith("gather: auto -> budget") for note in data["notes"])
-    assert result.stderr.startswith("plan: gathering 0.")  # the compact plan: the budget chosen and its peak
+    assert result.stderr.startswith("plan: gather 0.")  # the compact plan: the budget chosen and its peak
     assert [c["gather_budget"] for c in data["plan"]["configurations"] if c["chosen"]] != [None]
 
 
-def test_the_plan_reports_the_largest_generation_batch_that_fits(seed_models) -> None:  # noqa: F811 (a fixture)
+def test_the_plan_reports_the_largest_generation_batch_that_fits(seed_models) -> None:
     from dataclasses import replace
 
     from rlhf_cli.plan import estimate

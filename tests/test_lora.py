@@ -8,15 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RECIPES, REPO, write
+from helpers import RECIPES, REPO, TINY, cache_model, saved_by_one_layer, write
 from rlhf_cli.models.architectures import architecture, peft_targets, targeted
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.model_sizes import LoraSettings, adapter_size, model_size
+from rlhf_cli.generation.choice import Gather, Generation
+
+WHOLE, SHARDS = Generation(Gather.whole), Generation(Gather.shards)
 
 pytestmark = pytest.mark.usefixtures("nothing_launches")  # no test here starts ranks
 
-TINY = {"vocab_size": 320, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "max_position_embeddings": 128}
 CONFIGS = {
     "llama": {**TINY, "model_type": "llama", "num_key_value_heads": 2},
     "qwen2": {**TINY, "model_type": "qwen2", "num_key_value_heads": 2},
@@ -210,8 +211,6 @@ LAYERS = {"llama": {**LAYER_SHAPE, "model_type": "llama"},
 @pytest.mark.parametrize("name", LAYERS)
 def test_lora_layer_activations_are_what_autograd_keeps(name: str, attention: str) -> None:
     """Measured on the CPU, whose dropout keeps its mask in the model's dtype (CUDA's is bool: mask_bytes 1)."""
-    from test_plan import saved_by_one_layer
-
     size = model_size(LAYERS[name])
     for dtype_name, element_bytes in (("bfloat16", 2), ("float32", 4)):
         for targets in (None, ["all-linear"], ["o_proj", "dense"]):
@@ -311,8 +310,6 @@ def test_online_dpo_ranks_sample_their_own_random_numbers(tmp_path: Path, monkey
 
 @pytest.fixture
 def big_models() -> None:
-    from test_plan import cache_model
-
     for repo_id, fixture in (("EleutherAI/pythia-12b", "pythia-12b"), ("EleutherAI/pythia-70m", "pythia-70m"),
                              ("meta-llama/Meta-Llama-3-70B", "llama-3-70b"),
                              ("meta-llama/Llama-3.1-8B", "llama-3.1-8b")):
@@ -332,7 +329,7 @@ def test_lora_columns_hold_frozen_shards_adapter_states_and_no_reference(big_mod
     _, plan = seed_plan()
     policy, reference, reward, value = plan.roles
     assert reference.name == "reference" and policy.adapter and value.adapter and reward.adapter is None
-    full, lora = plan.column(True, "none", "none"), plan.column(True, "none", "none", lora=True)
+    full, lora = plan.column(WHOLE, "none", "none"), plan.column(WHOLE, "none", "none", lora=True)
     rows, full_rows = ({part.name: part.gpu for part in column.components} for column in (lora, full))
     assert rows["policy shard"] == memory.frozen_shard(policy.size.params, 2, 4) == full_rows["reference shard"]
     assert rows["reference shard"] == 0 and full_rows["policy shard"] == 0
@@ -347,7 +344,7 @@ def test_lora_columns_hold_frozen_shards_adapter_states_and_no_reference(big_mod
 
 def test_gather_auto_decides_among_the_lora_columns(big_models) -> None:
     run, plan = seed_plan("use_peft=true", gather=("--gather auto", "auto"))
-    gathered = plan.column(True, "cpu", "none", lora=True)  # the recipe offloads the optimizer: the run's own
+    gathered = plan.column(WHOLE, "cpu", "none", lora=True)  # the recipe offloads the optimizer: the run's own
     assert gathered is not None and not gathered.fits and run.value("ds3_gather_for_generation") is False
     assert run.settings["ds3_gather_for_generation"].source.startswith(f"rlhf plan: gathering needs "
                                                                        f"{gathered.peak / 2**30:.1f} GiB")
@@ -358,7 +355,7 @@ def test_gather_auto_decides_among_the_lora_columns(big_models) -> None:
 def test_when_nothing_else_fits_the_plan_says_lora_does(big_models) -> None:
     # Without gradient checkpointing (TRL 1.12's PPO turns it on), where full fine-tuning's activations do not fit
     _, plan = seed_plan("gradient_checkpointing=false", memory_per_gpu="6GiB")
-    lora = plan.column(False, "cpu", "cpu", lora=True)
+    lora = plan.column(SHARDS, "cpu", "cpu", lora=True)
     assert not any(column.fits for column in plan.columns if not column.candidate.lora) and lora.fits
     assert f"--lora fits ({lora.peak / 2**30:.1f} GiB): LoRA, no-gather, opt+params->cpu" in plan.suggestions
     _, plan = seed_plan()  # no-gather with the optimizer offloaded fits: no word of LoRA
@@ -373,7 +370,7 @@ def test_seventy_b_on_eight_gpus(big_models) -> None:
               "reward_model_name_or_path": ("--reward-model", "meta-llama/Llama-3.1-8B")}
     _, plan = seed_plan(gpus=8, memory_per_gpu="80GiB", **models)
     assert all(column.cpu_per_machine > 2**40 for column in plan.columns if column.fits and not column.candidate.lora)
-    assert plan.column(False, "none", "none", lora=True).fits
+    assert plan.column(SHARDS, "none", "none", lora=True).fits
     _, plan = seed_plan(gpus=8, memory_per_gpu="24GiB", **models)
     full = [column for column in plan.columns if column.fits and not column.candidate.lora]
     lora = [column for column in plan.columns if column.fits and column.candidate.lora]

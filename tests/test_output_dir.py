@@ -30,9 +30,14 @@ os.read(int(os.environ["RLHF_START_GATE_FD"]), 2)
 out = pathlib.Path(sys.argv[1])
 for name in ("config.json", "model.safetensors", "tokenizer_config.json", "trainer_state.json"):
     (out / name).write_text("trained")
-(out / "checkpoint-2").mkdir(exist_ok=True)
-(out / "checkpoint-2" / "model.safetensors").write_text("trained")
-(out / "checkpoint-2" / "rlhf-manifest.json").write_text(json.dumps({"files": {"model.safetensors": 7}}))
+saved = {"model.safetensors": "trained", "latest": "global_step2",  # and the 2 ranks' ZeRO-3 shards
+         **{f"global_step2/zero_pp_rank_{rank}_mp_rank_00_{kind}_states.pt": kind for rank in (0, 1)
+            for kind in ("model", "optim")}}
+for name, text in saved.items():
+    (out / "checkpoint-2" / name).parent.mkdir(parents=True, exist_ok=True)
+    (out / "checkpoint-2" / name).write_text(text)
+(out / "checkpoint-2" / "rlhf-manifest.json").write_text(json.dumps({"files": {
+    name: len(text) for name, text in saved.items()}}))
 """
 
 

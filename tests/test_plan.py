@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RECIPES, REPO, write
+from helpers import (ARCHITECTURES, RECIPES, REPO, SEED, SEED_HARDWARE, TINY, cache_model, saved_by_one_layer, seed_run,
+                     write)
 from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.config.resolve import RunRequest, resolve
-from rlhf_cli.generation.choice import Engine
+from rlhf_cli.generation.choice import Engine, Gather, Generation
 from rlhf_cli.errors import ConfigError, PlanError
 from rlhf_cli.plan import memory, vllm
 from rlhf_cli.plan.estimate import plan_run, planned
@@ -24,49 +25,12 @@ from rlhf_cli.models.hub import ModelConfigUnavailable, find_config, read_config
 from rlhf_cli.plan.model_sizes import model_size
 from rlhf_cli.sizes import SizeError, parse_size
 
-FIXTURES = REPO / "tests" / "fixtures" / "models"
-SEED = RECIPES / "ppo" / "pythia-12b-descriptiveness.yaml"
-SEED_HARDWARE = {"gpu_memory": ("--gpu-memory", "23.7GiB"), "num_gpus": ("--num-gpus", 4)}
-COMMIT = "a" * 40
+WHOLE, SHARDS = Generation(Gather.whole), Generation(Gather.shards)
+
 pytestmark = pytest.mark.usefixtures("nothing_launches")  # no test here starts ranks
 
 
-def cache_model(repo_id: str, fixture: str, commit: str = COMMIT, ref: str = "main") -> Path:
-    """Put a fixture's config.json into the hub cache of this test's HF_HOME, as `hf download` lays it out."""
-    repo = Path(os.environ["HF_HOME"]) / "hub" / f"models--{repo_id.replace('/', '--')}"
-    write(repo / "refs" / ref, commit)
-    snapshot = write(repo / "snapshots" / commit / "config.json", (FIXTURES / fixture / "config.json").read_text())
-    return snapshot
-
-
-@pytest.fixture
-def seed_models() -> None:
-    cache_model("EleutherAI/pythia-12b", "pythia-12b")
-    cache_model("EleutherAI/pythia-70m", "pythia-70m")
-
-
-def seed_run(**flags):
-    return resolve(RunRequest("ppo", str(SEED), {**SEED_HARDWARE, **flags}), cuda=True)
-
-
 # -- parameter counts --------------------------------------------------------------------------------------
-
-TINY = {"vocab_size": 320, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "max_position_embeddings": 128}
-ARCHITECTURES = {
-    "pythia-12b": json.loads((FIXTURES / "pythia-12b" / "config.json").read_text()),
-    "pythia-70m": json.loads((FIXTURES / "pythia-70m" / "config.json").read_text()),
-    **{name: json.loads((FIXTURES / name / "config.json").read_text())
-       for name in ("qwen2.5-7b", "qwen3-0.6b", "llama-3.1-8b")},
-    "llama-gqa": {**TINY, "model_type": "llama", "num_key_value_heads": 2},
-    "llama-tied-bias": {**TINY, "model_type": "llama", "tie_word_embeddings": True, "attention_bias": True,
-                        "mlp_bias": True},
-    "mistral": {**TINY, "model_type": "mistral", "num_key_value_heads": 1, "head_dim": 32},
-    "qwen2": {**TINY, "model_type": "qwen2", "num_key_value_heads": 2},
-    "qwen3": {**TINY, "model_type": "qwen3", "num_key_value_heads": 2, "head_dim": 24},
-    "gpt2": {"model_type": "gpt2", "vocab_size": 320, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 96},
-}
-
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_parameter_counts_equal_transformers_on_the_meta_device(name: str) -> None:
@@ -192,48 +156,6 @@ LAYERS = {"llama": {**LAYER_SHAPE, "model_type": "llama"}, "qwen2": {**LAYER_SHA
                        "intermediate_size": 256}}
 
 
-def saved_by_one_layer(config: dict, attention: str, dtype_name: str, sequence: int = 64,
-                       lora: dict | None = None) -> int:
-    """Bytes per token that autograd keeps for the backward of one decoder layer: every tensor a saved-tensor
-    hook sees, by storage, less the parameters and what all layers share (RoPE's cos and sin, the mask).
-    `lora`: PEFT's LoraConfig arguments; the layer is then frozen with adapters in its own dtype, as under ZeRO-3."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    dtype = getattr(torch, dtype_name)
-    hf_config = AutoConfig.for_model(**config)
-    hf_config._attn_implementation = "eager" if attention == memory.EAGER else "sdpa"
-    model = AutoModelForCausalLM.from_config(hf_config).to(dtype).train()
-    if lora is not None:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora),
-                               autocast_adapter_dtype=False).get_base_model()
-    layer = model.base_model.layers[0]
-    hidden = torch.randn(1, sequence, config["hidden_size"], dtype=dtype, requires_grad=True)
-    shared = list(model.base_model.rotary_emb(hidden, torch.arange(sequence)[None]))
-    mask = None  # no padding: SDPA runs its fused kernels with k and v per kv head, as FlashAttention does
-    if attention == memory.SDPA:  # a padded batch: transformers' boolean mask
-        mask = torch.ones(1, 1, sequence, sequence, dtype=torch.bool).tril()
-    elif attention == memory.EAGER:
-        mask = torch.zeros(1, 1, sequence, sequence, dtype=dtype).masked_fill(
-            torch.ones(sequence, sequence, dtype=torch.bool).triu(1), torch.finfo(dtype).min)
-    excluded = {tensor.untyped_storage().data_ptr() for tensor in [*model.parameters(), *shared]}
-    if mask is not None:
-        excluded.add(mask.untyped_storage().data_ptr())
-    kept: dict[int, int] = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in excluded:
-            kept[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        layer(hidden, attention_mask=mask, position_embeddings=tuple(shared))
-    return sum(kept.values()) // sequence
-
-
 @pytest.mark.parametrize("attention", [memory.FLASH_ATTENTION, memory.SDPA, memory.EAGER])
 @pytest.mark.parametrize("name", LAYERS)
 def test_layer_activations_are_what_autograd_keeps(name: str, attention: str) -> None:
@@ -307,7 +229,7 @@ def test_hub_ids_are_read_from_the_hub_cache_at_the_runs_revision() -> None:
 def test_seed_case_gather_does_not_fit_no_gather_does(seed_models) -> None:
     plan = plan_run(seed_run())
     assert plan.known and plan.hardware.gpu_memory == int(23.7 * 2**30) and plan.hardware.total_gpus == 4
-    gather, no_gather = plan.column(True, "cpu", "none"), plan.column(False, "cpu", "none")
+    gather, no_gather = plan.column(WHOLE, "cpu", "none"), plan.column(SHARDS, "cpu", "none")
     assert gather.chosen and not gather.fits
     assert no_gather.fits and not no_gather.chosen
     assert gather.peak - no_gather.peak > 19 * 2**30  # 22.1 GiB gathered vs 2.3 GiB (1e9 live + the embedding)
@@ -329,7 +251,7 @@ def test_seed_case_gather_auto_spends_only_the_headroom_that_training_leaves(see
     assert setting.source.startswith("rlhf plan: gathering needs") and "of the policy needs" in setting.source
     assert any(note.startswith("gather: auto -> budget") for note in run.notes)
     assert plan.chosen.fits and plan.chosen.peak == sharded.peak
-    assert plan.chosen.candidate.budget is not None
+    assert plan.chosen.candidate.generation.gather.budget is not None
 
 
 def test_gather_auto_with_nothing_that_fits_says_what_would(seed_models) -> None:
@@ -371,13 +293,14 @@ def test_rlhf_plan_prints_the_table_and_json(cli, seed_models) -> None:
     assert table.exit_code == 0, table.output
     for text in ("gather", "no-gather", "opt *", "policy states", "gen weights", "peak per GPU", "fits in 21.3",
                  "does not fit", "with --lora (rank 16, PEFT default targets)", "policy shard",
-                 "with vLLM (vllm_mode colocate, vllm_gpu_memory_utilization 0.3", "sync bucket",
+                 "with vLLM (--vllm colocate, vllm_gpu_memory_utilization 0.3", "sync bucket",
                  "vLLM: vLLM fits colocated with vllm_tensor_parallel_size 2"):
         assert text in table.stdout, text
     data = json.loads(cli(*args, "--json").stdout)
     chosen = [c for c in data["configurations"] if c["chosen"]]
     assert [(c["lora"], c["engine"]) for c in data["configurations"]] == \
-        [(False, "hf")] * 6 + [(True, "hf")] * 4 + [(False, "vllm")] * 6
+        [(False, "hf")] * 6 + [(True, "hf")] * 4 + [(False, "vllm")] * 6 + [(False, "hf")]
+    assert data["configurations"][-1]["label"] == "budget 0.212, optimizer->cpu"  # what gather: auto would take
     assert len(chosen) == 1 and chosen[0]["label"] == "gather, optimizer->cpu"
     assert chosen[0]["fits"] is False and data["models"]["policy"]["params"] == 11_846_072_320
     assert sum(chosen[0]["components"].values()) >= chosen[0]["peak_gpu"]
@@ -406,9 +329,9 @@ def test_an_unknown_plan_never_blocks_a_run_unless_gather_is_auto(cli, nothing_l
 
 def test_the_plan_is_printed_before_a_launch_and_in_dry_runs(cli, nothing_launches, tmp_path: Path) -> None:
     launched = cli("rloo", "-r", "rloo/smoke", "-o", tmp_path / "out")
-    assert launched.exit_code == 0 and "plan       gathering (gather, no offload) needs" in launched.stderr
+    assert launched.exit_code == 0 and "plan       gather to generate (gather, no offload) needs" in launched.stderr
     dry = cli("rloo", "-r", "rloo/smoke", "--no-gather", "--dry-run")
-    assert dry.stderr.startswith("plan: generating from shards") and "plan:" not in dry.stdout
+    assert dry.stderr.startswith("plan: generate from shards") and "plan:" not in dry.stdout
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -470,7 +393,7 @@ def rows_of(algorithm: str, *sets: str, gather: bool = False) -> dict[str, int]:
     cache_model("Qwen/Qwen2.5-7B", "qwen2.5-7b")
     recipe = RECIPES / algorithm / "pythia-12b-descriptiveness.yaml"
     run = resolve(RunRequest(algorithm, str(recipe), dict(SEED_HARDWARE), (*QWEN, *sets)), cuda=True)
-    column = plan_run(run).column(gather, "none", "none")
+    column = plan_run(run).column(WHOLE if gather else SHARDS, "none", "none")
     return {part.name: part.gpu for part in column.components}
 
 
@@ -508,7 +431,7 @@ def test_liger_kernels_shrink_activations_not_the_logits_of_a_forward_without_la
 
 def test_gathered_generation_counts_the_policy_once(seed_models) -> None:
     plan = plan_run(seed_run())
-    gather = plan.column(True, "cpu", "none")
+    gather = plan.column(WHOLE, "cpu", "none")
     rows = {part.name: part for part in gather.components}
     policy = plan.roles[0].size
     assert rows["policy states"].gpu == 2 * policy.params // 4  # the 16-bit shard, no largest layer on top
@@ -557,7 +480,8 @@ def qwen_plan(*sets: str, hardware: dict | None = None, gather: str = "true"):
 
 
 def vllm_rows(plan, gather: bool, offload: str = "none") -> dict[str, int]:
-    column = next(c for c in plan.columns if c.candidate.vllm is not None and c.candidate.gather is gather
+    column = next(c for c in plan.columns if c.candidate.vllm is not None
+                  and (c.candidate.generation.gather == Gather.whole) is gather
                   and c.candidate.offload_optimizer == offload and c.candidate.offload_params == "none")
     return {part.name: part.gpu for part in column.components}
 
@@ -572,9 +496,9 @@ def test_colocated_vllm_takes_its_share_of_the_total_memory_and_the_sync_its_buc
     assert sharded["sync bucket"] == max(unit.numel for unit in policy.units) * 2 == policy.largest_layer * 2
     training = sum(value for name, value in sharded.items() if name.startswith("train "))
     assert sharded["sync: train reserve"] == training and sharded["sync: vLLM weights"] == 0
-    hf = {part.name: part.gpu for part in plan.column(True, "none", "none").components}
+    hf = {part.name: part.gpu for part in plan.column(WHOLE, "none", "none").components}
     assert hf["gen weights"] == policy.params * 2 and hf["vLLM"] == hf["sync bucket"] == 0
-    assert plan.chosen.candidate.vllm is not None and plan.chosen.candidate.gather
+    assert plan.chosen.candidate.vllm is not None and plan.chosen.candidate.generation.gather == Gather.whole
 
 
 def test_sleep_frees_vllm_while_training_and_tensor_parallelism_splits_its_weights() -> None:
@@ -596,7 +520,7 @@ def test_a_vllm_server_holds_nothing_on_the_training_gpus_but_the_sync() -> None
     plan = plan_run(qwen_plan("use_vllm=true", "vllm_mode=server"))
     rows = vllm_rows(plan, True)
     assert rows["vLLM"] == rows["vLLM awake"] == 0 and rows["sync bucket"] == plan.roles[0].size.params * 2
-    assert any("vllm_mode server" in line and "not counted here" in line for line in plan.vllm_findings)
+    assert any("--vllm server" in line and "not counted here" in line for line in plan.vllm_findings)
 
 
 def test_a_vllm_share_below_its_weights_cannot_start() -> None:
@@ -641,11 +565,11 @@ def test_gather_auto_takes_vllm_where_left_open_and_installed(installed: bool, m
     small = {**QWEN_HARDWARE, "gpu_memory": ("--gpu-memory", "24GiB"),
              "offload_optimizer": ("--offload-optimizer", "cpu")}
     plan = plan_run(qwen_plan(*sets, hardware=small))
-    assert not plan.column(True, "cpu", "none").fits  # gathering to generate does not fit
+    assert not plan.column(WHOLE, "cpu", "none").fits  # gathering to generate does not fit
     run, plan = planned(qwen_plan(*sets, hardware=small, gather="auto"))
     if installed:
         assert run.value("use_vllm") is True and plan.chosen.candidate.vllm is not None and plan.chosen.fits
-        assert "use_vllm left open" in run.settings["use_vllm"].source
+        assert "the engine left open" in run.settings["use_vllm"].source
         assert run.generation.engine == Engine.colocate and run.value("vllm_mode") == "colocate"
     else:
         assert run.value("use_vllm") is False and plan.chosen.candidate.vllm is None

@@ -73,6 +73,21 @@ def test_clipped_policy_loss_with_padding_masked() -> None:
     assert approxkl.item() == pytest.approx(0.5 * math.log(1.5) ** 2)
 
 
+def test_importance_sampling_weights_the_policy_loss_as_trls_token_truncate() -> None:
+    """TRL's GRPO `token_truncate`: min(exp(policy - vLLM), cap) per token; NaN (unscored by vLLM) and masked
+    tokens weigh 1 and are left out of the logp difference."""
+    policy = T([[math.log(0.5), math.log(0.5), math.log(0.9), -1.0]])
+    sampling = T([[math.log(0.25), math.log(0.05), float("nan"), -50.0]])
+    mask = T([[True, True, True, False]])
+    ratio, difference = core.sampling_correction(policy, sampling, mask, cap=3.0)
+    assert ratio[0, :3].tolist() == pytest.approx([2.0, 3.0, 1.0]) and ratio[0, 3].item() == 1.0
+    assert difference.tolist() == pytest.approx([math.log(2.0), math.log(10.0)])
+    new, old, advantages = T([[0.0, 0.0]]), T([[0.0, 0.0]]), T([[1.0, 1.0]])
+    weighted, _, _ = core.policy_loss(new, old, advantages, cliprange=0.2, mask=T([[True, True]]),
+                                      weights=T([[2.0, 0.5]]))
+    assert weighted.item() == pytest.approx((-2.0 - 0.5) / 2)
+
+
 def test_clipped_value_loss() -> None:
     predicted, old, returns = T([[1.0, 0.1, 9.0]]), T([[0.0, 0.0, 0.0]]), T([[2.0, 1.0, 0.0]])
     loss, clipfrac = core.value_loss(predicted, old, returns, cliprange_value=0.2, mask=T([[True, True, False]]))

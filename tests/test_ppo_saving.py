@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from test_ppo_trainer import build, logged, rank_inputs, train
+from helpers import build, logged, rank_inputs, train
 
 FAMILIES = ["pythia", "gpt2", "llama3", "qwen2.5", "mistral", "gemma"]
 FOUR_UPDATES = {"total_episodes": 16, "save_strategy": "steps", "save_steps": 2}

@@ -9,68 +9,12 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers import RECIPES
-
-PROMPTS = RECIPES / "smoke" / "prompts.jsonl"
-SETTINGS = {  # 4 rollouts per update, generated together; one optimizer step per update
-    "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "num_mini_batches": 1,
-    "num_ppo_epochs": 1, "local_rollout_forward_batch_size": 4, "response_length": 6, "total_episodes": 8,
-    "learning_rate": 1e-3, "temperature": 1.0, "logging_steps": 1, "save_strategy": "no", "report_to": "none",
-    "seed": 3, "bf16": False, "use_cpu": True, "dataloader_pin_memory": False,
-}
-
-
-class Recorder:
-    """A reward function that keeps what it was given: the samples each update generated."""
-
-    __name__ = "recorder"
-
-    def __init__(self, rewards: Callable[[int], list[Any]] | None = None) -> None:
-        self.completion_ids: list[list[int]] = []
-        self.prompts: list[str] = []
-        self.rewards = rewards
-
-    def __call__(self, prompts: list[str], completions: list[str], completion_ids: list[list[int]],
-                 **_: Any) -> list[Any]:
-        self.prompts += prompts
-        self.completion_ids += completion_ids
-        return self.rewards(len(completions)) if self.rewards else [0.0] * len(completions)
-
-
-def rank_inputs(model: Path, out: Path, *, reward: Path | None = None, prompts: Path = PROMPTS,
-                model_values: dict[str, Any] | None = None, **settings: Any):
-    """The resolved recipe a rank of `rlhf ppo` reads."""
-    from rlhf_cli.rank.inputs import RankInputs
-
-    trainer_values = {**SETTINGS, "output_dir": str(out), **settings}
-    script = {"dataset_name": str(prompts), "reward_model_name_or_path": str(reward) if reward else None}
-    return RankInputs("ppo", script, {"model_name_or_path": str(model), **(model_values or {})}, trainer_values, {},
-                      {})
-
-
-def build(model: Path, out: Path, *, recorder: Recorder | None = None, **options: Any):
-    """The PPO trainer `rlhf ppo` would build on a rank, with `recorder` as its reward function."""
-    from rlhf_cli.rank.builders import build_ppo
-
-    trainer = build_ppo(rank_inputs(model, out, **options))
-    trainer.reward_funcs = [recorder or Recorder()]
-    return trainer
-
-
-def train(*args: Any, **kwargs: Any):
-    trainer = build(*args, **kwargs)
-    trainer.train()
-    return trainer
-
-
-def logged(trainer) -> list[dict[str, float]]:
-    return [entry for entry in trainer.state.log_history if "objective/scores" in entry]
+from helpers import PROMPTS, Recorder, build, logged, train
 
 
 def chat_prompts(path: Path) -> Path:
@@ -376,3 +320,21 @@ def test_vllm_refuses_a_policy_resized_for_its_pad_token(family_models: dict[str
         build(family_models["gpt2"], tmp_path / "gpt2", use_vllm=True)
     monkeypatch.setattr("rlhf_cli.rank.ppo.trainer.PPOTrainer.__init__", lambda self, **kwargs: None)
     build(family_models["pythia"], tmp_path / "pythia", use_vllm=True)  # built (its vLLM rollouts stubbed out)
+
+
+def test_max_grad_norm_clips_without_deepspeed_too(family_models: dict[str, Path], tmp_path: Path) -> None:
+    """As DeepSpeed's gradient_clipping does under ZeRO (TRL 1.12's loop never clipped): clipped to a norm far below
+    Adam's eps, a step barely moves the weights; 0 turns clipping off."""
+    import torch
+
+    def moved(max_grad_norm: float) -> float:
+        trainer = build(family_models["gemma"], tmp_path / f"out-{max_grad_norm}", total_episodes=4,
+                        max_grad_norm=max_grad_norm, recorder=Recorder(lambda n: [float(i % 2) for i in range(n)]))
+        before = {name: p.detach().clone() for name, p in trainer.policy_and_value.named_parameters()}
+        trainer.train()
+        return max((p.detach() - before[name]).abs().max().item()
+                   for name, p in trainer.policy_and_value.named_parameters())
+
+    with torch.random.fork_rng():
+        unclipped, clipped = moved(0.0), moved(1e-12)
+    assert unclipped > 1e-4 and clipped < unclipped / 100, (unclipped, clipped)

@@ -15,7 +15,7 @@ import pytest
 from helpers import RECIPES, REPO, launch_rlhf, write
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
-from rlhf_cli.launch.prelaunch import check_before_launch
+from rlhf_cli.launch.prelaunch import check_before_launch, check_key
 
 CHECK = """
 import json, sys
@@ -37,9 +37,10 @@ print(json.dumps({"problems": problems, "heavy_in_launcher": heavy, "remembered"
 """
 
 
-def run_check(tmp_path: Path, *sets: str, recipe: str = "rloo/smoke") -> dict:
+def run_check(tmp_path: Path, *sets: str, recipe: str = "rloo/smoke", command: str | None = None) -> dict:
     """The check as the launcher runs it, from a fresh process: its problems, and what the launcher imported."""
-    done = subprocess.run([sys.executable, "-c", CHECK, recipe.partition("/")[0], recipe, *sets], capture_output=True,
+    command = command or recipe.partition("/")[0]
+    done = subprocess.run([sys.executable, "-c", CHECK, command, recipe, *sets], capture_output=True,
                           text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -63,6 +64,21 @@ def test_what_trl_and_the_reward_functions_refuse_is_found_before_any_rank(tmp_p
                                   "log_metric): got an unexpected keyword argument 'prompts'")
     assert problems[2].startswith("trl.RLOOConfig refuses these values: ValueError: auto_find_batch_size is not "
                                   "supported by RLOO")  # a rule only TRL knows: the config's own check finds it
+
+
+def test_a_check_that_passed_holds_for_the_run_elsewhere_or_resumed_and_not_for_other_values() -> None:
+    """What the check never reads (where the run writes, the checkpoint it resumes, which the resolver checked)
+    leaves the key alone; a trainer value or the ranks' environment changes it."""
+    values = {"learning_rate": 1e-3, "output_dir": "runs/a", "resume_from_checkpoint": None}
+    payload = {"algorithm": "rloo", "values": values, "processes": 2}
+    env = {"DS_ACCELERATOR": "cpu"}
+    key = check_key(payload, env)
+    elsewhere = {**values, "output_dir": "runs/b", "logging_dir": "runs/b/logs", "run_name": "b",
+                 "resume_from_checkpoint": "runs/a/checkpoint-4"}
+    assert check_key({**payload, "values": elsewhere}, env) == key
+    assert check_key({**payload, "values": {**values, "learning_rate": 1e-2}}, env) != key
+    assert check_key(payload, {**env, "RLHF_GREETING": "hello"}) != key
+    assert check_key({**payload, "processes": 4}, env) != key
 
 
 def test_a_run_that_fits_passes_with_the_launcher_free_of_torch_and_is_checked_again_only_when_changed(
@@ -103,9 +119,10 @@ def test_tools_that_transformers_cannot_describe_and_a_template_without_tool_cal
     write(tmp_path / "noargs.py", "def add(a: int, b: int) -> int:\n    \"\"\"Add.\"\"\"\n    return a\n")
     write(tmp_path / "env.py", ENVIRONMENTS)
     write(tmp_path / "value.py", "rollout = 3\n")
+    write(tmp_path / "rows.jsonl", '{"prompt": [{"role": "user", "content": "add"}], "environment": "a"}\n')
     problems = run_check(tmp_path, "tools=[raises.py:add, nohint.py:add, noargs.py:add]",
                          "environment_factory={a: env.py:Broken, b: env.py:NoReset, c: env.py:Loose}",
-                         "rollout_func=value.py:rollout", recipe="grpo/smoke")["problems"]
+                         "rollout_func=value.py:rollout", "dataset_name=rows.jsonl", recipe="grpo/smoke")["problems"]
     assert problems == [
         f"`tools`: {tmp_path}/raises.py:add: importing it failed (ImportError: no calculator); fix the module",
         f"`tools`: {tmp_path}/nohint.py:add: transformers cannot turn it into a tool schema (Argument a is missing a "
@@ -124,6 +141,89 @@ def test_tools_that_transformers_cannot_describe_and_a_template_without_tool_cal
         f"`model_name_or_path` ({RECIPES}/smoke/policy): its chat template cannot render a tool-calling conversation "
         "(TRL's supports_tool_calling: user -> assistant with tool_calls -> tool); use a model whose template does "
         "(Qwen 2.5, Llama 3.1)",
+    ]
+
+
+TRL_STYLE = """
+def reward(completions, answer, **kwargs):
+    return [0.0 for _ in completions]
+
+def judged(completions, environments, **kwargs):
+    return [env.get_reward() for env in environments]
+
+def asks_a_column_it_lacks(completions, question, **kwargs):
+    return [0.0 for _ in completions]
+
+def rollout(prompts):
+    return {}
+
+class Counter:
+    def reset(self, **kwargs):
+        self.count = 0
+        return "Count up."
+
+    def increment(self, step: int) -> str:
+        \"\"\"Add to the counter.
+
+        Args:
+            step: How much to add.
+        \"\"\"
+        self.count += step
+        return str(self.count)
+
+    def get_reward(self) -> float:
+        return float(self.count)
+
+class NoRow:
+    def reset(self):
+        return None
+
+class Raises:
+    def reset(self, **kwargs):
+        raise RuntimeError("no sandbox for " + kwargs["answer"])
+
+class Rewardless:
+    def reset(self, **kwargs):
+        return None
+"""
+TRL_ROWS = "".join(json.dumps({"prompt": [{"role": "user", "content": "What is 1 + 1?"}], "answer": "2",
+                               "solution": "2", "environment": name}) + "\n" for name in ("a", "b"))
+
+
+def test_trls_reward_and_environment_signatures_are_bound_as_grpo_trainer_binds_them(tmp_path: Path) -> None:
+    """GRPOTrainer passes each reward the dataset's columns and, with environments, `environments`; TRL's own
+    accuracy_reward reads `solution`; an environment's get_reward may be the only reward, with no dataset."""
+    write(tmp_path / "trl_style.py", TRL_STYLE)
+    write(tmp_path / "rows.jsonl", TRL_ROWS)
+    passed = run_check(tmp_path, "reward_funcs=[trl_style.py:reward, trl_style.py:judged]",
+                       "environment_factory=trl_style.py:Counter", "dataset_name=rows.jsonl", recipe="grpo/agent-smoke")
+    assert passed["problems"] == []
+    owns = write(tmp_path / "owns.yaml", f"model_name_or_path: {RECIPES}/smoke/agent\n"
+                 "environment_factory: trl_style.py:Counter\nmax_steps: 2\nper_device_train_batch_size: 2\n"
+                 "num_generations: 2\nnum_processes: 2\n")
+    assert run_check(tmp_path, recipe=str(owns), command="grpo")["problems"] == []
+    assert run_check(tmp_path, "environment_factory=trl_style.py:Rewardless", recipe=str(owns),
+                     command="grpo")["problems"] == [
+        "no reward: `environment_factory` has no get_reward method and the recipe sets no `reward_funcs` or reward "
+        "model; add one (TRL scores a rollout by get_reward() alone only when the environment has it)"]
+    keywords = ("prompts, completions, completion_ids, trainer_state, log_extra, log_metric, environments, answer, "
+                "solution, environment")
+    refused = run_check(tmp_path, "reward_funcs=[accuracy_reward, trl_style.py:asks_a_column_it_lacks]",
+                        "environment_factory={a: trl_style.py:NoRow, b: trl_style.py:Raises}",
+                        "rollout_func=trl_style.py:rollout", "dataset_name=rows.jsonl",
+                        recipe="grpo/agent-smoke")["problems"]
+    row = "prompt, answer, solution"
+    assert refused == [
+        "`reward_funcs`: accuracy_reward needs the `math_verify` package, which is not installed: pip install "
+        "math-verify",
+        f"`reward_funcs`: {tmp_path}/trl_style.py:asks_a_column_it_lacks cannot take the arguments the trainer "
+        f"passes ({keywords}): missing a required argument: 'question'; give it those it uses and **kwargs",
+        f"`environment_factory.a`: {tmp_path}/trl_style.py:NoRow: reset cannot take the dataset row GRPOTrainer "
+        f"passes it as keywords ({row}): got an unexpected keyword argument 'prompt'; write reset(self, **kwargs)",
+        f"`environment_factory.b`: {tmp_path}/trl_style.py:Raises: reset(**row) raised RuntimeError: no sandbox for "
+        f"2 on the dataset's first row ({row}); fix reset",
+        f"`rollout_func`: {tmp_path}/trl_style.py:rollout cannot be called as GRPOTrainer calls it, "
+        "rollout_func(prompts, trainer): too many positional arguments; give it both arguments",
     ]
 
 
@@ -193,3 +293,29 @@ def test_num_generations_3_is_refused_before_any_process_starts(tmp_path: Path) 
         "Error: `num_generations` (3) must divide the generation batch (4 = per_device_train_batch_size x processes "
         "x steps per generation): set num_generations to 2, or per_device_train_batch_size to a multiple of 3"]
     assert not out.exists()  # the ranks write their records there first
+
+
+def test_the_remembered_check_is_keyed_on_every_file_the_run_executes_and_the_chat_template(tmp_path: Path) -> None:
+    """Tools, environments and the rollout function as reward files are; the policy's chat template with tools;
+    code from a module, or tools with a policy that is not a local directory, are checked every time."""
+    from rlhf_cli.launch.prelaunch import check_key
+
+    model = tmp_path / "model"
+    write(model / "chat_template.jinja", "{{ messages }}")
+    code = {name: write(tmp_path / f"{name}.py", f"# {name}\n") for name in ("tools", "env", "rollout", "reward")}
+    values = {"model_name_or_path": str(model), "reward_funcs": [f"{code['reward']}:score"],
+              "tools": [f"{code['tools']}:add"], "environment_factory": {"a": f"{code['env']}:Sandbox"},
+              "rollout_func": f"{code['rollout']}:generate"}
+
+    def key(**changed: object) -> str | None:
+        return check_key({"algorithm": "grpo", "values": {**values, **changed}, "processes": 2}, {})
+
+    first = key()
+    assert first is not None and key() == first
+    for path in (*code.values(), model / "chat_template.jinja"):
+        write(path, path.read_text() + "# edited\n")
+        assert key() != first, path
+        first = key()
+    assert key(tools=["my_pkg.tools:add"]) is None
+    assert key(model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct") is None
+    assert key(tools=None, environment_factory=None, model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct") is not None

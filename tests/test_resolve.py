@@ -157,7 +157,9 @@ def test_tools_environments_and_rollouts_are_found_like_reward_functions(tmp_pat
     value keeps its source for --dry-run."""
     write(tmp_path / "agent" / "tools.py", "def add(a: int) -> int:\n    return a\nclass Sandbox:\n    pass\n")
     write(tmp_path / "my_pkg" / "rollouts.py", "def rollout(prompts, trainer):\n    return {}\n")
-    path = write(tmp_path / "agent" / "r.yaml", SMOKE_MODELS + "tools: [tools.py:add, my_pkg.rollouts:rollout]\n"
+    write(tmp_path / "agent" / "rows.jsonl", '{"prompt": [{"role": "user", "content": "1 + 1"}], "environment": "math"}\n')
+    models = SMOKE_MODELS.replace(f"{RECIPES}/smoke/prompts.jsonl", "rows.jsonl")
+    path = write(tmp_path / "agent" / "r.yaml", models + "tools: [tools.py:add, my_pkg.rollouts:rollout]\n"
                  "environment_factory: {math: tools.py:Sandbox}\n")
     run = resolve(RunRequest("grpo", str(path), sets=("rollout_func=my_pkg.rollouts:rollout",)), cwd=tmp_path,
                   cuda=False)
@@ -167,6 +169,40 @@ def test_tools_environments_and_rollouts_are_found_like_reward_functions(tmp_pat
     assert run.settings["tools"].source == "recipe"
     assert problems(RunRequest("grpo", str(path), sets=("tools=[tools.py:add]",)), tmp_path) == [
         "--set tools: `tools`: file tools.py not found"]  # on the command line: relative to the working directory
+
+
+def test_agent_datasets_are_read_as_grpo_trainer_reads_them(tmp_path: Path) -> None:
+    """An environment may own the data (no dataset, `max_steps` steps) and the reward (its get_reward, which the
+    pre-launch check looks for), as TRL lets it; a mapping of environments needs each row's `environment`, and
+    tools need chat prompts. The prompt column may be absent when an environment writes the prompt in reset."""
+    write(tmp_path / "env.py", "class Sandbox:\n    def reset(self, **kwargs):\n        return 'go'\n")
+    chat = '{"prompt": [{"role": "user", "content": "1 + 1"}], "environment": "code"}\n'
+    write(tmp_path / "rows.jsonl", chat)
+    write(tmp_path / "plain.jsonl", '{"prompt": "1 + 1"}\n')
+    write(tmp_path / "no-prompt.jsonl", '{"environment": "math"}\n')
+    owns = write(tmp_path / "owns.yaml", f"model_name_or_path: {RECIPES}/smoke/agent\n"
+                 "environment_factory: env.py:Sandbox\nmax_steps: 3\n")
+    run = resolve(RunRequest("grpo", str(owns)), cwd=tmp_path, cuda=False)
+    assert run.value("dataset_name") is None and not run.value("reward_funcs")
+    assert resolve(RunRequest("grpo", str(owns), sets=("environment_factory={math: env.py:Sandbox}",
+                                                         "dataset_name=no-prompt.jsonl")), cwd=tmp_path, cuda=False)
+    assert problems(RunRequest("grpo", str(owns), sets=("max_steps=-1",)), tmp_path) == [
+        "no dataset: an environment that owns its data trains for `max_steps` steps (TRL's rule without a dataset); "
+        "set max_steps (or --max-steps), or `dataset_name`"]
+    assert problems(RunRequest("grpo", str(owns), sets=("environment_factory={math: env.py:Sandbox}",)),
+                    tmp_path) == ["no dataset: a mapping `environment_factory` picks each row's environment by the "
+                                  "dataset's `environment` column; set `dataset_name`, or name one environment class"]
+    assert problems(RunRequest("grpo", str(owns), sets=("environment_factory={math: env.py:Sandbox}",
+                                                          "dataset_name=rows.jsonl")), tmp_path) == [
+        f"--set dataset_name: {tmp_path}/rows.jsonl:1: `environment` is 'code', not one of `environment_factory`'s "
+        "(math)"]
+    assert problems(RunRequest("grpo", str(owns), sets=("dataset_name=plain.jsonl",)), tmp_path) == [
+        f"--set dataset_name: {tmp_path}/plain.jsonl:1: `prompt` is plain text, and with `tools` or "
+        "`environment_factory` GRPOTrainer renders the tools only into chat messages; write each prompt as "
+        '[{"role": "user", "content": ...}]']
+    assert problems(RunRequest("grpo", str(owns), sets=("environment_factory=null",)), tmp_path) == [
+        "no dataset: set `dataset_name` in the recipe or pass --dataset",
+        "no reward: set `reward_model_name_or_path` (or --reward-model) and/or `reward_funcs`"]
 
 
 def test_nvme_offload_needs_a_path(tmp_path: Path) -> None:

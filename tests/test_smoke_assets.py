@@ -53,3 +53,22 @@ def test_the_agent_stand_in_is_rebuilt_from_its_sums_and_calls_its_tool() -> Non
     (call,) = parsed["tool_calls"]
     assert call["function"]["name"] == "calculate"
     calculate(**call["function"]["arguments"])  # well formed: two whole numbers and an operator
+
+
+def test_the_shipped_agent_stand_in_is_what_build_py_makes(tmp_path) -> None:
+    """Config, weights, tokenizer and prompts of recipes/smoke/agent as build.py makes them now (its 200 taught
+    steps: about a minute on one core); head_dim 32, which vLLM's CPU attention needs, comes with them."""
+    import torch
+    from safetensors.torch import load_file
+
+    load_builder().build_agent(tmp_path)
+    shipped, built = RECIPES / "smoke" / "agent", tmp_path / "agent"
+    assert json.loads((built / "config.json").read_text()) == json.loads((shipped / "config.json").read_text())
+    assert json.loads((shipped / "config.json").read_text())["head_dim"] % 32 == 0
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        assert (built / name).read_text() == (shipped / name).read_text(), name
+    assert (tmp_path / "agent-prompts.jsonl").read_text() == (RECIPES / "smoke" / "agent-prompts.jsonl").read_text()
+    weights, rebuilt = load_file(shipped / "model.safetensors"), load_file(built / "model.safetensors")
+    assert weights.keys() == rebuilt.keys()
+    for name, tensor in weights.items():  # the same sums in the same order on one thread: equal but for rounding
+        torch.testing.assert_close(rebuilt[name], tensor, rtol=1e-4, atol=1e-5, msg=name)

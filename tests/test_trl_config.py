@@ -9,48 +9,10 @@ from pathlib import Path
 
 import yaml
 
-from helpers import RECIPES, write
+from helpers import RECIPES, trl_config, write
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.launch import runner
 from rlhf_cli.launch.command import launch_command
-
-PROBE = '''import os
-
-
-def seen(completions, **kwargs):
-    """What this rank sees of the config's env block."""
-    with open(os.path.join(os.environ["RLHF_PROBE_DIR"], f"rank-{os.environ['RANK']}.txt"), "w") as out:
-        out.write(os.environ.get("RLHF_GREETING", "missing"))
-    return [0.0 for _ in completions]
-'''
-
-
-def trl_config(directory: Path) -> Path:
-    """Only keys `trl rloo --config` takes: TRL's dataclasses' fields, `env`, the dataset mixture, and what it
-    passes on to `accelerate launch` (num_processes)."""
-    write(directory / "env_probe.py", PROBE)
-    write(directory / "data" / "prompts.jsonl", (RECIPES / "smoke" / "prompts.jsonl").read_text())
-    return write(directory / "trl_rloo.yaml", f"""env:
-  RLHF_GREETING: hello from env
-  RLHF_PROBE_DIR: {directory}
-  RLHF_STEPS: 2
-model_name_or_path: {RECIPES}/smoke/policy
-reward_model_name_or_path: {RECIPES}/smoke/reward
-reward_funcs: [env_probe.seen]
-datasets:
-  - path: json
-    data_files: data/prompts.jsonl
-num_processes: 2
-max_steps: 2
-per_device_train_batch_size: 2
-num_generations: 2
-max_completion_length: 8
-gradient_checkpointing: false
-logging_steps: 1
-save_strategy: "no"
-report_to: none
-""")
-
 
 def test_the_env_block_travels_in_the_resolved_recipe_and_the_launch_files(tmp_path: Path) -> None:
     run = resolve(RunRequest("rloo", str(trl_config(tmp_path)), {"output_dir": ("-o", str(tmp_path / "out"))}),

@@ -59,3 +59,22 @@ def test_every_training_command_and_the_plan_list_the_vllm_flags(cli, command: s
     result = cli(command, "--help") if command != "plan" else cli("plan", "grpo", "--help")
     text = " ".join(result.output.split())
     assert "--vllm" in text and "--no-vllm" in text
+
+
+@pytest.mark.parametrize(("setting", "module"), [
+    ("lora_target_modules=[q_proj, embed_tokens]", "model.embed_tokens"),
+    ("lora_modules_to_save=[lm_head]", "lm_head"),
+])
+def test_a_tied_models_head_or_embedding_is_not_adapted_under_vllm(cli, vllm_installed, family_models,
+                                                                   setting: str, module: str) -> None:
+    """vLLM holds a tied embedding and LM head as one matrix (Qwen2.5: tie_word_embeddings true)."""
+    args = ("grpo", "-r", "grpo/smoke", "--model", str(family_models["qwen2.5"]), "--lora", "--set", setting,
+            "--dry-run")
+    result = cli(*args, "--vllm", "colocate")
+    assert result.exit_code == 2 and f"adapts `{module}` of " in result.output and "are tied" in result.output, \
+        result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert cli(*args).exit_code == 0  # generate() holds the policy itself: nothing to refuse
+    untied = cli("grpo", "-r", "grpo/smoke", "--lora", "--set", "lora_target_modules=[q_proj, embed_tokens]",
+                 "--vllm", "colocate", "--dry-run")
+    assert untied.exit_code == 0, untied.output

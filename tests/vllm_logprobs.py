@@ -1,6 +1,10 @@
 """Run by tests/test_vllm_sync.py in its own process (vLLM's colocated engine takes the process's distributed
-state): train the smoke policy one step, sync it into a colocated vLLM with each bucket limit, and print as JSON
-how far vLLM's greedy logprobs are from the policy's, before and after each sync, with and without LoRA."""
+state): train a policy one step, sync it into a colocated vLLM with each bucket limit, and print as JSON how far
+vLLM's greedy logprobs are from the policy's, before and after each sync, with and without LoRA (on the modules
+named on the command line); then what the sync's self-check says of a good sync and of two broken ones.
+
+    python tests/vllm_logprobs.py POLICY_DIR [LORA_TARGET ...]
+"""
 
 from __future__ import annotations
 
@@ -8,19 +12,24 @@ import json
 import os
 import sys
 
-PROMPTS = [[1, 40, 41, 42, 43], [1, 60, 61, 62, 63, 64, 65, 66], [1, 100, 7]]
 TOKENS = 8
 
 
+def prompts(vocab: int) -> list[list[int]]:
+    return [[(1 + 40 * row + step) % vocab for step in range(length)] for row, length in enumerate((5, 8, 3))]
+
+
 def greedy_gap(llm, model) -> float:
-    """Largest |vLLM logprob - policy logprob| over the greedy tokens vLLM generates for PROMPTS."""
+    """Largest |vLLM logprob - policy logprob| over the greedy tokens vLLM generates for the prompts."""
     import torch
     from vllm import SamplingParams
 
-    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
+    asked = prompts(model.config.vocab_size)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in asked],
                            SamplingParams(max_tokens=TOKENS, temperature=0, logprobs=0), use_tqdm=False)
     gap = 0.0
-    for prompt, output in zip(PROMPTS, outputs):
+    model.eval()
+    for prompt, output in zip(asked, outputs):
         ids = list(output.outputs[0].token_ids)
         served = torch.tensor([step[token].logprob for step, token in zip(output.outputs[0].logprobs, ids)])
         with torch.no_grad():
@@ -31,19 +40,61 @@ def greedy_gap(llm, model) -> float:
 
 
 def train_one_step(model) -> None:
-    """One AdamW step on the language-model loss of the prompts: the weights vLLM loaded are then stale."""
+    """One AdamW step on the language-model loss of a prompt: the weights vLLM loaded are then stale."""
     import torch
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
-    batch = torch.tensor([PROMPTS[1]])
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.05)
+    model.train()
+    batch = torch.tensor([prompts(model.config.vocab_size)[1]])
     model(batch, labels=batch).loss.backward()
     optimizer.step()
     optimizer.zero_grad()
 
 
-def main(policy: str) -> dict:
+def adapted(model, targets: list[str]):
+    """`model` with LoRA on `targets`, its B matrices random (LoRA starts as a no-op), trained one step."""
     import torch
     from peft import LoraConfig, get_peft_model
+
+    lora = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    for name, param in lora.named_parameters():
+        if "lora_B" in name or "lora_embedding_B" in name:
+            torch.nn.init.normal_(param, std=0.5)
+    train_one_step(lora)
+    return lora
+
+
+def self_check(model, llm) -> dict:
+    """The self-check on a good sync, on a sync whose tied layers are not re-processed (the stale tied head), and
+    on one that sends the final norm's weight as 3 w + 1."""
+    from rlhf_cli import compat
+    from rlhf_cli.rank.vllm.self_check import SyncCheck, SyncCheckFailed
+    from rlhf_cli.rank.vllm.sync import PER_UNIT, SyncLimit, sync_weights
+
+    found: dict = {"passed": sync_weights(model, llm, SyncLimit(PER_UNIT), check=SyncCheck(1))}
+
+    def stale_tied_head(engine, weights):
+        compat.vllm_model_runner(engine).reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+
+    norm = next(name for name, param in model.named_parameters()  # the final norm: it scales every logit
+                if param.dim() == 1 and name.endswith("weight") and ("norm" in name or "ln_f" in name)
+                and ".layers." not in name and ".h." not in name)
+
+    def broken_norm(engine, weights):
+        compat.vllm_reload_weights(engine, ((n, t * 3 + 1 if norm.endswith(n) else t) for n, t in weights))
+
+    found["broken"] = norm
+    for case, reload in (("stale_tied_head", stale_tied_head), ("broken_norm", broken_norm)):
+        train_one_step(model)
+        try:
+            found[case] = sync_weights(model, llm, SyncLimit(PER_UNIT), reload=reload, check=SyncCheck(1))
+        except SyncCheckFailed as failed:
+            found[case] = str(failed)
+    return found
+
+
+def main(policy: str, targets: list[str]) -> dict:
+    import torch
     from transformers import AutoModelForCausalLM
     from vllm import LLM
 
@@ -55,19 +106,19 @@ def main(policy: str) -> dict:
               logprobs_mode="processed_logprobs")
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
     train_one_step(model)
-    result = {"stale": greedy_gap(llm, model), "synced": {}}
-    one_layer = sum(p.numel() for p in model.model.layers[0].parameters())
+    result = {"tied": model.config.tie_word_embeddings, "stale": greedy_gap(llm, model), "synced": {}}
+    one_layer = sum(p.numel() for p in model.get_decoder().layers[0].parameters()) \
+        if hasattr(model.get_decoder(), "layers") else sum(p.numel() for p in model.get_decoder().h[0].parameters())
     for name, limit in (("whole", WHOLE), ("per_unit", PER_UNIT), ("one_layer", one_layer)):
         record = sync_weights(model, llm, SyncLimit(limit))
         result["synced"][name] = {"gap": greedy_gap(llm, model), **record}
-    lora = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    for module in lora.modules():  # LoRA starts as a no-op (B = 0): give it weights that change the outputs
-        if hasattr(module, "lora_B") and "default" in getattr(module, "lora_B", {}):
-            torch.nn.init.normal_(module.lora_B["default"].weight, std=0.5)
-    result["lora_stale"] = greedy_gap(llm, lora)
-    record = sync_weights(lora, llm, SyncLimit(PER_UNIT))
-    result["lora"] = {"gap": greedy_gap(llm, lora), **record}
-    result["lora_still_unmerged"] = not any(getattr(m, "merged", False) for m in lora.modules())
+    result["check"] = self_check(model, llm)
+    if targets:
+        lora = adapted(model, targets)
+        result["lora_stale"] = greedy_gap(llm, lora)
+        record = sync_weights(lora, llm, SyncLimit(PER_UNIT))
+        result["lora"] = {"gap": greedy_gap(llm, lora), **record}
+        result["lora_still_unmerged"] = not any(getattr(m, "merged", False) for m in lora.modules())
     return result
 
 
@@ -75,4 +126,4 @@ if __name__ == "__main__":
     for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                         "VLLM_CPU_KVCACHE_SPACE": "1"}.items():
         os.environ.setdefault(name, value)
-    print("RESULT " + json.dumps(main(sys.argv[1])))
+    print("RESULT " + json.dumps(main(sys.argv[1], sys.argv[2:])))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from rlhf_cli.algorithms.legacy import COMMON_RENAMED, PPO_ERA_RETIRED
 from rlhf_cli.algorithms.spec import Algorithm, StarterEntry
-from rlhf_cli.algorithms.trl_generating import FUSED_HEAD, TRL_REWARD_KEYWORDS, generation_batches, group_checks
+from rlhf_cli.algorithms.trl_generating import (FUSED_HEAD, TRL_REWARD_KEYWORDS, generation_batches,
+                                                 grpo_step_work, group_checks)
 
 ALGORITHM = Algorithm(
     name="grpo",
@@ -19,6 +20,7 @@ ALGORITHM = Algorithm(
     completion_field="max_completion_length",
     batch_fields=("per_device_train_batch_size",),
     batches=generation_batches,
+    step_work=grpo_step_work,
     has_reference=lambda values: values("beta") != 0,  # TRL's default beta 0: no reference model, no KL term
     logits=FUSED_HEAD,
     headline_metrics=(("reward", "reward"), ("kl", "kl"), ("loss", "loss"), ("entropy", "entropy")),

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from rlhf_cli.algorithms.legacy import COMMON_RENAMED, PPO_ERA_RETIRED
-from rlhf_cli.algorithms.spec import Algorithm, Batches, LogitsModel, StarterEntry, Values
+from rlhf_cli.algorithms.spec import Algorithm, Batches, LogitsModel, StarterEntry, StepWork, Values
 
 
 def _batches(values: Values, num_processes: int) -> Batches:
     pairs = 2 * values("per_device_train_batch_size")  # two completions per prompt, trained on together
     return Batches(generation=pairs, train=pairs, score=pairs)
+
+
+def _step_work(values: Values) -> StepWork:
+    """Each micro-batch generates its two completions per prompt and trains on them; vLLM is synced once per
+    optimizer step (trl/experimental/online_dpo)."""
+    pairs = 2 * values("per_device_train_batch_size") * values("gradient_accumulation_steps")
+    return StepWork(generated=pairs, trained=pairs, old_logprobs=False, old_logprobs_with_vllm=False, syncs=1)
 
 
 ALGORITHM = Algorithm(
@@ -24,6 +31,7 @@ ALGORITHM = Algorithm(
     completion_field="max_new_tokens",
     batch_fields=("per_device_train_batch_size",),
     batches=_batches,
+    step_work=_step_work,
     has_reference=lambda values: True,
     sequence_cap_field="max_length",
     # trl/experimental/online_dpo: `_forward` computes logits over every position and keeps the completion's

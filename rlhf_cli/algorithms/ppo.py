@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_cli.algorithms.legacy import COMMON_RENAMED, COMMON_RETIRED
-from rlhf_cli.algorithms.spec import Algorithm, Batches, LogitsModel, StarterEntry, Values
+from rlhf_cli.algorithms.spec import Algorithm, Batches, LogitsModel, StarterEntry, StepWork, Values
 
 
 def _batches(values: Values, num_processes: int) -> Batches:
@@ -15,6 +15,15 @@ def _batches(values: Values, num_processes: int) -> Batches:
     rollouts = values("per_device_train_batch_size") * values("gradient_accumulation_steps")
     generation = min(values("local_rollout_forward_batch_size"), rollouts)
     return Batches(generation=generation, train=values("per_device_train_batch_size"), score=generation)
+
+
+def _step_work(values: Values) -> StepWork:
+    """One update generates a process's rollouts, then takes num_ppo_epochs x num_mini_batches optimizer steps over
+    them (rlhf_cli/rank/ppo/trainer.py); the policy's log-probs of the rollouts are taken once per update."""
+    rollouts = values("per_device_train_batch_size") * values("gradient_accumulation_steps")
+    steps = (values("num_ppo_epochs") or 1) * (values("num_mini_batches") or 1)
+    return StepWork(generated=rollouts / steps, trained=rollouts // (values("num_mini_batches") or 1),
+                    old_logprobs=True, old_logprobs_with_vllm=True, syncs=1 / steps)
 
 
 def _json(path: Path) -> dict[str, Any]:
@@ -102,6 +111,7 @@ ALGORITHM = Algorithm(
     completion_field="response_length",
     batch_fields=("local_rollout_forward_batch_size", "per_device_train_batch_size"),
     batches=_batches,
+    step_work=_step_work,
     has_reference=lambda values: True,
     trains_value_model=True,
     # rlhf_cli/rank/ppo/trainer.py: `output.logits` over every position stays referenced through the backward,

@@ -37,6 +37,17 @@ class Batches:
 
 
 @dataclass(frozen=True)
+class StepWork:
+    """Sequences per process in one optimizer step, by what is done with them (the time plan's counts)."""
+
+    generated: float  # sampled; a share of one generation round when a round feeds several optimizer steps
+    trained: int  # forward and backward passes, one per sequence and pass over it
+    old_logprobs: bool  # the policy scores the generated sequences without gradients (its old log-probs)
+    old_logprobs_with_vllm: bool  # the same when vLLM generates (TRL's importance-sampling correction)
+    syncs: float  # weight syncs to vLLM: one per generation round after an update
+
+
+@dataclass(frozen=True)
 class LogitsModel:
     """What one trainer holds at once to score tokens: [tokens, vocabulary] tensors, or a fused head's buffers.
     Each entry cites the trainer code it was read from; the plan (rlhf_cli/plan/memory.py) turns it into bytes."""
@@ -78,6 +89,7 @@ class Algorithm:
     completion_field: str = ""  # the key bounding generated tokens
     batch_fields: tuple[str, ...] = ()  # batch keys the plan may propose to lower when a run does not fit
     batches: Callable[[Values, int], Batches] = unset  # (values, processes in total) -> per-process batches
+    step_work: Callable[[Values], StepWork] = unset  # values -> what one optimizer step does, per process
     has_reference: Callable[[Values], bool] = unset  # whether the trainer builds a frozen reference policy
     trains_value_model: bool = False  # PPO: a value model trained beside the policy
     bf16_unless_told: bool = True  # TRL's configs turn bf16 on when neither bf16 nor fp16 is set

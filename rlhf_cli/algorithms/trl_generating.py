@@ -3,7 +3,7 @@ and groups of `num_generations` completions per prompt."""
 
 from __future__ import annotations
 
-from rlhf_cli.algorithms.spec import Batches, LogitsModel, Values
+from rlhf_cli.algorithms.spec import Batches, LogitsModel, StepWork, Values
 
 # trl/trainer/{rloo,grpo}_trainer.py: `add_fused_lm_head` scores only the completion tokens, in tiles, whatever
 # `use_liger_kernel` says (TRL turns Liger's fused cross-entropy off)
@@ -20,6 +20,29 @@ def generation_batches(values: Values, num_processes: int) -> Batches:
     steps = values("steps_per_generation") or values("gradient_accumulation_steps")
     generation = total // num_processes if total else per_device * steps
     return Batches(generation=generation, train=per_device, score=per_device)
+
+
+def _step_work(values: Values, old_logprobs: bool | None, old_logprobs_with_vllm: bool) -> StepWork:
+    """An optimizer step trains gradient_accumulation_steps micro-batches; each generated batch is trained on
+    `num_iterations` times (`generate_every` in TRL's trainers); `old_logprobs` None: when generation and optimizer
+    steps do not align."""
+    accumulation, iterations = values("gradient_accumulation_steps"), values("num_iterations") or 1
+    trained = values("per_device_train_batch_size") * accumulation
+    every = (values("steps_per_generation") or accumulation) * iterations
+    aligned = accumulation % every == 0
+    return StepWork(generated=trained / iterations, trained=trained,
+                    old_logprobs=not aligned if old_logprobs is None else old_logprobs,
+                    old_logprobs_with_vllm=old_logprobs_with_vllm or not aligned, syncs=min(1.0, accumulation / every))
+
+
+def rloo_step_work(values: Values) -> StepWork:
+    """RLOOTrainer always takes the old log-probs (trl/trainer/rloo_trainer.py)."""
+    return _step_work(values, True, True)
+
+
+def grpo_step_work(values: Values) -> StepWork:
+    """GRPOTrainer takes them when steps do not align, and with vLLM for its importance-sampling correction."""
+    return _step_work(values, None, bool(values("vllm_importance_sampling_correction")))
 
 
 def group_checks(values: Values, num_processes: int) -> list[str]:

@@ -104,6 +104,15 @@ TABLE: tuple[Flag, ...] = (
          help="GPUs per machine: num_processes = N x machines. Default: num_processes."),
     Flag("gpu_memory", ("--gpu-memory",), key="gpu_memory", panel=LAUNCH, metavar="SIZE",
          help="Memory of each GPU for the memory plan (24GiB, 24GB, 24576MiB, bytes). Default: from nvidia-smi."),
+    Flag("gpu", ("--gpu",), key="gpu", panel=LAUNCH, metavar="NAME",
+         help="The GPU for the time plan: a10, l4, l40s, rtx3090, rtx4090, a100-40gb, a100-80gb, a100-pcie, h100, "
+              "h100-pcie, h200, b200. Default: from nvidia-smi."),
+    Flag("interconnect", ("--interconnect",), key="interconnect", panel=LAUNCH, metavar="nvlink|pcie|RATE",
+         help="How the GPUs of a machine reach each other, for the time plan: nvlink, pcie, or a rate each way per "
+              "GPU (50GB). Default: the GPU's usual link."),
+    Flag("hardware_file", ("--hardware",), key="hardware_file", panel=LAUNCH, metavar="FILE",
+         help="A YAML file describing a GPU the table lacks: name, bf16_tflops, memory_bandwidth_gbs, "
+              "interconnect, interconnect_gbs, host_gbs."),
     Flag("num_machines", ("--num-machines",), key="num_machines", panel=LAUNCH, metavar="N", show_default=False,
          help="Machines in the job. Default: the recipe's, SLURM's or torchrun's, else 1."),
     Flag("machine_rank", ("--machine-rank",), key="machine_rank", panel=LAUNCH, metavar="N", show_default=False,

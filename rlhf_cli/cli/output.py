@@ -16,7 +16,10 @@ from rich.text import Text
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.launch.runner import Outcome
+from rlhf_cli.plan.summary import time_lines
+from rlhf_cli.generation.choice import Engine
 from rlhf_cli.plan.memory import MARGIN
+from rlhf_cli.plan.time import PHASES
 
 if TYPE_CHECKING:
     from rlhf_cli.plan.columns import Column, Plan
@@ -104,7 +107,23 @@ def _plan_table(title: str, columns: list[Column], gpu_memory: int) -> Table:
     usable = _gib(int(gpu_memory * (1 - MARGIN)))
     table.add_row(f"fits in {usable}", *("[green]yes[/]" if c.fits else "[red]no[/]" for c in columns))
     table.add_row("CPU per machine", *(_gib(column.cpu_per_machine) for column in columns), style="dim")
+    if all(column.seconds is not None for column in columns):
+        table.add_section()
+        for phase in PHASES:
+            if any(column.seconds and column.seconds[phase] for column in columns):
+                table.add_row(f"s/step {phase}", *(_seconds(column.seconds[phase] if column.seconds else 0.0)
+                                                   for column in columns), style="dim")
+        table.add_row("s per step", *(_seconds(column.step_seconds or 0.0) for column in columns), style="bold")
     return table
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3g}" if value < 1000 else f"{value:.0f}"
+
+
+def _vllm_description(columns: list[Column]) -> str:
+    candidate = columns[0].candidate if columns else None
+    return candidate.vllm.description(candidate.generation.engine) if candidate and candidate.vllm else ""
 
 
 def _lora_summary(run: ResolvedRun) -> str:
@@ -136,7 +155,7 @@ def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
                [c for c in plan.columns if not c.candidate.lora and c.candidate.vllm is None]),
               (f"with --lora ({_lora_summary(run)}): base frozen, no reference copy",
                [c for c in plan.columns if c.candidate.lora and c.candidate.vllm is None]),
-              (f"with vLLM ({vllm_columns[0].candidate.vllm.description if vllm_columns else ''}): gather, "
+              (f"with vLLM ({_vllm_description(vllm_columns)}): gather, "
                "budget, no-gather = what the weight sync gathers at once", vllm_columns))
     for title, columns in tables:
         if columns:
@@ -159,18 +178,18 @@ def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
                  f"{'on' if work.gradient_checkpointing else 'off'}, {work.attention} attention"
                  f"{', Liger kernels' if work.liger else ''}", highlight=False, markup=False)
     stdout.print(f"* the run's own: {plan.reason}", highlight=False, markup=False)
-    batch, engine = plan.largest_generation_batch, plan.chosen.candidate.vllm if plan.chosen else None
-    if engine is not None and engine.mode != "colocate":
+    batch, generation = plan.largest_generation_batch, plan.chosen.candidate.generation if plan.chosen else None
+    if generation is not None and generation.engine == Engine.server:
         line = "generation batch: on the vLLM server's own GPUs, not planned here"
-    elif engine is not None:
+    elif generation is not None and generation.engine.vllm:
         line = (f"generation batch: vLLM's KV cache holds {batch or 0} sequences of {work.prompt_length} + "
                 f"{work.completion_length} tokens per process (now {work.generation_batch})")
     else:
         line = (f"generation batch: up to {batch} sequences per GPU fit with the run's own configuration (now "
                 f"{work.generation_batch})" if batch else "generation batch: not even 1 sequence per GPU fits")
     stdout.print(line, highlight=False, markup=False)
-    for line in plan.suggestions:
-        stdout.print(f"instead: {line}", highlight=False, markup=False)
+    for line in [*time_lines(plan), *(f"instead: {line}" for line in plan.suggestions)]:
+        stdout.print(line, highlight=False, markup=False)
     for line in plan.vllm_findings:
         stdout.print(f"vLLM: {line}", highlight=False, markup=False)
     for note in plan.notes:

@@ -23,6 +23,9 @@ from rlhf_cli.cli.flags import TABLE, given_once
 EXAMPLE = "rlhf vllm-serve ppo -r ppo/smoke --port 8000"
 LOOPBACK = "127.0.0.1"
 DTYPES = ("float32", "float16", "bfloat16")
+# the weight refresh's disk reload, tied layers re-processed (rlhf_cli/rank/vllm/worker_extension.py; by name: the CLI
+# imports no rank code)
+WORKER_EXTENSION = "rlhf_cli.rank.vllm.worker_extension.ReloadWithTiedLayers"
 
 
 
@@ -56,7 +59,8 @@ def server_command(run: Any, host: str, port: int | None) -> list[str]:
             "--dtype", training_dtype(run),
             "--tensor-parallel-size", str(run.value("vllm_tensor_parallel_size")),
             "--gpu-memory-utilization", str(run.value("vllm_gpu_memory_utilization")),
-            "--seed", str(run.value("seed"))]
+            "--seed", str(run.value("seed")),
+            "--worker-extension-cls", WORKER_EXTENSION]
     if run.value("vllm_max_model_length") is not None:
         argv += ["--max-model-len", str(run.value("vllm_max_model_length"))]
     if run.value("trust_remote_code"):

@@ -133,6 +133,15 @@ def _parquet_rows(path: Path) -> tuple[list[str], list[tuple[int, Any]]]:
 READERS = {".json": _json_rows, ".jsonl": _json_rows, ".csv": _csv_rows, ".parquet": _parquet_rows}
 
 
+def first_rows(path: Path) -> tuple[list[str], list[tuple[int, Any]]]:
+    """(columns, [(line, row)]) of a local data file's first rows (no rows for Parquet: its schema only); columns
+    empty when they cannot be known without `datasets`. DataFileError when it does not parse."""
+    try:
+        return READERS[path.suffix](path)
+    except OSError as error:
+        raise DataFileError(f"{path}: cannot read it ({error.strerror or error})") from None
+
+
 def _prompt_problem(prompt: Any) -> str | None:
     """A prompt is text, or a list of chat messages ({role, content})."""
     if isinstance(prompt, str):
@@ -143,14 +152,14 @@ def _prompt_problem(prompt: Any) -> str | None:
     return f"is {json.dumps(prompt)[:60]}; a prompt is text or a list of chat messages ({{role, content}})"
 
 
-def check_prompts(path: Path, column: str, columns_kept: Iterable[str] | None = None) -> None:
-    """Raise DataFileError when the file's first rows do not parse or lack a usable `column`."""
-    try:
-        columns, rows = READERS[path.suffix](path)
-    except OSError as error:
-        raise DataFileError(f"{path}: cannot read it ({error.strerror or error})") from None
+def check_prompts(path: Path, column: str, columns_kept: Iterable[str] | None = None, optional: bool = False) -> None:
+    """Raise DataFileError when the file's first rows do not parse or lack a usable `column`. `optional`: a file
+    without the column is taken (GRPO's environment then writes each prompt in `reset`)."""
+    columns, rows = first_rows(path)
     if columns_kept is not None:
         columns = [name for name in columns if name in set(columns_kept)]
+    if optional and columns and column not in columns:
+        return
     if columns and column not in columns:
         shown = ", ".join(columns[:8]) + (", ..." if len(columns) > 8 else "")
         raise DataFileError(f"{path}: no `{column}` column (it has: {shown}); set `dataset_prompt_column` to the "

@@ -116,6 +116,15 @@ OWN_FIELDS = (
           "GPUs per machine; sets num_processes to num_gpus x num_machines when that is not given."),
     Field("gpu_memory", "launch", ("str", "int", "null"), None,
           "Memory of each GPU for the memory plan (24GiB, 24GB, 24576MiB or bytes); default: asked of nvidia-smi."),
+    Field("gpu", "launch", ("str", "null"), None,
+          "The GPU the time plan assumes (a10, l4, l40s, rtx3090, rtx4090, a100-40gb, a100-80gb, h100, h200, b200, "
+          "...); default: nvidia-smi's."),
+    Field("interconnect", "launch", ("str", "null"), None,
+          "How the GPUs of a machine reach each other, for the time plan: nvlink, pcie, or a rate each way per GPU "
+          "(50GB); default: the GPU's."),
+    Field("hardware_file", "launch", ("str", "null"), None,
+          "A YAML file describing a GPU the table lacks, for the time plan: name, bf16_tflops, "
+          "memory_bandwidth_gbs, interconnect, interconnect_gbs, host_gbs."),
     Field("plan_prompt_length", "launch", ("int", "null"), None,
           "Longest prompt in tokens, as the memory plan assumes it; default 512."),
     Field("accelerate_config", "launch", ("str", "null"), None,
@@ -125,6 +134,9 @@ OWN_FIELDS = (
     Field("stall_timeout", "launch", ("int", "float"), 120,
           "Seconds without progress on any rank (or without a rank's heartbeat) before the job stops and names the "
           "stalled rank; loading and saving do not count. The collective timeout (ddp_timeout) follows it."),
+    Field("vllm_sync_check_steps", "launch", ("int",), 10,
+          "With vLLM colocated: compare vLLM's logprobs with the policy's on a fixed probe after the first weight "
+          "sync, after every wake from sleep and every this many syncs; the run stops when they differ. 0: never."),
     Field("dataset_prompt_column", "script", ("str",), "prompt",
           "Dataset column holding the prompt (plain text or a list of chat messages)."),
     Field("env", "launch", ("dict",), {},
@@ -148,6 +160,9 @@ AGENT_FIELDS = (
           "file.py:Class, or a mapping of environment names (the dataset's `environment` column) to classes."),
     Field("rollout_func", "script", ("str", "null"), None,
           "Your own generation function in place of the trainer's (GRPOTrainer's rollout_func): file.py:function."),
+    Field("tool_timeout", "script", ("int", "float", "null"), None,
+          "Seconds one tool call may take (tools and environment methods); a call past it is a failed call, its "
+          "error fed back to the policy, and the run goes on. Default: no limit, as TRL."),
 )
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlhf_cli.config.paths import path_state
+from rlhf_cli.output.checkpoints import deepspeed_shards, deepspeed_tag, saved_by
+from rlhf_cli.output.run_dir import TRAINER_STATE
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
@@ -25,6 +27,7 @@ CACHE_VARIABLES = ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "TRITON_CACHE
 COUNT_VARIABLES = ("VLLM_CPU_KVCACHE_SPACE",)
 # A model's sizes that a checkpoint of it shares (config.json, GPT-2's names second).
 SHAPE = (("hidden_size", "n_embd"), ("num_hidden_layers", "n_layer"), ("vocab_size",), ("intermediate_size",))
+TIED_HEAD = "lm_head.weight"  # absent from a save where it is tied to the input embedding
 
 
 def _json(path: Path) -> Any:
@@ -34,17 +37,25 @@ def _json(path: Path) -> Any:
         return None
 
 
-def safetensors_problem(path: Path) -> str | None:
-    """Why a .safetensors file cannot be whole, from its header alone: the data it declares must all be there."""
+def safetensors_header(path: Path) -> tuple[dict[str, Any] | None, int]:
+    """(header, header length) of a .safetensors file, (None, -1) when it has none: the first 8 bytes give the
+    length of the JSON header that follows (every tensor's dtype, shape and offsets)."""
     try:
         size = path.stat().st_size
         with path.open("rb") as handle:
             length = int.from_bytes(handle.read(8), "little") if size >= 8 else -1
             header = json.loads(handle.read(length)) if 0 <= length <= size - 8 else None
     except (OSError, ValueError, UnicodeDecodeError):
-        header = None
-    if not isinstance(header, dict):
-        return f"{path} is truncated or not a safetensors file ({size if path.exists() else 0} bytes)"
+        return None, -1
+    return (header, length) if isinstance(header, dict) else (None, -1)
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why a .safetensors file cannot be whole, from its header alone: the data it declares must all be there."""
+    header, length = safetensors_header(path)
+    size = path.stat().st_size if path.exists() else 0
+    if header is None:
+        return f"{path} is truncated or not a safetensors file ({size} bytes)"
     ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"
             and isinstance(entry, dict) and isinstance(entry.get("data_offsets"), list) and entry["data_offsets"]]
     needed = 8 + length + max(ends, default=0)
@@ -135,10 +146,13 @@ def environ_problems(environ: Mapping[str, str]) -> list[str]:
     return _variable_problems(environ, "{name}={value}")
 
 
-def checkpoint_problem(checkpoint: Path, use_peft: bool, model: Any, algorithm: str) -> str | None:
-    """A checkpoint the trainer can resume this run from: a trainer's save, of this run's kind and model."""
-    if path_state(checkpoint / "trainer_state.json").kind != "file":
-        return f"{checkpoint} is not a trainer checkpoint (no trainer_state.json); pass a checkpoint-N directory"
+def checkpoint_problem(checkpoint: Path, use_peft: bool, model: Any, algorithm: str, deepspeed: bool) -> str | None:
+    """A checkpoint the trainer can resume this run from: a trainer's save whose state reads, of this run's kind
+    and model, with DeepSpeed's shards of every rank that saved it when the run uses DeepSpeed (and none else)."""
+    if path_state(checkpoint / TRAINER_STATE).kind != "file":
+        return f"{checkpoint} is not a trainer checkpoint (no {TRAINER_STATE}); pass a checkpoint-N directory"
+    if not isinstance(_json(checkpoint / TRAINER_STATE), dict):
+        return f"{checkpoint / TRAINER_STATE} is not valid JSON (damaged); pass an earlier checkpoint"
     adapter = path_state(checkpoint / "adapter_config.json").kind == "file"
     if adapter and not use_peft:
         return f"{checkpoint} holds LoRA adapters and this run fine-tunes the whole model; add --lora, or resume a " \
@@ -146,14 +160,22 @@ def checkpoint_problem(checkpoint: Path, use_peft: bool, model: Any, algorithm: 
     if use_peft and not adapter and path_state(checkpoint / "config.json").kind == "file":
         return f"{checkpoint} holds a fully fine-tuned model and this run trains LoRA adapters; drop --lora, or " \
                "resume a LoRA checkpoint"
-    header = _first_line(checkpoint.parent / "recipe.yaml")  # the run that wrote it: its resolved recipe says
+    wrote = _saving_algorithm(checkpoint)
+    if wrote is not None and wrote != algorithm:
+        return f"{checkpoint} is a checkpoint of an `rlhf {wrote.replace('_', '-')}` run, not of " \
+               f"{algorithm.replace('_', '-')}; resume it with `rlhf {wrote.replace('_', '-')}`"
+    return _shape_problem(checkpoint, model) or _deepspeed_problem(checkpoint, deepspeed)
+
+
+def _saving_algorithm(checkpoint: Path) -> str | None:
+    """The algorithm of the run that saved `checkpoint`: its manifest says (a copy out of its run dir too), else
+    the resolved recipe of the run dir it is in."""
+    recorded = saved_by(checkpoint)
+    if recorded is not None:
+        return recorded.algorithm
+    header = _first_line(checkpoint.parent / "recipe.yaml")
     marker = "a valid recipe for `rlhf "
-    if marker in header:
-        wrote = header.split(marker, 1)[1].split("`", 1)[0].replace("-", "_")
-        if wrote != algorithm:
-            return f"{checkpoint} is a checkpoint of an `rlhf {wrote.replace('_', '-')}` run, not of " \
-                   f"{algorithm.replace('_', '-')}; resume it with `rlhf {wrote.replace('_', '-')}`"
-    return _shape_problem(checkpoint, model)
+    return header.split(marker, 1)[1].split("`", 1)[0].replace("-", "_") if marker in header else None
 
 
 def _first_line(path: Path) -> str:
@@ -164,9 +186,68 @@ def _first_line(path: Path) -> str:
         return ""
 
 
+def _deepspeed_problem(checkpoint: Path, deepspeed: bool) -> str | None:
+    """DeepSpeed resumes from its own shards, one model and one optimizer file per rank that saved; a checkpoint
+    saved without DeepSpeed has none, and a run without DeepSpeed would silently skip its optimizer states."""
+    tag = deepspeed_tag(checkpoint)
+    if not deepspeed:
+        return None if tag is None else f"{checkpoint} was saved under DeepSpeed and this run does not use it; " \
+                                        "resume it under DeepSpeed (the accelerate config it was trained with)"
+    if tag is None:
+        return f"{checkpoint} has no DeepSpeed state (no `latest` naming its global_stepN/ shards): saved without " \
+               "DeepSpeed, or copied without them; copy the whole checkpoint, or resume it without DeepSpeed"
+    shards = deepspeed_shards(checkpoint, tag)
+    ranks = set(range(max(shards["model"] | shards["optim"], default=-1) + 1)) or {0}
+    for kind, found in shards.items():
+        if found != ranks:
+            missing = ", ".join(map(str, sorted(ranks - found)))
+            return f"{checkpoint / tag} lacks the DeepSpeed {kind} shards of rank {missing} (of {len(ranks)}); " \
+                   "copy the whole checkpoint, or pass an earlier one"
+    return None
+
+
+def _parameter_shapes(directory: Path) -> dict[str, list[int]] | None:
+    """Every tensor's shape, from the safetensors headers of a model directory (one file or an index's shards);
+    None when its weights are not safetensors."""
+    index = _json(directory / "model.safetensors.index.json")
+    files = sorted(set(index["weight_map"].values())) if isinstance(index, dict) and isinstance(
+        index.get("weight_map"), dict) else ["model.safetensors"]
+    shapes: dict[str, list[int]] = {}
+    for name in files:
+        header, _ = safetensors_header(directory / name) if path_state(directory / name).kind == "file" else (None, 0)
+        if header is None:
+            return None
+        shapes.update({key: entry.get("shape") for key, entry in header.items()
+                       if key != "__metadata__" and isinstance(entry, dict)})
+    return shapes
+
+
 def _shape_problem(checkpoint: Path, model: Any) -> str | None:
-    saved = _json(checkpoint / "config.json")
-    current = _json(Path(model) / "config.json") if isinstance(model, str) and Path(model).is_absolute() else None
+    """A checkpoint of the policy: every parameter the same shape (the embedding and output rows may grow, for a
+    pad token the run added), read from both safetensors headers; without them, the sizes in config.json."""
+    if not (isinstance(model, str) and Path(model).is_absolute()):
+        return None
+    saved, current = _parameter_shapes(checkpoint), _parameter_shapes(Path(model))
+    if saved is None or current is None:
+        return _size_problem(checkpoint, model)
+    vocab = (_json(Path(model) / "config.json") or {}).get("vocab_size")
+    for name in sorted(saved.keys() | current.keys()):
+        if name == TIED_HEAD and (name not in saved or name not in current):
+            continue  # saved once with the embedding it is tied to
+        if name not in saved or name not in current:
+            where, other = ("the checkpoint", f"the policy {model}") if name in saved else \
+                (f"the policy {model}", "the checkpoint")
+            return f"{checkpoint} is of another model: {where} has a parameter {name} and {other} none; resume a " \
+                   "checkpoint of this model"
+        grown = saved[name][1:] == current[name][1:] and current[name][:1] == [vocab] and saved[name][0] >= vocab
+        if saved[name] != current[name] and not grown:
+            return f"{checkpoint} is of another model: {name} is {saved[name]} there and {current[name]} in the " \
+                   f"policy {model}; resume a checkpoint of this model"
+    return None
+
+
+def _size_problem(checkpoint: Path, model: str) -> str | None:
+    saved, current = _json(checkpoint / "config.json"), _json(Path(model) / "config.json")
     if not isinstance(saved, dict) or not isinstance(current, dict):
         return None
     for names in SHAPE:
@@ -178,7 +259,8 @@ def _shape_problem(checkpoint: Path, model: Any) -> str | None:
 
 
 def run_problems(run: RunValues, cuda: bool, environ: Mapping[str, str]) -> list[str]:
-    """Every problem of this module in a resolved run, for keys whose given value was not refused already."""
+    """Every problem of this module in a resolved run but the checkpoint's (rlhf_cli/config/resume.py), for keys
+    whose given value was not refused already."""
     problems = []
     for name in ("model_name_or_path", "reward_model_name_or_path", "value_model_name_or_path", "reward_model_path"):
         path = run.value(name)
@@ -193,11 +275,6 @@ def run_problems(run: RunValues, cuda: bool, environ: Mapping[str, str]) -> list
     if isinstance(env, dict):
         problems += environment_problems(env, run.where("env"), cuda)
     problems += environ_problems(environ)
-    checkpoint = run.value("resume_from_checkpoint")
-    if isinstance(checkpoint, str) and Path(checkpoint).is_absolute():
-        problem = checkpoint_problem(Path(checkpoint), run.value("use_peft") is True, run.value("model_name_or_path"),
-                                     run.algorithm)
-        problems += [f"--resume {checkpoint}: {problem}"] if problem else []
     return [problem for problem in problems if problem]
 
 

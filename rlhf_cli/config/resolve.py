@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlhf_cli.config import run_checks
+from rlhf_cli.config import resume, run_checks
+from rlhf_cli.config.agent_code import check_agent_data
 from rlhf_cli.config.accelerate import LAYOUT_KEYS, AccelerateChoices, build_accelerate_config
 from rlhf_cli.config.draft import Draft
 from rlhf_cli.generation.choice import Generation
@@ -53,8 +54,9 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     if not request.planning:
         run_checks.find_resume_point(draft)
         run_checks.check_output_dir(draft)
-    for check in (run_checks.check_nvme_path, run_checks.check_gpu_memory, run_checks.check_data,
-                  run_checks.check_mixture, run_checks.check_stall_timeout, run_checks.check_vllm_server):
+    for check in (run_checks.check_nvme_path, run_checks.check_gpu_memory, run_checks.check_hardware,
+                  run_checks.check_data, check_agent_data, run_checks.check_mixture, run_checks.check_stall_timeout,
+                  run_checks.check_vllm_server):
         check(draft)
     cpu_only = not (cuda_present() if cuda is None else cuda) or environ.get("DS_ACCELERATOR") == "cpu"
     _default_process_count(draft, environ)
@@ -63,6 +65,8 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     run_checks.check_nvme_use(draft, accelerate)
     if not request.planning:  # the plan reads config.json alone: it plans a model before its weights are there
         draft.problems += run_problems(_Given(draft), cuda=not cpu_only, environ=environ)
+        resume.check_checkpoint(draft, accelerate)
+        resume.keep_global_batch(draft, accelerate)
     run_checks.check_cpu_and_lora(draft, cpu_only)
     run_checks.check_across_fields(draft, accelerate, cpu_only)
     if draft.problems:

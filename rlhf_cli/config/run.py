@@ -67,9 +67,11 @@ class ResolvedRun:
         return {name: setting.value for name, setting in self.settings.items()}
 
     def with_generation(self, generation: Generation, source: str, note: str) -> ResolvedRun:
-        """A copy generating as decided after resolution (`gather: auto`, by the plan), its TRL keys written too."""
-        settings = {**self.settings, **{name: Setting(value, source)
-                                        for name, value in generation.trl_settings().items()}}
+        """A copy generating as decided after resolution (`gather: auto`, by the plan), its TRL keys written too;
+        a key that keeps its value keeps its source (`use_vllm` from --vllm stays --vllm's)."""
+        old = self.settings
+        settings = {**old, **{name: Setting(value, source) for name, value in generation.trl_settings().items()
+                              if name not in old or old[name].value != value}}
         return replace(self, settings=settings, generation=generation, notes=(*self.notes, note))
 
     def with_note(self, note: str) -> ResolvedRun:

@@ -13,6 +13,7 @@ from typing import Any
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.output.checkpoints import incomplete_reason, newest_complete_checkpoint
 from rlhf_cli.config.accelerate import is_zero3, zero_stage
+from rlhf_cli.config.agent_code import own_data_problem
 from rlhf_cli.config.key_rules import check_model_config, check_reward_model, cross_field_problems
 from rlhf_cli.config.data_files import READERS, DataFileError, check_prompts
 from rlhf_cli.config.draft import Draft, Refused
@@ -25,6 +26,7 @@ from rlhf_cli.config.server_url import server_problems, server_url
 from rlhf_cli.config.vllm import length_problems, vllm_problems
 from rlhf_cli.generation.budget import BudgetError, parse_budget
 from rlhf_cli.generation.choice import Engine
+from rlhf_cli.machine.gpus import GPUS, HardwareError, from_file, named, with_interconnect
 from rlhf_cli.output.run_dir import MANIFEST, RunDir
 from rlhf_cli.sizes import SizeError, parse_size
 
@@ -35,11 +37,16 @@ COLLECTIVE_TIMEOUT_FACTOR = 5
 
 
 def check_required(draft: Draft) -> None:
+    """A policy, a dataset and a reward; GRPO's environment may own the data and the reward, as TRL lets it (the
+    pre-launch check finds whether it has get_reward)."""
     if "model_name_or_path" not in draft.settings:
         draft.problems.append("no policy model: set `model_name_or_path` in the recipe or pass --model")
+    environment = draft.value("environment_factory") if "environment_factory" in draft.fields else None
     if "dataset_name" not in draft.settings and not draft.value("datasets") and "datasets" not in draft.refused:
-        draft.problems.append("no dataset: set `dataset_name` in the recipe or pass --dataset")
-    if not draft.value("reward_model_name_or_path") and not draft.value("reward_funcs"):
+        problem = own_data_problem(environment, draft.value("max_steps")) if environment else \
+            "no dataset: set `dataset_name` in the recipe or pass --dataset"
+        draft.problems += [problem] if problem else []
+    if not draft.value("reward_model_name_or_path") and not draft.value("reward_funcs") and not environment:
         draft.problems.append(
              "no reward: set `reward_model_name_or_path` (or --reward-model) and/or `reward_funcs`")
 
@@ -83,6 +90,24 @@ def check_gpu_memory(draft: Draft) -> None:
             draft.problems.append(f"{draft.layers['gpu_memory'][1]}: `gpu_memory`: {error}")
 
 
+def check_hardware(draft: Draft) -> None:
+    """`gpu`, `hardware_file` and `interconnect` as the time plan reads them (rlhf_cli/machine/gpus.py)."""
+    gpu = None
+    for key, read in (("gpu", named), ("hardware_file", lambda text: from_file(Path(text)))):
+        if draft.value(key) is not None:
+            try:
+                gpu = read(str(draft.value(key)))
+            except HardwareError as error:
+                draft.problems.append(f"{draft.layers[key][1]}: `{key}`: {error}")
+    if draft.value("gpu") is not None and draft.value("hardware_file") is not None:
+        draft.problems.append(f"{draft.layers['gpu'][1]}: `gpu` and `hardware_file` both name the GPU; keep one")
+    if draft.value("interconnect") is not None:
+        try:
+            with_interconnect(gpu or GPUS["h100"], str(draft.value("interconnect")))
+        except HardwareError as error:  # with no GPU named, nvlink is checked against nvidia-smi's by the plan
+            draft.problems.append(f"{draft.layers['interconnect'][1]}: `interconnect`: {error}")
+
+
 def check_stall_timeout(draft: Draft) -> None:
     """Its range is in rlhf_cli/schema/ranges.yaml; a collective timeout of the recipe's own may undercut it."""
     timeout = draft.value("stall_timeout")
@@ -112,9 +137,13 @@ def find_resume_point(draft: Draft) -> None:
                                   "checkpoint-N directory in it")
             return
         reason = incomplete_reason(checkpoint)
-        if reason and (checkpoint / MANIFEST).is_file():  # a save that finished, damaged since
-            draft.problems.append(f"--resume {setting.value}: {reason}; pass an earlier checkpoint")
-        elif reason:  # a checkpoint rlhf did not write, or one whose save never finished: the user's call
+        # A save that finished and was damaged since, or one of an rlhf run that never finished, is refused; a
+        # checkpoint rlhf did not write (TRL's, transformers') has no manifest: the user's call.
+        if reason and ((checkpoint / MANIFEST).is_file() or RunDir(checkpoint.parent).written.is_file()):
+            draft.problems.append(f"--resume {setting.value}: {reason}; pass an earlier checkpoint, or --resume auto "
+                                  "(the newest whole one)")
+            draft.refused.add("resume_from_checkpoint")
+        elif reason:
             draft.notes.append(f"warning: --resume {setting.value}: {reason}; resuming from it as given")
         return
     if draft.settings["output_dir"].source == "default":
@@ -224,7 +253,8 @@ def check_data(draft: Draft) -> None:
     for where, path, columns in files:
         if path_state(path).kind == "file":
             try:
-                check_prompts(path, column, columns)
+                check_prompts(path, column, columns, optional=bool(draft.fields.get("environment_factory")
+                                                                    and draft.value("environment_factory")))
             except DataFileError as error:
                 draft.problems.append(f"{where}: {error}")
 
@@ -354,13 +384,24 @@ def check_across_fields(draft: Draft, accelerate: dict[str, Any], cpu_only: bool
             pass  # judged once the refused value is fixed
 
 
+# The source of `gather: auto` where a vLLM run gives no gather choice: the plan sizes the weight sync's bucket
+VLLM_SYNC_DEFAULT = "default: with vLLM, the sync's bucket is the plan's choice"
+
+
+def default_gather(draft: Draft) -> Setting:
+    """When no source gives a gather choice: TRL's (gather) to generate; with vLLM the plan's bucket for its weight
+    sync (`auto`), except under DoRA, whose magnitudes need the whole layer gathered (rlhf_cli/config/lora.py)."""
+    if Engine.from_values(draft.value).vllm and not draft.value("use_dora"):
+        return Setting("auto", VLLM_SYNC_DEFAULT)
+    return Setting(draft.fields["ds3_gather_for_generation"].default, "default")
+
+
 def completed_settings(draft: Draft, accelerate: dict[str, Any], cpu_only: bool) -> dict[str, Setting]:
     """The settings as they will run: the values rlhf chooses when the recipe does not (each with why)."""
     settings = dict(draft.settings)
     if "num_gpus" in settings:  # num_processes follows: the written recipe must agree with itself
         settings["num_processes"] = Setting(accelerate.get("num_processes"), "num_gpus x num_machines")
-    settings.setdefault("ds3_gather_for_generation",
-                        Setting(draft.fields["ds3_gather_for_generation"].default, "default"))
+    settings.setdefault("ds3_gather_for_generation", default_gather(draft))
     settings.setdefault("ddp_timeout", Setting(round(COLLECTIVE_TIMEOUT_FACTOR * draft.value("stall_timeout")),
                                                f"rlhf: {COLLECTIVE_TIMEOUT_FACTOR} x stall_timeout"))
     if cpu_only:  # DeepSpeed's CPU path: fp32 (TRL turns bf16 on by default) over gloo

@@ -36,8 +36,12 @@ class Engine:
     def from_values(value: Callable[[str], Any]) -> Engine:
         """From TRL's `use_vllm` and `vllm_mode` (TRL's colocate when unset); a mistyped mode is a choice field's
         error, found by resolution."""
-        if not value(USE_VLLM_KEY):
-            return Engine.hf
+        return Engine.vllm_of(value) if value(USE_VLLM_KEY) else Engine.hf
+
+    @staticmethod
+    def vllm_of(value: Callable[[str], Any]) -> Engine:
+        """The vLLM engine the run's keys name, whether or not it generates with vLLM (the plan's vLLM columns):
+        a server when `vllm_mode` says so, else TRL's colocate."""
         return Engine.server if value(VLLM_MODE_KEY) == "server" else Engine.colocate
 
     @property

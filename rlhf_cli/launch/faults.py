@@ -12,6 +12,7 @@ itself (full, unwritable). The rules, in order:
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 from dataclasses import dataclass
@@ -88,8 +89,28 @@ def _stacks(run_dir: RunDir, rank: int) -> str:
     return f"{run_dir.stack(rank)} (every rank's beside it)"
 
 
+# A frame of GRPO's tool loop in a stack faulthandler wrote: TRL's, or rlhf's around it (rank/agent_turns.py)
+TOOL_LOOP_FRAME = re.compile(r"line \d+ in _?tool_call_loop$", re.MULTILINE)
+
+
+def tool_loop_note(run_dir: RunDir) -> str:
+    """'; rank N was in GRPO's tool-calling loop ...' when a stalled rank's stack holds it, else ''."""
+    ranks = sorted(int(path.name.split("-")[1].split(".")[0]) for path in run_dir.ranks.glob("rank-*.stack.txt")
+                   if TOOL_LOOP_FRAME.search(path.read_text(errors="replace")))
+    if not ranks:
+        return ""
+    who = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+    return (f"; {who} stalled in GRPO's tool-calling loop (TRL's _tool_call_loop): a tool that never returns "
+            "stops every rank, so give slow tools a `tool_timeout`")
+
+
 def _watch_line(run_dir: RunDir, record: dict[str, Any]) -> str:
     """The line for the watch's verdicts (rlhf_cli.rank.watch): stalled, silent, gone."""
+    line = _verdict_line(run_dir, record)
+    return line if record["kind"] == "gone" else line + tool_loop_note(run_dir)
+
+
+def _verdict_line(run_dir: RunDir, record: dict[str, Any]) -> str:
     named, timeout = record["named"], record["stall_timeout"]
     who, seconds, first = _who(named), named[0]["seconds"], named[0]["rank"]
     if record["kind"] == "gone":

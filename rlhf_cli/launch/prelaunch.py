@@ -9,9 +9,10 @@ What it costs: one Python start and TRL's import, a few seconds (benchmarks/laun
 launcher spends while the launch supervisor imports torch and accelerate: the supervisor waits at a gate and starts no
 rank until the check has passed (rlhf_cli/launch/runner.py). On 2 cores it cannot hide there, so a check that
 passed is remembered (`passed_checks_dir`), keyed by a hash of what it read: the resolved values, the ranks'
-environment, the installed versions, rlhf's own code, and each reward file's bytes. A run started again
-unchanged skips it; a reward function from an installed module (whose code no hash here can follow) is checked
-every time. A pass remembered wrongly costs a rank's error at start, not a wrong run.
+environment, the installed versions, rlhf's own code, the bytes of each file of code it runs (rewards, tools,
+environments, the rollout function) and, with tools, of the policy's chat template; not where the run writes or
+which checkpoint it resumes. A run started again unchanged, elsewhere or resumed, skips it; code from an installed
+module (whose code no hash here can follow), or tools with a hub policy, are checked every time. A pass remembered wrongly costs a rank's error at start, not a wrong run.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ from rlhf_cli.output.run_dir import OUTPUT_MODE_ENV, PRELAUNCH_STEP_MARK, RUN_DI
 
 PRELAUNCH_MODULE = "rlhf_cli.rank.prelaunch"
 CACHE_ENV = "RLHF_CACHE"  # where rlhf remembers passed checks; default ~/.cache/rlhf
-WHERE_IT_WRITES = ("output_dir", "logging_dir", "run_name")
+# Where a run writes, and the checkpoint it resumes from (which the resolver checked): the trainer's config only
+# stores them, so a check that passed holds for a run started elsewhere or resumed.
+NOT_CHECKED = ("output_dir", "logging_dir", "run_name", "resume_from_checkpoint")
 TIMEOUT_SECONDS = 300  # TRL's import on a slow shared file system, with room; a reward module that hangs stops here
 
 
@@ -60,23 +63,54 @@ def _code_stamp() -> list[float | str]:
     return [installed_versions()["rlhf"] or "", max(path.stat().st_mtime for path in package.rglob("*.py"))]
 
 
-def check_key(payload: dict[str, Any], rank_env: dict[str, str]) -> str | None:
-    """A hash of everything the check reads, or None when that cannot be known: a reward function imported from
-    a module (its code, and what it imports, lie beyond a file's bytes) or a reward file that cannot be read."""
-    sources = {}
-    for spec in payload["values"].get("reward_funcs") or []:
-        target, sep, _ = str(spec).rpartition(":")
-        if not sep and "." not in str(spec):
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json", "processor_config.json")
+
+
+def _code_specs(values: dict[str, Any]) -> list[str]:
+    """Every `file.py:name` or `module:name` the run executes: reward functions, tools, environments, rollout."""
+    factory = values.get("environment_factory")
+    factories = list(factory.values()) if isinstance(factory, dict) else [factory] if factory else []
+    rollout = [values["rollout_func"]] if values.get("rollout_func") else []
+    return [str(spec) for spec in [*(values.get("reward_funcs") or []), *(values.get("tools") or []), *factories,
+                                   *rollout]]
+
+
+def _sources(values: dict[str, Any]) -> dict[str, str] | None:
+    """A hash of each file the check executes or reads beyond the values: the code files, with tools the policy's
+    chat template (its tokenizer files), and a local dataset's size and time; None when one lies beyond a file's bytes (a module, what it
+    imports, a hub model) or cannot be read."""
+    paths = []
+    for spec in _code_specs(values):
+        target, sep, _ = spec.rpartition(":")
+        if not sep and "." not in spec:
             continue  # one of TRL's own, fixed by TRL's version
         if not target.endswith(".py"):
             return None
-        try:
-            sources[str(spec)] = hashlib.sha256(Path(target).read_bytes()).hexdigest()
-        except OSError:
-            return None  # the check itself says why
-    # Where a run writes and how much it prints change nothing the check looks at: a run with the default
-    # output dir (runs/ALGO-TIME) is the same check as the last one.
-    values = {key: value for key, value in payload["values"].items() if key not in WHERE_IT_WRITES}
+        paths.append(Path(target))
+    if values.get("tools") or values.get("environment_factory"):
+        model = Path(str(values.get("model_name_or_path")))
+        if not model.is_dir():
+            return None
+        paths += [model / name for name in TEMPLATE_FILES if (model / name).is_file()]
+    dataset = Path(str(values.get("dataset_name")))
+    try:
+        sources = {str(path): hashlib.sha256(path.read_bytes()).hexdigest() for path in paths}
+        if dataset.is_file():  # its first rows give the reward's columns and reset's row; too large to hash
+            sources[str(dataset)] = f"{dataset.stat().st_size}:{dataset.stat().st_mtime_ns}"
+    except OSError:
+        return None  # the check itself says why
+    return sources
+
+
+def check_key(payload: dict[str, Any], rank_env: dict[str, str]) -> str | None:
+    """A hash of everything the check reads, or None when that cannot be known (rlhf_cli.launch.prelaunch's
+    `_sources`)."""
+    sources = _sources(payload["values"])
+    if sources is None:
+        return None
+    # Where a run writes, what it resumes and how much it prints change nothing the check looks at: a run with the
+    # default output dir (runs/ALGO-TIME), or resumed after a preemption, is the same check as the last one.
+    values = {key: value for key, value in payload["values"].items() if key not in NOT_CHECKED}
     env = {key: value for key, value in rank_env.items() if key not in (RUN_DIR_ENV, OUTPUT_MODE_ENV)}
     identity = {"payload": {**payload, "values": values}, "env": env, "versions": installed_versions(),
                 "code": _code_stamp(), "python": sys.executable, "sources": sources}

@@ -206,9 +206,11 @@ def _launch_held(run: ResolvedRun, verbosity: str, needs: PlanNeeds, overwrite: 
 def _record_the_end(run_dir: RunDir, result: Outcome) -> None:
     """How the run ended, in run.json beside every rank's record, and the run's files marked finished."""
     record = read_json(run_dir.run_record) or {}
+    processes = (record.get("layout") or {}).get("num_processes")
+    ranks = [read_json(path) for path in run_dir.rank_records()]  # a resume on fewer processes leaves the others'
     record.update(finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"), status=result.status,
                   exit_code=result.exit_code, wall_seconds=round(result.wall_seconds, 1),
-                  ranks=[read_json(path) for path in run_dir.rank_records()])
+                  ranks=[rank for rank in ranks if not (processes and rank and rank.get("rank", 0) >= processes)])
     try_write_json(run_dir.run_record, record)  # on a full disk the error line says it all
     try:
         record_end(run_dir)

@@ -1,10 +1,12 @@
-"""The memory plan: will a run fit on its GPUs, and with which gather and offload choices?
+"""The memory and time plan: will a run fit on its GPUs, how long will each step take, with which gather and
+offload choices?
 
 Modules: `model_sizes` (parameter counts from config.json), `memory` (the formulas, pure functions),
 `hardware` (GPU memory given, detected, or this machine's RAM), `vllm` (vLLM's share of a GPU and its weight
 sync, and its rows of a column), `vllm_search` (the first colocated vLLM configuration that fits), `workload`
 (lengths and batch sizes from the trainer's fields), `inputs` (what the arithmetic reads from a resolved run),
-`columns` (a plan's candidates, columns and JSON form), `estimate` (a resolved run -> its plan, and `gather: auto`).
+`columns` (a plan's candidates, columns and JSON form), `estimate` (a resolved run -> its plan, and `gather: auto`),
+`time`, `rates`, `vllm_time` (seconds per optimizer step by phase), `summary` (the fastest and smallest in words).
 Nothing here imports torch, transformers, deepspeed or accelerate.
 
 `rlhf plan ALGO ... --json` prints `Plan.as_dict()`:
@@ -24,7 +26,11 @@ Nothing here imports torch, transformers, deepspeed or accelerate.
   `lora` (adapters on the trained models, frozen base, no reference copy), `offload_optimizer`, `offload_params`,
   `components` (row name -> GPU bytes), `phases` (`static`, `generation`, `training`, `step`, `sync` -> the GPU bytes
   of their rows), `peak_gpu` (bytes: static rows + the largest of the generation, training, optimizer-step and sync
-  rows), `cpu_per_machine` (bytes of offloaded states), `fits`, `chosen` (the run's own).
+  rows), `cpu_per_machine` (bytes of offloaded states), `fits`, `chosen` (the run's own), `generation` (how it
+  generates, in words), `time` and `step_seconds` (seconds per optimizer step by phase: rlhf_cli/plan/time.py;
+  null without a known GPU).
+- `gpu` (the rates timed on and their source; null: none known), `fastest` and `smallest` (labels of the fitting
+  configurations with the fewest seconds per step and the least peak; null when none fits or none is timed).
 - `checkpoint_bytes`: one checkpoint on disk, every trained model's weights and optimizer states.
 - `reason`: one line on the chosen configuration; `suggestions`: what would fit when it does not;
   `notes`: caveats (an architecture counted approximately); `largest_generation_batch`: the most sequences one

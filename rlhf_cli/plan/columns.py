@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlhf_cli.generation.budget import Budget
+from rlhf_cli.generation.choice import Engine, Generation
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.hardware import Hardware
 from rlhf_cli.plan.memory import Component
@@ -20,21 +20,29 @@ from rlhf_cli.plan.workload import Workload
 
 @dataclass(frozen=True)
 class Candidate:
-    gather: bool
+    """One configuration the plan counts: how the run generates and syncs, where ZeRO-3 offloads, LoRA or not."""
+
+    generation: Generation  # the engine, and how much of the policy is gathered at once (to generate or to sync)
     offload_optimizer: str
     offload_params: str
-    budget: Budget | None = None  # without gathering: a gather budget of part of the policy
     lora: bool = False  # LoRA on the trained models: frozen base shards, adapters trained, no reference copy
-    vllm: VllmSettings | None = None  # vLLM generates; the gather choice sizes its weight sync's bucket
+    vllm: VllmSettings | None = None  # a vLLM engine's settings; set exactly when `generation.engine` is vLLM's
+
+    @property
+    def colocated(self) -> VllmSettings | None:
+        """vLLM's settings when it runs inside every training process (its memory is on the training GPUs)."""
+        return self.vllm if self.generation.engine == Engine.colocate else None
 
     @property
     def mode(self) -> str:
-        return "gather" if self.gather else f"budget {self.budget}" if self.budget else "no-gather"
+        """The gather choice as a column's header: gather, budget 0.5, no-gather."""
+        gather = self.generation.gather
+        return {"whole": "gather", "shards": "no-gather"}.get(gather.mode, str(gather))
 
     @property
     def engine(self) -> str:
         """hf (the policy's generate) or vllm."""
-        return "hf" if self.vllm is None else "vllm"
+        return self.generation.engine.name
 
     @property
     def label(self) -> str:
@@ -44,7 +52,7 @@ class Candidate:
         else:
             offload = ", ".join(f"{what}->{where}" for what, where in (("optimizer", optimizer), ("params", params))
                                 if where != "none")
-        engine = f"{self.vllm.label}, sync " if self.vllm else ""
+        engine = f"{self.vllm.label(self.generation.engine)}, sync " if self.vllm else ""
         return f"{'LoRA, ' if self.lora else ''}{engine}{self.mode}, {offload}"
 
     @property
@@ -66,6 +74,12 @@ class Role:
     adapter: Adapter | None = None
 
 
+def trained_checkpoint_bytes(roles: list[Role], lora: bool, element_bytes: int) -> int:
+    """Bytes of one checkpoint of every trained model (with LoRA, of its adapters)."""
+    return sum(memory.checkpoint_bytes(role.adapter.params if lora and role.adapter else role.size.params,
+                                       element_bytes) for role in roles if role.trained)
+
+
 @dataclass(frozen=True)
 class Column:
     candidate: Candidate
@@ -74,6 +88,11 @@ class Column:
     cpu_per_machine: int
     fits: bool
     chosen: bool
+    seconds: dict[str, float] | None = None  # per optimizer step by phase (rlhf_cli/plan/time.py); None: no GPU known
+
+    @property
+    def step_seconds(self) -> float | None:
+        return sum(self.seconds.values()) if self.seconds is not None else None
 
 
 @dataclass(frozen=True)
@@ -103,14 +122,24 @@ class Plan:
         if not self.known:
             return None
         assert self.work is not None
-        lora = self.chosen is not None and self.chosen.candidate.lora
-        return sum(memory.checkpoint_bytes(role.adapter.params if lora and role.adapter else role.size.params,
-                                           self.work.element_bytes) for role in self.roles if role.trained)
+        return trained_checkpoint_bytes(self.roles, self.chosen is not None and self.chosen.candidate.lora,
+                                        self.work.element_bytes)
 
-    def column(self, gather: bool, offload_optimizer: str, offload_params: str, lora: bool = False,
+    def column(self, generation: Generation, offload_optimizer: str, offload_params: str, lora: bool = False,
                vllm_settings: VllmSettings | None = None) -> Column | None:
-        wanted = Candidate(gather, offload_optimizer, offload_params, lora=lora, vllm=vllm_settings)
+        wanted = Candidate(generation, offload_optimizer, offload_params, lora=lora, vllm=vllm_settings)
         return next((column for column in self.columns if column.candidate == wanted), None)
+
+    @property
+    def fastest(self) -> Column | None:
+        """The fitting configuration with the fewest seconds per optimizer step; None: none fits or no GPU known."""
+        timed = [column for column in self.columns if column.fits and column.step_seconds is not None]
+        return min(timed, key=lambda column: column.step_seconds or 0.0, default=None)
+
+    @property
+    def smallest(self) -> Column | None:
+        """The fitting configuration with the least peak per GPU."""
+        return min((column for column in self.columns if column.fits), key=lambda column: column.peak, default=None)
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form; keys documented in rlhf_cli/plan/__init__.py."""
@@ -127,14 +156,21 @@ class Plan:
                        for role in self.roles},
             "workload": self.work.as_dict(),
             "configurations": [
-                {"label": c.candidate.label, "gather": c.candidate.gather,
-                 "gather_budget": str(c.candidate.budget) if c.candidate.budget else None, "lora": c.candidate.lora,
-                 "engine": c.candidate.engine, "vllm": c.candidate.vllm.as_dict() if c.candidate.vllm else None,
+                {"label": c.candidate.label, "gather": c.candidate.generation.gather.mode == "whole",
+                 "gather_budget": str(c.candidate.generation.gather.budget) if c.candidate.generation.gather.budget
+                 else None, "generation": c.candidate.generation.describe(), "lora": c.candidate.lora,
+                 "engine": c.candidate.engine,
+                 "vllm": c.candidate.vllm.as_dict(c.candidate.generation.engine) if c.candidate.vllm else None,
                  "offload_optimizer": c.candidate.offload_optimizer, "offload_params": c.candidate.offload_params,
                  "components": {part.name: part.gpu for part in c.components},
                  "phases": memory.phase_totals(c.components),
-                 "peak_gpu": c.peak, "cpu_per_machine": c.cpu_per_machine, "fits": c.fits, "chosen": c.chosen}
+                 "peak_gpu": c.peak, "cpu_per_machine": c.cpu_per_machine, "fits": c.fits, "chosen": c.chosen,
+                 "time": {phase: round(seconds, 6) for phase, seconds in c.seconds.items()} if c.seconds else None,
+                 "step_seconds": c.step_seconds}
                 for c in self.columns],
+            "gpu": self.hardware.gpu.as_dict() | {"source": self.hardware.gpu_source} if self.hardware.gpu else None,
+            "fastest": self.fastest.candidate.label if self.fastest else None,
+            "smallest": self.smallest.candidate.label if self.smallest else None,
             "checkpoint_bytes": self.checkpoint_bytes,
             "reason": self.reason, "suggestions": self.suggestions, "notes": self.notes,
             "largest_generation_batch": self.largest_generation_batch,

@@ -3,7 +3,8 @@
 Candidates: gather / no-gather x offload none / optimizer to CPU / optimizer and parameters to CPU, the same
 with LoRA (offload none / optimizer and parameters: the optimizer states are the adapters', so offloading them
 alone saves little), plus the run's own configuration when it is none of these (a gather budget, NVMe offload).
-`gather: auto` takes gather when it fits, else the largest gather budget that fits. Planning never raises for a
+`gather: auto` takes the fastest of gather, the gather budgets and no-gather that fits (rlhf_cli/plan/time.py),
+and every plan lists that configuration. Planning never raises for a
 model it cannot size: the plan is then `unknown` with the reason, and only `gather: auto` fails.
 """
 
@@ -16,12 +17,13 @@ from typing import Any
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.fields import catalogue
-from rlhf_cli.generation.choice import Engine, Gather, Generation
 from rlhf_cli.config.run import ResolvedRun
+from rlhf_cli.config.run_checks import VLLM_SYNC_DEFAULT
+from rlhf_cli.generation.choice import GATHER_KEY, USE_VLLM_KEY, Engine, Gather, Generation
 from rlhf_cli.errors import PlanError
 from rlhf_cli.generation.budget import Budget, ranked
-from rlhf_cli.plan import memory, vllm, vllm_search
-from rlhf_cli.plan.columns import Candidate, Column, Plan
+from rlhf_cli.plan import memory, time, vllm, vllm_search
+from rlhf_cli.plan.columns import Candidate, Column, Plan, trained_checkpoint_bytes
 from rlhf_cli.plan.inputs import Inputs, read_inputs
 from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, TRAINING, Component
 from rlhf_cli.plan.vllm import VllmSettings
@@ -89,42 +91,35 @@ def components(inputs: Inputs, candidate: Candidate) -> list[Component]:
         trained_params, largest_trained, size_bytes, hw.total_gpus, optimizer_offloaded)))
     # vLLM's rows: its copy of the policy is the policy with its adapters merged, synced a bucket at a time
     synced = policy.params + (inputs.roles[0].adapter.params if candidate.lora and inputs.roles[0].adapter else 0)
-    return rows + vllm.components(candidate.vllm, hw.gpu_memory, hw.gpus_per_machine, synced, size_bytes,
-                                  memory.phase_totals(rows)[TRAINING], _sync_bucket(inputs, candidate, synced))
-
-
-def _sync_bucket(inputs: Inputs, candidate: Candidate, params: int) -> int:
-    """Policy bytes gathered at once to refresh vLLM: all of it, a gather budget's, or its largest unit."""
-    size_bytes, policy = inputs.work.element_bytes, inputs.roles[0].size
-    if candidate.gather:
-        return params * size_bytes
-    largest_unit = max((unit.numel for unit in policy.units), default=policy.largest_layer)
-    if candidate.budget is None:
-        return largest_unit * size_bytes
-    return max(min(candidate.budget.numel(policy.params, size_bytes), params), largest_unit) * size_bytes
+    bucket = max(numel for numel, _ in inputs.sync_buckets(candidate.generation.gather, candidate.lora)) * size_bytes
+    return rows + vllm.components(candidate.vllm, candidate.generation.engine, hw.gpu_memory, hw.gpus_per_machine,
+                                  synced, size_bytes, memory.phase_totals(rows)[TRAINING], bucket)
 
 
 def _generation_weights(inputs: Inputs, candidate: Candidate, engine: int, largest: int) -> int:
     """The `gen weights` row: the whole policy gathered, a gather budget's units plus what ZeRO-3 keeps live of the
     rest, or only what ZeRO-3 keeps live."""
-    size_bytes, policy = inputs.work.element_bytes, inputs.roles[0].size
-    if candidate.budget is None:
-        return memory.generation_weights(engine, size_bytes, candidate.gather, inputs.max_live, largest)
-    return memory.gather_budget(policy.units, candidate.budget.numel(policy.params, size_bytes), engine, size_bytes,
+    size_bytes, policy, gather = inputs.work.element_bytes, inputs.roles[0].size, candidate.generation.gather
+    if gather.budget is None:
+        return memory.generation_weights(engine, size_bytes, gather == Gather.whole, inputs.max_live, largest)
+    return memory.gather_budget(policy.units, gather.budget.numel(policy.params, size_bytes), engine, size_bytes,
                                 inputs.max_live, largest)
 
 
 def _column(inputs: Inputs, candidate: Candidate, chosen: bool) -> Column:
     rows = components(inputs, candidate)
     peak = memory.peak(rows)
+    gpu = inputs.hardware.gpu
+    seconds = time.step_time(inputs, candidate, gpu, trained_checkpoint_bytes(
+        inputs.roles, candidate.lora, inputs.work.element_bytes)) if gpu else None
     return Column(candidate, rows, peak, sum(row.cpu for row in rows),
-                  memory.fits(peak, inputs.hardware.gpu_memory) and _vllm_starts(inputs, candidate), chosen)
+                  memory.fits(peak, inputs.hardware.gpu_memory) and _vllm_starts(inputs, candidate), chosen, seconds)
 
 
 def _vllm_starts(inputs: Inputs, candidate: Candidate) -> bool:
     """A colocated vLLM whose budget cannot hold its weights and one sequence of its model length fails to
     start, whatever else fits."""
-    settings = candidate.vllm
+    settings = candidate.colocated
     if settings is None:
         return True
     work, policy = inputs.work, inputs.roles[0].size
@@ -177,7 +172,8 @@ def suggestions(inputs: Inputs, columns: list[Column], candidate: Candidate) -> 
              if c.fits and c.candidate.lora == candidate.lora]
     lora = [c for c in same_engine if c.fits and c.candidate.lora]
     if not candidate.lora and not found and lora:  # offloading parameters is the slowest way to fit; then no-gather
-        best = min(lora, key=lambda c: (c.candidate.offload_params != "none", not c.candidate.gather))
+        best = min(lora, key=lambda c: (c.candidate.offload_params != "none",
+                                        c.candidate.generation.gather != Gather.whole))
         found.append(f"--lora fits ({gib(best.peak)}): {best.candidate.label}")
     per_machine = inputs.hardware.gpus_per_machine
     machines = _machines_needed(inputs, candidate)
@@ -192,38 +188,43 @@ def suggestions(inputs: Inputs, columns: list[Column], candidate: Candidate) -> 
     return found
 
 
-def _run_candidate(run: ResolvedRun, gather: bool) -> Candidate:
+def _run_candidate(run: ResolvedRun, gather: Gather) -> Candidate:
+    """The run's own offload, LoRA and engine, with `gather`."""
     deepspeed = run.accelerate.get("deepspeed_config") or {}
-    budget = None if gather else run.generation.gather.budget
-    return Candidate(gather, deepspeed.get("offload_optimizer_device") or "none",
-                     deepspeed.get("offload_param_device") or "none", budget, lora=bool(run.value("use_peft")),
-                     vllm=vllm.run_settings(run.value, run.generation.engine) if run.generation.engine.vllm
-                     else None)
+    engine = run.generation.engine
+    return Candidate(Generation(gather, engine), deepspeed.get("offload_optimizer_device") or "none",
+                     deepspeed.get("offload_param_device") or "none", lora=bool(run.value("use_peft")),
+                     vllm=vllm.run_settings(run.value) if engine.vllm else None)
 
 
-def _largest_budget(inputs: Inputs, gathered: Candidate) -> Candidate:
-    """`gather: auto`'s choice: gather when it fits, else the largest gather budget that fits (the policy's units
-    bought in order until one more does not fit), else no-gather."""
-    if _fits(inputs, gathered):
-        return gathered
-    policy = inputs.roles[0].size
-    sharded = replace(gathered, gather=False)
+def gather_choices(inputs: Inputs, candidate: Candidate) -> list[Candidate]:
+    """`candidate` gathering the whole policy, then each gather budget of its units bought in order (the largest
+    first; all units but the last: a budget of the whole policy is gathering), then none."""
+    policy, engine = inputs.roles[0].size, candidate.generation.engine
     bought = list(accumulate(policy.units[index].numel for index in ranked(policy.units)))[:-1]
-    for numel in reversed(bought):  # all units but the last: a budget of the whole policy is gathering
-        candidate = replace(sharded, budget=Budget(fraction=(numel + 0.5) / policy.params))
-        if _fits(inputs, candidate):
-            return candidate
-    return sharded
+    budgets = [Gather.of(Budget(fraction=(numel + 0.5) / policy.params)) for numel in reversed(bought)]
+    return [replace(candidate, generation=Generation(gather, engine))
+            for gather in (Gather.whole, *budgets, Gather.shards)]
+
+
+def fastest_fitting(inputs: Inputs, choices: list[Candidate]) -> Candidate | None:
+    """`gather: auto`'s choice: of `choices`, the fitting one with the fewest seconds per step; with no GPU to time
+    them on, the first that fits (the order of `gather_choices`: the most gathered)."""
+    fitting = [column for column in (_column(inputs, candidate, False) for candidate in choices) if column.fits]
+    timed = [column for column in fitting if column.step_seconds is not None]
+    if timed:
+        return min(timed, key=lambda column: column.step_seconds or 0.0).candidate
+    return fitting[0].candidate if fitting else None
 
 
 def _largest_generation_batch(inputs: Inputs, candidate: Candidate) -> int | None:
     """The most sequences one GPU can generate together with `candidate` (the KV cache grows with them); with
     vLLM, the sequences its KV cache holds per process; None: not even one (or, vLLM server: not planned)."""
-    if candidate.vllm is not None:
-        work, policy = inputs.work, inputs.roles[0].size
+    if candidate.generation.engine.vllm:
+        settings, work, policy = candidate.colocated, inputs.work, inputs.roles[0].size
         per_sequence = memory.kv_cache(policy, 1, work.prompt_length + work.completion_length, work.element_bytes)
-        return vllm.kv_sequences(candidate.vllm, inputs.hardware.gpu_memory, policy.params, work.element_bytes,
-                                 per_sequence) or None
+        return vllm.kv_sequences(settings, inputs.hardware.gpu_memory, policy.params, work.element_bytes,
+                                 per_sequence) or None if settings else None
 
     def fits_with(batch: int) -> bool:
         return _fits(replace(inputs, work=replace(inputs.work, generation_batch=batch)), candidate)
@@ -233,16 +234,9 @@ def _largest_generation_batch(inputs: Inputs, candidate: Candidate) -> int | Non
 
 def _describe(column: Column, gpu_memory: int) -> str:
     candidate = column.candidate
-    doing = "gathering" if candidate.gather else \
-        f"gathering {candidate.budget} of the policy, the rest from shards" if candidate.budget else \
-        "generating from shards"
-    if candidate.vllm is not None:
-        doing = "generating with vLLM, syncing " + ("the whole policy at once" if candidate.gather else
-                                                    f"{candidate.budget} of it at once" if candidate.budget else
-                                                    "one unit at a time")
     verdict = "fits" if column.fits else "does not fit"
-    return (f"{doing} ({candidate.label}) needs {gib(column.peak)} of {gib(gpu_memory)} per GPU: {verdict} "
-            f"with a {memory.MARGIN:.0%} margin")
+    return (f"{candidate.generation.describe()} ({candidate.label}) needs {gib(column.peak)} of {gib(gpu_memory)} "
+            f"per GPU: {verdict} with a {memory.MARGIN:.0%} margin")
 
 
 def plan_run(run: ResolvedRun) -> Plan:
@@ -250,17 +244,23 @@ def plan_run(run: ResolvedRun) -> Plan:
     inputs = read_inputs(run)
     if isinstance(inputs, str):
         return Plan(False, why_unknown=inputs)
-    gather = run.generation.gather
-    own = [_run_candidate(run, True), _run_candidate(run, False)] if gather == Gather.auto else \
-        [_run_candidate(run, gather == Gather.whole)]
-    settings = vllm.run_settings(run.value, run.generation.engine)
-    chosen = own[0] if len(own) == 1 else _auto_choice(inputs, own[0], settings if _vllm_open(run) else None)
-    candidates = [Candidate(g, optimizer, params) for g in (True, False) for optimizer, params in OFFLOADS]
-    candidates += [Candidate(g, optimizer, params, lora=True) for g in (True, False)
+    gather, engine = run.generation.gather, run.generation.engine
+    own = _run_candidate(run, Gather.whole if gather == Gather.auto else gather)
+    settings = vllm.run_settings(run.value)
+    best = _auto_choice(inputs, replace(own, generation=Generation(Gather.whole, engine)),
+                        settings if _vllm_open(run) else None, Engine.vllm_of(run.value))
+    chosen = best if gather == Gather.auto else own
+    vllm_engine = engine if engine.vllm else Engine.vllm_of(run.value)
+    hf, with_vllm = Generation(engine=Engine.hf), Generation(engine=vllm_engine)
+    whole_or_shards = (Gather.whole, Gather.shards)
+    candidates = [Candidate(replace(hf, gather=g), optimizer, params) for g in whole_or_shards
+                  for optimizer, params in OFFLOADS]
+    candidates += [Candidate(replace(hf, gather=g), optimizer, params, lora=True) for g in whole_or_shards
                    for optimizer, params in LORA_OFFLOADS]
-    candidates += [Candidate(g, optimizer, params, vllm=settings) for g in (True, False)
+    candidates += [Candidate(replace(with_vllm, gather=g), optimizer, params, vllm=settings) for g in whole_or_shards
                    for optimizer, params in OFFLOADS]
-    candidates += [c for c in dict.fromkeys((*own, chosen)) if c not in candidates]
+    sharded = [replace(own, generation=Generation(Gather.shards, engine))] if gather == Gather.auto else []
+    candidates += [c for c in dict.fromkeys((own, *sharded, chosen, best)) if c not in candidates]
     columns = [_column(inputs, candidate, candidate == chosen) for candidate in candidates]
     mine = next(column for column in columns if column.chosen)
     notes = [f"{role.name} ({role.path}): unknown architecture, counted as a llama-like decoder"
@@ -274,23 +274,25 @@ def plan_run(run: ResolvedRun) -> Plan:
                 largest_generation_batch=_largest_generation_batch(inputs, chosen),
                 vllm_findings=vllm_search.findings(lambda candidate: _column(inputs, candidate, False),
                                                    inputs.hardware, inputs.work, inputs.roles[0].size, settings,
-                                                   (own[0].offload_optimizer, own[0].offload_params)))
+                                                   vllm_engine, (own.offload_optimizer, own.offload_params)))
 
 
 def _vllm_open(run: ResolvedRun) -> bool:
-    """`gather: auto` may choose vLLM where no source set `use_vllm`, the algorithm's trainer has the key, and
+    """`gather: auto` may choose vLLM where no source chose the engine, the algorithm's trainer can use vLLM, and
     vLLM is installed here (a launch must not switch to an engine it cannot import)."""
-    return "use_vllm" in catalogue(run.algorithm) and "use_vllm" not in run.settings and vllm.installed()
+    return USE_VLLM_KEY in catalogue(run.algorithm) and USE_VLLM_KEY not in run.settings and vllm.installed()
 
 
-def _auto_choice(inputs: Inputs, gathered: Candidate, open_vllm: VllmSettings | None) -> Candidate:
-    """`gather: auto`: the largest gather (or, with vLLM, sync bucket) that fits; where the run left vLLM open,
-    the policy gathering to generate when that fits, else vLLM when it fits with some sync bucket."""
-    hf = _largest_budget(inputs, gathered)
-    if open_vllm is None or (hf.gather and _fits(inputs, hf)):
-        return hf
-    with_vllm = _largest_budget(inputs, replace(gathered, vllm=open_vllm))
-    return with_vllm if _fits(inputs, with_vllm) else hf
+def _auto_choice(inputs: Inputs, gathered: Candidate, open_vllm: VllmSettings | None, vllm_engine: Engine) -> Candidate:
+    """`gather: auto`: the fastest gather (or, with vLLM, sync bucket) that fits; where the run left vLLM open, vLLM
+    too. Without a GPU to time on: the policy gathering to generate when that fits, else vLLM with the largest
+    sync bucket that fits, else the largest gather budget that fits; no-gather when nothing fits."""
+    hf = gather_choices(inputs, gathered)
+    choices = [hf[0]]
+    if open_vllm is not None:
+        choices += gather_choices(inputs, replace(gathered, generation=Generation(engine=vllm_engine), vllm=open_vllm))
+    found = fastest_fitting(inputs, choices + hf[1:])
+    return found or hf[-1]
 
 
 def planned(run: ResolvedRun) -> tuple[ResolvedRun, Plan]:
@@ -300,35 +302,40 @@ def planned(run: ResolvedRun) -> tuple[ResolvedRun, Plan]:
 
 
 def settle_gather(run: ResolvedRun, plan: Plan) -> ResolvedRun:
-    """`gather: auto` becomes true or false: the plan's choice (gather when it fits with the margin, else the
-    largest gather budget that fits, else no-gather; with vLLM, of the weight sync; where the run left vLLM open
-    and it is installed, vLLM when gathering to generate does not fit and vLLM does), with the reason as the
-    value's source. Errors name the fix."""
+    """`gather: auto` becomes the plan's choice (the fastest gather, budget or no-gather that fits with the margin;
+    with vLLM, of the weight sync; where the run left vLLM open and it is installed, vLLM when that is faster), with
+    the reason as the value's source. A vLLM run given no gather choice (VLLM_SYNC_DEFAULT) syncs the whole policy
+    when there is no plan. Errors name the fix."""
     if run.generation.gather != Gather.auto:
         return run
+    engine = run.generation.engine
+    defaulted = run.settings[GATHER_KEY].source == VLLM_SYNC_DEFAULT
+    if not plan.known and defaulted:
+        return run.with_generation(Generation(Gather.whole, engine), f"default: no plan ({plan.why_unknown})",
+                                   f"vLLM's weight sync: the whole policy at once (no plan: {plan.why_unknown})")
     if not plan.known:
         raise PlanError(f"gather: auto needs a memory plan, and there is none: {plan.why_unknown}; "
                         "pass --gather or --no-gather, or make config.json available")
     assert plan.hardware is not None and plan.chosen is not None
-    offload, chosen = _run_candidate(run, True), plan.chosen.candidate
-    gathered, sharded = (plan.column(g, offload.offload_optimizer, offload.offload_params, offload.lora, offload.vllm)
-                         for g in (True, False))
+    own, chosen = _run_candidate(run, Gather.whole), plan.chosen.candidate
+    gathered, sharded = (plan.column(Generation(gather, engine), own.offload_optimizer, own.offload_params, own.lora,
+                                     own.vllm) for gather in (Gather.whole, Gather.shards))
     assert gathered is not None and sharded is not None
     memory_text = gib(plan.hardware.gpu_memory)
-    doing = "syncing vLLM the whole policy at once" if offload.vllm else "gathering"
+    doing = "syncing vLLM the whole policy at once" if own.vllm else "gathering"
     if not plan.chosen.fits:
         what = "; ".join(plan.suggestions)
         raise PlanError(f"gather: auto: neither fits: {doing} needs {gib(gathered.peak)} and "
-                        f"{'one unit at a time' if offload.vllm else 'generating from shards'} {gib(sharded.peak)} "
+                        f"{'one unit at a time' if own.vllm else 'generating from shards'} {gib(sharded.peak)} "
                         f"of {memory_text} per GPU ({memory.MARGIN:.0%} margin). {what}")
     why = f"{doing} needs {gib(gathered.peak)} of {memory_text}"
-    engine = run.generation.engine
-    if chosen.vllm is not None and offload.vllm is None:
-        why += f"; vLLM (installed, use_vllm left open) with {chosen.label} needs {gib(plan.chosen.peak)}"
-        engine = Engine.server if chosen.vllm.mode == vllm.SERVER else Engine.colocate
-    if chosen.budget is not None:
-        why += f"; gathering {chosen.budget} of the policy needs {gib(plan.chosen.peak)}"
-    gather = Gather.whole if chosen.gather else Gather.shards if chosen.budget is None else Gather.of(chosen.budget)
-    sync = "vLLM, sync " if engine.vllm else ""
-    return run.with_generation(Generation(gather, engine), f"rlhf plan: {why}",
-                               f"gather: auto -> {sync}{chosen.mode}; {why}")
+    if chosen.generation.engine != engine:
+        why += f"; vLLM (installed, the engine left open) with {chosen.label} needs {gib(plan.chosen.peak)}"
+    if chosen.generation.gather.budget is not None:
+        why += f"; gathering {chosen.generation.gather.budget} of the policy needs {gib(plan.chosen.peak)}"
+    if plan.chosen.step_seconds is not None:
+        why += f"; the fastest that fits: {plan.chosen.step_seconds:.3g} s per step"
+    sync = "vLLM, sync " if chosen.generation.engine.vllm else ""
+    given = " (no gather choice given with vLLM: the plan's)" if defaulted else ""
+    return run.with_generation(chosen.generation, f"rlhf plan{given}: {why}",
+                               f"gather: auto -> {sync}{chosen.mode}{given}; {why}")

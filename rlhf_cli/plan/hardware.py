@@ -6,7 +6,9 @@ No torch: `nvidia-smi` answers in a few milliseconds and needs no CUDA initialis
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+from rlhf_cli.machine.gpus import Gpu, HardwareError, detected, from_file, named, with_interconnect
 from rlhf_cli.machine.probe import available_ram, nvidia_gpu_memory
 from rlhf_cli.sizes import gib
 
@@ -19,6 +21,8 @@ class Hardware:
     gpus_per_machine: int
     machines: int
     source: str
+    gpu: Gpu | None = None  # its rates, for the time plan; None: no GPU known (pass --gpu)
+    gpu_source: str = ""
 
     @property
     def total_gpus(self) -> int:
@@ -38,3 +42,21 @@ def detect_hardware(gpu_memory: int | None, processes: int, machines: int) -> Ha
         return "no GPU found and no MemAvailable in /proc/meminfo; pass --gpu-memory"
     return Hardware(ram // per_machine, per_machine, machines,
                     f"no GPU here: this machine's available RAM ({gib(ram)}) shared by {per_machine} process(es)")
+
+
+def detect_gpu(name: str | None, hardware_file: str | None, interconnect: str | None) -> tuple[Gpu | None, str]:
+    """The GPU to time the run on: `--hardware FILE`, `--gpu NAME`, else nvidia-smi's; `--interconnect` on top.
+    Resolution has checked the names (rlhf_cli/config/run_checks.py), so only nvlink on a GPU without it fails
+    here, and then the GPU's own link stays."""
+    if hardware_file is not None:
+        gpu, source = from_file(Path(hardware_file)), f"--hardware {hardware_file}"
+    elif name is not None:
+        gpu, source = named(name), f"given: {name}"
+    else:
+        gpu, source = detected()
+    if gpu is not None and interconnect is not None:
+        try:
+            gpu, source = with_interconnect(gpu, interconnect), f"{source}, interconnect {interconnect}"
+        except HardwareError as error:
+            source = f"{source}; {error}"
+    return gpu, source

@@ -5,17 +5,20 @@ workload, the hardware and ZeRO-3's settings; or why it cannot be read (not ZeRO
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.accelerate import is_zero3
 from rlhf_cli.config.run import ResolvedRun
+from rlhf_cli.generation.choice import Gather
+from rlhf_cli.generation.budget import Unit
+from rlhf_cli.generation.sync_buckets import bucket_limit, buckets
 from rlhf_cli.models.architectures import peft_targets
 from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.columns import Role
-from rlhf_cli.plan.hardware import Hardware, detect_hardware
+from rlhf_cli.plan.hardware import Hardware, detect_gpu, detect_hardware
 from rlhf_cli.plan.model_sizes import LoraSettings, adapter_size, model_size
 from rlhf_cli.plan.workload import Workload, WorkloadUnknown, workload
 from rlhf_cli.sizes import SizeError, parse_size
@@ -36,6 +39,16 @@ class Inputs:
 
     def role(self, name: str) -> Role | None:
         return next((role for role in self.roles if role.name == name), None)
+
+    def sync_buckets(self, gather: Gather, lora: bool) -> list[tuple[int, int]]:
+        """(elements, modules) of each bucket one weight sync gathers (the ranks' packing of the policy's units
+        under the gather choice's limit); under LoRA each unit holds its adapters too, merged in its bucket."""
+        policy, adapter = self.roles[0].size, self.roles[0].adapter
+        synced = policy.params + (adapter.params if lora and adapter else 0)
+        units = policy.units or (Unit("policy", policy.params, policy.layers),)
+        numels = [unit.numel * synced // policy.params for unit in units]
+        packed = buckets(numels, bucket_limit(gather, policy.params, self.work.element_bytes))
+        return [(sum(numels[i] for i in bucket), sum(units[i].modules for i in bucket)) for bucket in packed]
 
 
 def lora_settings(value: Callable[[str], Any]) -> LoraSettings:
@@ -72,7 +85,11 @@ def _hardware(run: ResolvedRun) -> Hardware | str:
     given = run.value("gpu_memory")
     machines = int(run.accelerate.get("num_machines") or 1)
     processes = int(run.accelerate.get("num_processes") or 1)
-    return detect_hardware(parse_size(given) if given is not None else None, processes, machines)
+    hardware = detect_hardware(parse_size(given) if given is not None else None, processes, machines)
+    if isinstance(hardware, str):
+        return hardware
+    gpu, source = detect_gpu(run.value("gpu"), run.value("hardware_file"), run.value("interconnect"))
+    return replace(hardware, gpu=gpu, gpu_source=source)
 
 
 def read_inputs(run: ResolvedRun) -> Inputs | str:

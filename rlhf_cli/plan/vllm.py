@@ -1,6 +1,6 @@
 """vLLM's share of a training GPU, as pure functions of its settings (bytes), and the settings read from a run.
 
-Colocated (`vllm_mode: colocate`), vLLM runs inside every training process (TRL's `VLLMGeneration`,
+Colocated (`--vllm colocate`), vLLM runs inside every training process (TRL's `VLLMGeneration`,
 `distributed_executor_backend="external_launcher"`) and takes from each GPU:
 - its budget, `vllm_gpu_memory_utilization` x the GPU's total memory (vLLM's `requested_memory`: a share of
   the total, not of what is free, so what training holds is not subtracted), which holds its own copy of the
@@ -21,7 +21,7 @@ weights (TRL empties torch's cache before waking them: `sync_weights`). A sleepi
 to generate while torch's cache still holds the freed bucket (nothing empties it in between), so the bucket
 counts in generation too.
 
-In server mode (`vllm_mode: server`) vLLM runs on GPUs of its own: nothing of it is on the training GPUs,
+In server mode (`--vllm server`) vLLM runs on GPUs of its own: nothing of it is on the training GPUs,
 only the sync's gathered bucket (broadcast to the server).
 """
 
@@ -36,10 +36,9 @@ from rlhf_cli.plan.memory import GENERATION, GIB, STATIC, SYNC, Component
 
 SLEEP_RESIDUAL = 1 * GIB  # what vLLM keeps on a GPU while asleep: its CUDA graph pool and allocator state
 CUDA_GRAPHS = GIB // 2  # CUDA graphs captured outside the budget (vLLM logs 0.2-1 GiB for dense models)
-COLOCATE, SERVER = "colocate", "server"
 TRL_SLEEP_LEVEL = 2  # TRL 1.16 always sleeps at level 2 (`llm.sleep(level=2)` in vllm_generation.py)
 # TRL 1.16's defaults where a run's algorithm has no such key (PPO's config until it grows them)
-TRL_DEFAULTS: dict[str, Any] = {"vllm_mode": COLOCATE, "vllm_gpu_memory_utilization": 0.3,
+TRL_DEFAULTS: dict[str, Any] = {"vllm_gpu_memory_utilization": 0.3,
                                 "vllm_tensor_parallel_size": 1, "vllm_enable_sleep_mode": False,
                                 "vllm_enforce_eager": False, "vllm_sleep_level": TRL_SLEEP_LEVEL,
                                 "vllm_max_model_length": None}
@@ -47,9 +46,9 @@ TRL_DEFAULTS: dict[str, Any] = {"vllm_mode": COLOCATE, "vllm_gpu_memory_utilizat
 
 @dataclass(frozen=True)
 class VllmSettings:
-    """How vLLM generates for a run: the keys TRL reads, and sleep's level."""
+    """How a colocated vLLM runs (its share of each GPU, tensor parallelism, sleep): the keys TRL reads. Whether vLLM
+    is colocated or a server is the candidate's `Generation.engine`."""
 
-    mode: str = COLOCATE
     gpu_memory_utilization: float = 0.3
     tensor_parallel_size: int = 1
     sleep: bool = False
@@ -57,19 +56,17 @@ class VllmSettings:
     sleep_level: int = TRL_SLEEP_LEVEL
     max_model_length: int | None = None  # vllm_max_model_length; None: the model's max_position_embeddings
 
-    @property
-    def description(self) -> str:
+    def description(self, engine: Engine) -> str:
         """The settings in TRL's key names, for a table's title."""
-        if self.mode == SERVER:
-            return "vllm_mode server: vLLM on GPUs of its own"
-        return (f"vllm_mode colocate, vllm_gpu_memory_utilization {self.gpu_memory_utilization:g}, "
+        if engine == Engine.server:
+            return "--vllm server: vLLM on GPUs of its own"
+        return (f"--vllm colocate, vllm_gpu_memory_utilization {self.gpu_memory_utilization:g}, "
                 f"vllm_tensor_parallel_size {self.tensor_parallel_size}, "
                 f"{'sleeping while training' if self.sleep else 'awake while training'}"
                 f"{', enforce_eager' if self.enforce_eager else ''}")
 
-    @property
-    def label(self) -> str:
-        if self.mode == SERVER:
+    def label(self, engine: Engine) -> str:
+        if engine == Engine.server:
             return "vLLM server"
         parts = [f"vLLM {self.gpu_memory_utilization:g}", f"TP{self.tensor_parallel_size}"]
         if self.sleep:
@@ -78,8 +75,8 @@ class VllmSettings:
             parts.append("eager")
         return " ".join(parts)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "gpu_memory_utilization": self.gpu_memory_utilization,
+    def as_dict(self, engine: Engine) -> dict[str, Any]:
+        return {"mode": engine.mode, "gpu_memory_utilization": self.gpu_memory_utilization,
                 "tensor_parallel_size": self.tensor_parallel_size, "sleep": self.sleep,
                 "sleep_level": self.sleep_level, "enforce_eager": self.enforce_eager,
                 "max_model_length": self.max_model_length}
@@ -94,11 +91,9 @@ def read_setting(value: Callable[[str], Any], name: str) -> Any:
     return TRL_DEFAULTS[name] if found is None else found
 
 
-def run_settings(value: Callable[[str], Any], engine: Engine) -> VllmSettings:
-    """The run's vLLM settings, whether or not it uses vLLM (they size the vLLM columns): the engine's mode, or
-    the recipe's `vllm_mode` for a run that generates with `generate`."""
-    mode = engine.mode if engine.vllm else str(read_setting(value, "vllm_mode"))
-    return VllmSettings(str(mode), float(read_setting(value, "vllm_gpu_memory_utilization")),
+def run_settings(value: Callable[[str], Any]) -> VllmSettings:
+    """The run's vLLM settings, whether or not it uses vLLM (they size the vLLM columns)."""
+    return VllmSettings(float(read_setting(value, "vllm_gpu_memory_utilization")),
                         int(read_setting(value, "vllm_tensor_parallel_size")),
                         bool(read_setting(value, "vllm_enable_sleep_mode")),
                         bool(read_setting(value, "vllm_enforce_eager")),
@@ -107,28 +102,26 @@ def run_settings(value: Callable[[str], Any], engine: Engine) -> VllmSettings:
 
 def budget(settings: VllmSettings, gpu_memory: int) -> int:
     """vLLM's budget on one GPU: its share of the GPU's total memory (weights, profiling activations, KV cache)."""
-    return int(settings.gpu_memory_utilization * gpu_memory) if settings.mode == COLOCATE else 0
+    return int(settings.gpu_memory_utilization * gpu_memory)
 
 
 def weights(settings: VllmSettings, params: int, element_bytes: int) -> int:
     """vLLM's copy of the policy on one GPU: its tensor-parallel shard."""
-    return -(-params * element_bytes // settings.tensor_parallel_size) if settings.mode == COLOCATE else 0
+    return -(-params * element_bytes // settings.tensor_parallel_size)
 
 
 def cuda_graphs(settings: VllmSettings) -> int:
-    return 0 if settings.mode != COLOCATE or settings.enforce_eager else CUDA_GRAPHS
+    return 0 if settings.enforce_eager else CUDA_GRAPHS
 
 
 def resident(settings: VllmSettings, gpu_memory: int) -> int:
     """What vLLM holds on a GPU while the policy trains: all of it, or asleep its residual."""
-    if settings.mode != COLOCATE:
-        return 0
     return SLEEP_RESIDUAL if settings.sleep else budget(settings, gpu_memory) + cuda_graphs(settings)
 
 
 def awake(settings: VllmSettings, gpu_memory: int) -> int:
     """What waking vLLM to generate adds to what it holds while the policy trains."""
-    if settings.mode != COLOCATE or not settings.sleep:
+    if not settings.sleep:
         return 0
     return max(0, budget(settings, gpu_memory) + cuda_graphs(settings) - SLEEP_RESIDUAL)
 
@@ -140,7 +133,7 @@ def woken_weights(settings: VllmSettings, params: int, element_bytes: int) -> in
 
 def host_weights(settings: VllmSettings, params: int, element_bytes: int, gpus_per_machine: int) -> int:
     """CPU memory per machine for sleep level 1's weights (level 2 discards them)."""
-    if settings.mode != COLOCATE or not settings.sleep or settings.sleep_level != 1:
+    if not settings.sleep or settings.sleep_level != 1:
         return 0
     return weights(settings, params, element_bytes) * gpus_per_machine
 
@@ -154,8 +147,6 @@ def kv_sequences(settings: VllmSettings, gpu_memory: int, params: int, element_b
                  kv_per_sequence: int) -> int:
     """Sequences of the run's length a colocated vLLM's KV cache holds per process: a tensor-parallel group of T
     processes shares one engine whose cache is T GPUs' room, so T x room / sequence for T processes."""
-    if settings.mode != COLOCATE:
-        return 0
     room = kv_room(settings, gpu_memory, params, element_bytes) - PROFILE_ALLOWANCE
     return max(0, room) // kv_per_sequence
 
@@ -168,8 +159,6 @@ def model_length(settings: VllmSettings, max_positions: int | None, sequence: in
 def starts(settings: VllmSettings, gpu_memory: int, params: int, element_bytes: int, longest_kv: int) -> bool:
     """vLLM starts when its budget holds its weights, its profiling run and the KV cache of one sequence of its
     model length (`longest_kv`, over the whole tensor-parallel group: each GPU holds its share)."""
-    if settings.mode != COLOCATE:
-        return True
     room = kv_room(settings, gpu_memory, params, element_bytes)
     return room > 0 and room - PROFILE_ALLOWANCE >= -(-longest_kv // settings.tensor_parallel_size)
 
@@ -181,14 +170,16 @@ ROWS = (("vLLM", STATIC), ("vLLM awake", GENERATION), ("gen: sync bucket cached"
         ("sync bucket", SYNC), ("sync: vLLM weights", SYNC), ("sync: train reserve", SYNC))
 
 
-def components(settings: VllmSettings | None, gpu_memory: int, gpus_per_machine: int, params: int,
+def components(settings: VllmSettings | None, engine: Engine, gpu_memory: int, gpus_per_machine: int, params: int,
                element_bytes: int, training: int, bucket: int) -> list[Component]:
-    """The ROWS of one column (all 0 without vLLM): `training` is the GPU bytes of its training phase, `bucket`
-    the policy bytes one sync gathers."""
-    if settings is None:
+    """The ROWS of one column (all 0 without vLLM; a server holds nothing on the training GPUs but the sync's
+    bucket): `training` is the GPU bytes of its training phase, `bucket` the policy bytes one sync gathers."""
+    if settings is None or not engine.vllm:
         return [Component(name, phase, 0) for name, phase in ROWS]
-    gpu = (resident(settings, gpu_memory), awake(settings, gpu_memory),
-           bucket if settings.sleep and settings.mode == COLOCATE else 0, bucket,
+    if engine == Engine.server:
+        return [Component(name, phase, {"sync bucket": bucket, "sync: train reserve": training}.get(name, 0))
+                for name, phase in ROWS]
+    gpu = (resident(settings, gpu_memory), awake(settings, gpu_memory), bucket if settings.sleep else 0, bucket,
            woken_weights(settings, params, element_bytes), 0 if settings.sleep else training)
     cpu = (host_weights(settings, params, element_bytes, gpus_per_machine), 0, 0, 0, 0, 0)
     return [Component(name, phase, on_gpu, on_cpu) for (name, phase), on_gpu, on_cpu in zip(ROWS, gpu, cpu,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
+from rlhf_cli.generation.choice import Engine, Gather, Generation
 from rlhf_cli.plan import memory, vllm
 from rlhf_cli.plan.columns import Candidate, Column
 from rlhf_cli.plan.hardware import Hardware
@@ -21,7 +22,7 @@ Evaluate = Callable[[Candidate], Column]
 
 
 def findings(evaluate: Evaluate, hw: Hardware, work: Workload, policy: ModelSize, settings: VllmSettings,
-             own_offload: tuple[str, str] = ("none", "none")) -> list[str]:
+             engine: Engine = Engine.colocate, own_offload: tuple[str, str] = ("none", "none")) -> list[str]:
     """What colocated vLLM means for this run (its own copy of the policy beside training), what the run's own
     vLLM settings leave, and the first colocated configuration that fits, or why none does."""
     size_bytes = work.element_bytes
@@ -30,8 +31,8 @@ def findings(evaluate: Evaluate, hw: Hardware, work: Workload, policy: ModelSize
              "vllm_tensor_parallel_size, for the whole run unless it sleeps: without tensor parallelism or sleep "
              f"that is as much as gathering holds ({gib(whole)}), so it makes generation faster, not smaller; "
              "with tensor parallelism across the GPUs and vllm_enable_sleep_mode it can do both"]
-    if settings.mode == vllm.SERVER:
-        found.append("vllm_mode server: vLLM runs on GPUs of its own, not counted here; the training GPUs hold "
+    if engine == Engine.server:
+        found.append("--vllm server: vLLM runs on GPUs of its own, not counted here; the training GPUs hold "
                      "only the sync's gathered bucket")
     elif vllm.kv_room(settings, hw.gpu_memory, policy.params, size_bytes) <= 0:
         found.append(f"vllm_gpu_memory_utilization {settings.gpu_memory_utilization:g} gives vLLM "
@@ -67,7 +68,7 @@ def search(evaluate: Evaluate, hw: Hardware, work: Workload, policy: ModelSize, 
     if fit is None:
         best = min(columns, key=lambda c: c.peak)
         return (f"no colocated vLLM configuration fits: the least, {best.candidate.label}, needs {gib(best.peak)} "
-                f"of {gib(hw.gpu_memory)} per GPU; vllm_mode server (vLLM on GPUs of its own) or --lora may")
+                f"of {gib(hw.gpu_memory)} per GPU; --vllm server (vLLM on GPUs of its own) or --lora may")
     found = _fit(fit, hw.gpu_memory)
     if own is not None and not own.fits and OFFLOADS.index(own_offload) < OFFLOADS.index(
             (fit.candidate.offload_optimizer, fit.candidate.offload_params)):
@@ -92,15 +93,16 @@ def _tried(evaluate: Evaluate, hw: Hardware, work: Workload, policy: ModelSize,
                 if utilization is None:
                     continue
                 settings = replace(shape, gpu_memory_utilization=utilization, sleep=sleep)
-                for gather in (True, False):
-                    yield evaluate(Candidate(gather, optimizer, params, vllm=settings))
+                for gather in (Gather.whole, Gather.shards):
+                    yield evaluate(Candidate(Generation(gather, Engine.colocate), optimizer, params, vllm=settings))
 
 
 def _fit(column: Column, gpu_memory: int) -> str:
     candidate = column.candidate
     settings = candidate.vllm
     assert settings is not None
-    sync = "--gather (the whole policy at once)" if candidate.gather else "--no-gather (one unit at a time)"
+    sync = "--gather (the whole policy at once)" if candidate.generation.gather == Gather.whole else \
+        "--no-gather (one unit at a time)"
     return (f"vLLM fits colocated with vllm_tensor_parallel_size {settings.tensor_parallel_size}, "
             f"vllm_gpu_memory_utilization {settings.gpu_memory_utilization:g}"
             f"{', vllm_enable_sleep_mode' if settings.sleep else ''}, sync {sync}, offload "

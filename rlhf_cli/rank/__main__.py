@@ -53,6 +53,7 @@ def main(argv: list[str]) -> int:
         from rlhf_cli.algorithms import algorithm
         from rlhf_cli.algorithms.spec import load_object
         from rlhf_cli.rank.record import write_rank_record
+        from rlhf_cli.rank.reshard import loadable_checkpoint
         from rlhf_cli.rank.zero3 import install_generation_context
 
         generation = inputs.generation()
@@ -65,9 +66,10 @@ def main(argv: list[str]) -> int:
         terminal.PHASES.show("building the DeepSpeed engine")  # in train(), until its first callback
         stopper = CheckpointAndStop(stop, trainer.accelerator)
         trainer.add_callback(stopper)
-        trainer.add_callback(CompleteCheckpoints(trainer.accelerator))
+        trainer.add_callback(CompleteCheckpoints(trainer.accelerator, name))
         trainer.add_callback(MovesAndPhases())  # last: it sees the saves the callbacks above ask for
-        trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)
+        resume = trainer.args.resume_from_checkpoint
+        trainer.train(resume_from_checkpoint=loadable_checkpoint(trainer, resume) if resume else None)
         write_rank_record(trainer)
         exit_code = finish(trainer, inputs, name, stopper.stopped_at, stop.signal_name, started)
     watch.finish()
@@ -82,6 +84,7 @@ def finish(trainer: Any, inputs: RankInputs, name: str, stopped_at: int | None, 
     from rlhf_cli.rank.lifecycle import write_preempted
     from rlhf_cli.rank.lora import save_merged_model
     from rlhf_cli.rank.record import write_summary
+    from rlhf_cli.rank.reshard import remove_resharded
 
     output_dir = Path(trainer.args.output_dir)
     if stopped_at is not None:
@@ -94,6 +97,8 @@ def finish(trainer: Any, inputs: RankInputs, name: str, stopped_at: int | None, 
         status, exit_code = "finished", 0
     write_summary(trainer, name, status, time.monotonic() - started)
     trainer.accelerator.wait_for_everyone()
+    if trainer.accelerator.is_main_process:
+        remove_resharded(output_dir)
     # Destroys the process group while the interpreter is whole: left to interpreter teardown, gloo's
     # worker threads abort a finished rank now and then ("terminate called without an active exception").
     trainer.accelerator.end_training()

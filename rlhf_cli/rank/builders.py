@@ -33,6 +33,7 @@ def _install_vllm(config: Any, inputs: RankInputs) -> None:
     import json
     from pathlib import Path
 
+    from rlhf_cli.rank.vllm.self_check import SyncCheck
     from rlhf_cli.rank.vllm.sync import install_vllm, training_dtype
 
     config_file = Path(str(inputs.model_value("model_name_or_path")), "config.json")
@@ -40,7 +41,8 @@ def _install_vllm(config: Any, inputs: RankInputs) -> None:
     dtype = training_dtype(config.bf16, config.fp16, config.model_init_kwargs.get("dtype"),
                            saved.get("dtype") or saved.get("torch_dtype"))
     gather = inputs.generation().gather
-    install_vllm(gather=gather == Gather.whole, budget=gather.budget, dtype=dtype)
+    install_vllm(gather=gather == Gather.whole, budget=gather.budget, dtype=dtype, seed=config.seed,
+                 check=SyncCheck(inputs.launch_value("vllm_sync_check_steps")))
 
 
 def _note_causal_lm_reward(inputs: RankInputs) -> None:
@@ -63,9 +65,14 @@ def build_trl_generating(inputs: RankInputs) -> Any:
     _note_causal_lm_reward(inputs)
     train, evaluation = load_prompts(inputs)
     trainer_class = load_object(entry.trainer_class)
-    return trainer_class(model=inputs.model_value("model_name_or_path"), reward_funcs=reward_funcs(inputs),
-                         args=config, train_dataset=train, eval_dataset=evaluation, peft_config=peft_config(inputs),
-                         **agent_arguments(inputs))
+    trainer = trainer_class(model=inputs.model_value("model_name_or_path"), reward_funcs=reward_funcs(inputs),
+                            args=config, train_dataset=train, eval_dataset=evaluation,
+                            peft_config=peft_config(inputs), **agent_arguments(inputs))
+    if entry.takes_tools:
+        from rlhf_cli.rank.agent_turns import take_turns_together
+
+        take_turns_together(trainer)
+    return trainer
 
 
 def build_online_dpo(inputs: RankInputs) -> Any:
@@ -151,4 +158,5 @@ def build_ppo(inputs: RankInputs) -> Any:
     return PPOTrainer(args=config, processing_class=tokenizer, policy=policy, ref_policy=reference,
                       value_model=value, reward_model=reward, reward_funcs=reward_functions(inputs),
                       train_dataset=_tokenize_prompts(train, tokenizer),
-                      generation=inputs.generation())
+                      generation=inputs.generation(),
+                      vllm_sync_check_steps=inputs.launch_value("vllm_sync_check_steps"))

@@ -93,10 +93,13 @@ class RankInputs:
 
 def load_prompts(inputs: RankInputs):
     """The train split (and test split when evaluating), with the prompt column named `prompt`: from
-    `dataset_name`, or from TRL's mixture of `datasets` as `trl ALGO --config` loads it."""
+    `dataset_name`, or from TRL's mixture of `datasets` as `trl ALGO --config` loads it. Neither: no split (GRPO's
+    environment owns the data)."""
     from datasets import load_dataset
 
     name = inputs.script_value("dataset_name")
+    if name is None and not inputs.script_value("datasets"):
+        return None, None
     train_split = inputs.script_value("dataset_train_split")
     if inputs.script_value("datasets"):
         from trl import DatasetMixtureConfig, get_dataset
@@ -129,16 +132,37 @@ def load_reward_function(algorithm_name: str, spec: str) -> Any:
     return load_code(spec)
 
 
+USER_MODULE_PREFIX = "rlhf_recipe_code_"  # no installed module starts with it: a user's json.py stays theirs
+
+
+def user_module_name(path: Path) -> str:
+    """The module name a recipe's file.py is imported under: one per file (its resolved path), never a name that
+    another module answers to (a tool file named json.py must not replace the standard json)."""
+    import hashlib
+
+    resolved = path.resolve()
+    stem = "".join(char if char.isalnum() else "_" for char in resolved.stem)
+    return f"{USER_MODULE_PREFIX}{stem}_{hashlib.sha256(str(resolved).encode()).hexdigest()[:12]}"
+
+
 def load_code(spec: str) -> Any:
-    """What `module:name` or `path/to/file.py:name` names (a function, a class). Importing runs the module's code."""
+    """What `module:name` or `path/to/file.py:name` names (a function, a class). A file is imported once per
+    process, so that a tool and a reward from one file share its state. Importing runs the module's code."""
     target, sep, function = spec.rpartition(":")
     if not sep:
         target, _, function = spec.rpartition(".")
     if target.endswith(".py"):
-        module_spec = importlib.util.spec_from_file_location(Path(target).stem, target)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_spec.name] = module
-        module_spec.loader.exec_module(module)
+        name = user_module_name(Path(target))
+        module = sys.modules.get(name)
+        if module is None:
+            module_spec = importlib.util.spec_from_file_location(name, target)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[name] = module
+            try:
+                module_spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]  # a module that failed to import is not kept half-built
+                raise
     else:
         module = importlib.import_module(target)
     return getattr(module, function)
@@ -156,17 +180,22 @@ def reward_funcs(inputs: RankInputs) -> list[Any]:
 
 
 def agent_arguments(inputs: RankInputs) -> dict[str, Any]:
-    """GRPOTrainer's `tools`, `environment_factory` and `rollout_func` as the recipe names them, imported; only
-    those it sets, so that other trainers' builders and recipes without tools pass nothing new."""
+    """GRPOTrainer's `tools`, `environment_factory` and `rollout_func` as the recipe names them, imported, each
+    tool call limited to `tool_timeout`; only those it sets, so that other trainers' builders and recipes without
+    tools pass nothing new."""
+    from rlhf_cli.rank.agent_tools import timed_environment, timed_tool
+
     if not algorithm(inputs.algorithm).takes_tools:
         return {}
+    seconds = inputs.script_value("tool_timeout")
     arguments: dict[str, Any] = {}
     if inputs.script_value("tools"):
-        arguments["tools"] = [load_code(spec) for spec in inputs.script_value("tools")]
+        arguments["tools"] = [timed_tool(load_code(spec), seconds) for spec in inputs.script_value("tools")]
     factory = inputs.script_value("environment_factory")
     if factory:
-        arguments["environment_factory"] = {name: load_code(spec) for name, spec in factory.items()} \
-            if isinstance(factory, dict) else load_code(factory)
+        arguments["environment_factory"] = \
+            {name: timed_environment(load_code(spec), seconds) for name, spec in factory.items()} \
+            if isinstance(factory, dict) else timed_environment(load_code(factory), seconds)
     if inputs.script_value("rollout_func"):
         arguments["rollout_func"] = load_code(inputs.script_value("rollout_func"))
     return arguments

@@ -24,7 +24,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from rlhf_cli.output.checkpoints import write_manifest
+from rlhf_cli.output.checkpoints import SavedBy, write_manifest
 from rlhf_cli.rank import terminal
 from rlhf_cli.rank.watch import PROGRESS, SAVING, TRAINING, exit_now, global_rank, lost_a_rank, stop_for_another_rank
 from rlhf_cli.output.files import claim, marker_says, try_write_json, unwritable
@@ -78,15 +78,19 @@ class CheckpointAndStop(TrainerCallback):
 
 
 class CompleteCheckpoints(TrainerCallback):
-    """Once every rank has written a checkpoint, rank 0 adds the manifest that marks it whole."""
+    """Once every rank has written a checkpoint, rank 0 adds the manifest that marks it whole, with what resuming
+    it needs to know: the algorithm, and the processes and batch layout that saved it."""
 
-    def __init__(self, accelerator: Any) -> None:
+    def __init__(self, accelerator: Any, algorithm: str) -> None:
         self.accelerator = accelerator
+        self.algorithm = algorithm.replace("-", "_")
 
     def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> Any:
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
-            write_manifest(RunDir(Path(args.output_dir)).checkpoint(state.global_step))
+            saved_by = SavedBy(self.algorithm, self.accelerator.num_processes, args.per_device_train_batch_size,
+                               args.gradient_accumulation_steps)
+            write_manifest(RunDir(Path(args.output_dir)).checkpoint(state.global_step), saved_by)
         self.accelerator.wait_for_everyone()
         return control
 

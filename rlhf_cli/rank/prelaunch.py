@@ -14,10 +14,13 @@ limit) and TRL with torch (which the CLI never imports). The config is built det
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
 import os
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rlhf_cli.algorithms import algorithm
@@ -27,13 +30,70 @@ from rlhf_cli.rank.inputs import RankInputs, load_reward_function
 from rlhf_cli.output.run_dir import PRELAUNCH_STEP_MARK
 
 
+# TRL's reward functions that import a package only when first called (`trl.rewards.accuracy_rewards`)
+TRL_REWARD_PACKAGES = {"accuracy_reward": "math_verify", "reasoning_accuracy_reward": "math_verify"}
+
+
 def _step(text: str) -> None:
     print(f"{PRELAUNCH_STEP_MARK}{text}", file=sys.stderr, flush=True)
 
 
+def dataset_columns(inputs: RankInputs) -> tuple[str, ...] | None:
+    """The columns TRL passes each reward function besides its own arguments: the dataset's, less the prompt
+    (and `completion`, `completion_ids`, which TRL leaves out); None when they cannot be known here (a hub
+    dataset, a mixture). An environment that owns its data has none."""
+    from rlhf_cli.config.data_files import DataFileError, first_rows
+
+    name = inputs.script_value("dataset_name")
+    if name is None and not inputs.script_value("datasets"):
+        return ()
+    if not isinstance(name, str) or not Path(name).is_file():
+        return None
+    try:
+        columns, _ = first_rows(Path(name))
+    except (DataFileError, KeyError):
+        return None  # the resolver said what is wrong with the file; an unknown suffix is `datasets`' to read
+    if not columns:
+        return None  # a first row too long to read here
+    prompt = inputs.script_value("dataset_prompt_column")
+    return tuple(c for c in columns if c not in (prompt, "prompt", "completion", "completion_ids"))
+
+
+def reward_keywords(inputs: RankInputs) -> tuple[tuple[str, ...], bool]:
+    """(the keyword arguments GRPOTrainer's `_calculate_rewards` passes every reward function, whether the
+    dataset's columns among them are all known): TRL's own, the dataset's columns, and `environments` when the
+    recipe has an environment_factory."""
+    keywords = algorithm(inputs.algorithm).reward_keywords
+    if algorithm(inputs.algorithm).takes_tools and inputs.script_value("environment_factory"):
+        keywords += ("environments",)
+    columns = dataset_columns(inputs)
+    return keywords + tuple(column for column in columns or () if column not in keywords), columns is not None
+
+
+def binding_problem(function: Callable, keywords: tuple[str, ...], columns_known: bool) -> str | None:
+    """Why `function` cannot be called with `keywords`, as TRL calls it; None when it can, or when its
+    signature cannot be read (a builtin). With the dataset's columns unknown, an argument TRL does not pass
+    itself may be one of them."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(**dict.fromkeys(keywords))
+        return None
+    except TypeError as error:
+        if columns_known:
+            return str(error)
+    try:
+        signature.bind_partial(**dict.fromkeys(keywords))
+        return None
+    except TypeError as error:
+        return str(error)
+
+
 def reward_function_problems(inputs: RankInputs) -> list[str]:
     """Each reward function imports, is callable, and takes the keyword arguments the trainer passes."""
-    keywords = algorithm(inputs.algorithm).reward_keywords
+    keywords, columns_known = reward_keywords(inputs)
     problems = []
     for spec in inputs.script_value("reward_funcs") or []:
         _step(f"importing reward function {spec}")
@@ -45,15 +105,13 @@ def reward_function_problems(inputs: RankInputs) -> list[str]:
         if not callable(function):
             problems.append(f"`reward_funcs`: {spec} is a {type(function).__name__}, not a function")
             continue
-        try:
-            signature = inspect.signature(function)
-        except (TypeError, ValueError):
-            continue  # a builtin or C function: its arguments cannot be known before it is called
-        try:
-            signature.bind(**dict.fromkeys(keywords))
-        except TypeError as error:
+        if (problem := binding_problem(function, keywords, columns_known)) is not None:
             problems.append(f"`reward_funcs`: {spec} cannot take the arguments the trainer passes "
-                            f"({', '.join(keywords)}): {error}; give it those it uses and **kwargs")
+                            f"({', '.join(keywords)}): {problem}; give it those it uses and **kwargs")
+        elif (package := TRL_REWARD_PACKAGES.get(getattr(function, "__name__", ""))) and \
+                getattr(function, "__module__", "").startswith("trl.") and importlib.util.find_spec(package) is None:
+            problems.append(f"`reward_funcs`: {spec} needs the `{package}` package, which is not installed: "
+                            f"pip install {package.replace('_', '-')}")
     return problems
 
 

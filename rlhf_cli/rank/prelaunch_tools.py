@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rlhf_cli.algorithms import algorithm
@@ -55,25 +56,61 @@ def _tool_problems(specs: list[str]) -> list[str]:
     return problems
 
 
-def _environment_problems(label: str, spec: str) -> list[str]:
-    """The class builds with no arguments, has `reset`, and each public method is a valid tool."""
+def _environment_problems(label: str, spec: str, row: dict[str, Any]) -> tuple[list[str], bool]:
+    """(problems, whether it owns a reward): the class builds with no arguments, has `reset`, which takes `row`
+    (the keyword arguments GRPOTrainer passes it) and returns, and each public method is a valid tool."""
     problems: list[str] = []
     factory = _loaded(label, spec, problems)
     if factory is None:
-        return problems
+        return problems, False
     try:
         instance = factory()
     except Exception as error:  # noqa: BLE001 - the user's constructor
         return [f"{label}: {spec}: building one failed ({one_line(error)}); GRPOTrainer builds it with no "
-                "arguments, once per rollout"]
+                "arguments, once per rollout"], False
     methods = dict(inspect.getmembers(type(instance), predicate=inspect.isfunction))
     if "reset" not in methods:
         problems.append(f"{label}: {spec} has no `reset` method; GRPOTrainer calls reset(**row) before each rollout")
+    elif problem := _reset_problem(instance.reset, row):
+        problems.append(f"{label}: {spec}: {problem}")
     for name in sorted(methods):
         if name in ("reset", "get_reward") or name.startswith("_"):
             continue
         if problem := schema_problem(getattr(instance, name)):
             problems.append(f"{label}: {spec}: method `{name}` is a tool, and {problem} (or make it _private)")
+    return problems, "get_reward" in methods
+
+
+def _reset_problem(reset: Callable, row: dict[str, Any]) -> str | None:
+    """Why GRPOTrainer's `reset(**row)` would fail: it cannot take the row's columns, or it raises on one."""
+    shown = ", ".join(row)
+    try:
+        inspect.signature(reset).bind(**row)
+    except TypeError as error:
+        return (f"reset cannot take the dataset row GRPOTrainer passes it as keywords ({shown}): {error}; write "
+                "reset(self, **kwargs)")
+    except ValueError:
+        pass  # no readable signature: calling it says
+    try:
+        reset(**row)
+    except Exception as error:  # noqa: BLE001 - the user's code
+        return f"reset(**row) raised {one_line(error)} on the dataset's first row ({shown}); fix reset"
+    return None
+
+
+def _rollout_problems(spec: str) -> list[str]:
+    """The rollout function imports and takes what GRPOTrainer passes it: rollout_func(prompts, trainer)."""
+    problems: list[str] = []
+    function = _loaded("`rollout_func`", spec, problems)
+    if function is None:
+        return problems
+    try:
+        inspect.signature(function).bind(None, None)
+    except TypeError as error:
+        problems.append(f"`rollout_func`: {spec} cannot be called as GRPOTrainer calls it, rollout_func(prompts, "
+                        f"trainer): {error}; give it both arguments")
+    except ValueError:
+        pass
     return problems
 
 
@@ -106,7 +143,8 @@ def template_problems(processing_class: Any, model: str) -> list[str]:
 
 
 def agent_problems(inputs: RankInputs, step: Callable[[str], None]) -> list[str]:
-    """Every problem with the recipe's tools, environments, rollout function and the policy's chat template."""
+    """Every problem with the recipe's tools, environments, rollout function and the policy's chat template, and
+    a recipe whose only reward would be an environment's that has none."""
     if not algorithm(inputs.algorithm).takes_tools:
         return []  # only GRPO's recipes have these keys (resolution refuses them elsewhere)
     problems: list[str] = []
@@ -115,18 +153,48 @@ def agent_problems(inputs: RankInputs, step: Callable[[str], None]) -> list[str]
         step("checking tools")
         problems += _tool_problems(tools)
     factory = inputs.script_value("environment_factory")
+    owns_reward = False
     if factory:
         step("building an environment")
         named = factory.items() if isinstance(factory, dict) else [(None, factory)]
         for name, spec in named:
             label = "`environment_factory`" if name is None else f"`environment_factory.{name}`"
-            problems += _environment_problems(label, spec)
+            found, rewards = _environment_problems(label, spec, reset_row(inputs, name))
+            problems += found
+            owns_reward |= rewards
+        if not (owns_reward or inputs.script_value("reward_funcs") or inputs.script_value("reward_model_name_or_path")):
+            problems.append("no reward: `environment_factory` has no get_reward method and the recipe sets no "
+                            "`reward_funcs` or reward model; add one (TRL scores a rollout by get_reward() alone "
+                            "only when the environment has it)")
     if inputs.script_value("rollout_func"):
-        _loaded("`rollout_func`", inputs.script_value("rollout_func"), problems)
+        problems += _rollout_problems(inputs.script_value("rollout_func"))
     if tools or factory:
         step("checking the chat template for tool calls")
         problems += _policy_template_problems(inputs)
     return problems
+
+
+def reset_row(inputs: RankInputs, environment: str | None) -> dict[str, Any]:
+    """What GRPOTrainer passes `reset` as keywords: a dataset row (the first of the environment's, in a local
+    file) with its prompt column named `prompt`, without the `environment` column that picked it; without a
+    dataset (the environment owns the data) TRL's placeholder row, an empty prompt."""
+    from rlhf_cli.config.data_files import DataFileError, first_rows
+
+    placeholder = {"prompt": [{"role": "user", "content": ""}]}
+    name = inputs.script_value("dataset_name")
+    if name is None or not Path(name).is_file():
+        return placeholder  # no dataset, or one only `datasets` reads: the prompt is the one column known
+    try:
+        _, rows = first_rows(Path(name))
+    except (DataFileError, KeyError):
+        return placeholder
+    rows = [row for _, row in rows if isinstance(row, dict)]
+    if not rows:
+        return placeholder
+    row = next((row for row in rows if environment is not None and row.get("environment") == environment), rows[0])
+    column = inputs.script_value("dataset_prompt_column")
+    row = {("prompt" if key == column else key): value for key, value in row.items()}
+    return {key: value for key, value in row.items() if environment is None or key != "environment"}
 
 
 def _policy_template_problems(inputs: RankInputs) -> list[str]:

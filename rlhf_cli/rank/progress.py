@@ -92,8 +92,9 @@ class TrainingProgress(TrainerCallback):
 
 
 def vllm_sync_text() -> str:
-    """`  sync 0.21 s 4.2 MiB`: the weight syncs into vLLM since the last log, seconds in all and their largest
-    gathered bytes; empty without vLLM."""
+    """`  sync 0.21 s 4.2 MiB check 3e-07`: the weight syncs into vLLM since the last log, seconds in all, their
+    largest gathered bytes and the largest difference the self-check measured (rlhf_cli/rank/vllm/self_check.py)
+    between vLLM's logprobs and the policy's, when it ran; empty without vLLM."""
     import sys
 
     from rlhf_cli.sizes import readable
@@ -102,7 +103,9 @@ def vllm_sync_text() -> str:
     calls = sync.SyncLog.take() if sync is not None else []
     if not calls:
         return ""
-    return f"  sync {sum(c['seconds'] for c in calls):.3g} s {readable(max(c['peak_bytes'] for c in calls))}"
+    checked = [c["check_logp_difference"] for c in calls if "check_logp_difference" in c]
+    check = f" check {max(checked):.2g}" if checked else ""
+    return f"  sync {sum(c['seconds'] for c in calls):.3g} s {readable(max(c['peak_bytes'] for c in calls))}{check}"
 
 
 def quiet_libraries(mode: str, is_rank_zero: bool) -> None:

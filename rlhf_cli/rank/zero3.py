@@ -107,17 +107,25 @@ class ModuleUnit:
 
 def policy_units(model: Any) -> list[ModuleUnit]:
     """The units of a generating model: each decoder layer (an element of its largest ModuleList) with all its
-    submodules, and each other module without submodules that holds parameters (embedding, LM head, final
-    norm). Units that share a parameter (an LM head tied to the embedding) are one: gathered apart, the hooks
-    of the one left would release the other's weight."""
+    submodules, each adapted module outside them (PEFT's LoRA layer on the LM head or the embedding, with its base
+    layer and adapters: merged as one) and each other module without submodules that holds parameters (embedding,
+    LM head, final norm). Units that share a parameter (an LM head tied to the embedding) are one: gathered apart,
+    the hooks of the one left would release the other's weight."""
     import torch
 
     lists = [module for module in model.modules() if isinstance(module, torch.nn.ModuleList)]
     layers = list(max(lists, key=lambda layer_list: sum(_numel(p) for p in layer_list.parameters()), default=[]))
     inside = {id(module) for layer in layers for module in layer.modules()}
-    leaves = [module for module in model.modules() if id(module) not in inside
-              and next(module.children(), None) is None and next(module.parameters(recurse=False), None) is not None]
-    roots = [*layers, *leaves]
+    others = []
+    for module in model.modules():  # parents before their children
+        if id(module) in inside:
+            continue
+        if _adapted(module):
+            others.append(module)
+            inside.update(id(sub) for sub in module.modules())
+        elif next(module.children(), None) is None and next(module.parameters(recurse=False), None) is not None:
+            others.append(module)
+    roots = [*layers, *others]
     group = list(range(len(roots)))  # union-find over shared parameters
 
     def find(index: int) -> int:
@@ -138,6 +146,11 @@ def policy_units(model: Any) -> list[ModuleUnit]:
                     sum(1 for root in members for _ in root.modules()))
         units.append(ModuleUnit(unit, members, params))
     return units
+
+
+def _adapted(module: Any) -> bool:
+    """A PEFT tuner layer: its base layer and adapters, merged into one weight."""
+    return hasattr(module, "base_layer") and hasattr(module, "merge") and hasattr(module, "unmerge")
 
 
 def _numel(param: Any) -> int:

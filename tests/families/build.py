@@ -25,6 +25,9 @@ CORPUS = Path(__file__).resolve().parents[2] / "recipes" / "smoke" / "corpus.txt
 SEED = 4321
 TRAINED_VOCAB = 480  # BPE tokens learnt from the corpus, before the family's special tokens are added
 SIZE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
+# vLLM's CPU attention runs head sizes 32, 64, 80, ... only: the stand-ins vLLM serves have 2 heads of 64 (one KV
+# head where the family groups them, as Qwen2.5-0.5B does), the rest of each family's structure kept.
+VLLM_HEADS = {"hidden_size": 128, "num_attention_heads": 2, "head_dim": 64}
 
 LLAMA3_TEMPLATE = (
     "{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] + "
@@ -216,14 +219,27 @@ def _generation_config(family: Family, tokenizer: Any) -> Any:
     return GenerationConfig(**values)
 
 
-def build_family(name: str, out: Path) -> Path:
-    """Write the stand-in of family `name` (model, tokenizer, generation config) to `out`; returns `out`."""
+def for_vllm(config: Any) -> Any:
+    """`config` with heads vLLM's CPU attention runs (VLLM_HEADS), one KV head where the family has KV heads."""
+    for key, value in VLLM_HEADS.items():
+        if key != "head_dim" or getattr(config, "head_dim", None) is not None:
+            setattr(config, config.attribute_map.get(key, key), value)
+    if getattr(config, "num_key_value_heads", None) is not None:
+        config.num_key_value_heads = 1
+    return config
+
+
+def build_family(name: str, out: Path, vllm: bool = False) -> Path:
+    """Write the stand-in of family `name` (model, tokenizer, generation config) to `out`, with heads vLLM runs
+    when `vllm` (`for_vllm`); returns `out`."""
     import torch
     from transformers import AutoModelForCausalLM
 
     family = FAMILIES[name]
     tokenizer = build_tokenizer(family)
     config = family.architecture(tokenizer)
+    if vllm:
+        config = for_vllm(config)
     torch.manual_seed(SEED + list(FAMILIES).index(name))
     model = AutoModelForCausalLM.from_config(config)
     model.generation_config = _generation_config(family, tokenizer)
@@ -232,9 +248,9 @@ def build_family(name: str, out: Path) -> Path:
     return out
 
 
-def build_all(out: Path, names: list[str] | None = None) -> dict[str, Path]:
+def build_all(out: Path, names: list[str] | None = None, vllm: bool = False) -> dict[str, Path]:
     """Every family (or those named) under `out/NAME/`."""
-    return {name: build_family(name, out / name) for name in names or FAMILIES}
+    return {name: build_family(name, out / name, vllm) for name in names or FAMILIES}
 
 
 def main(argv: list[str]) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import FIXTURES, RECIPES, rlhf_argv
+from helpers import FIXTURES, RECIPES, free_port, rlhf_argv
 from fixtures.rewards import BLOCKED_FILE_ENV, MARKUP
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.output.checkpoints import incomplete_reason
@@ -27,6 +27,9 @@ TWELVE_STEPS = {"ppo": ("--set", "total_episodes=96")}
 # loop and checkpoints) gets one, online DPO the other: TRL's trainers stop and resume through transformers'
 # Trainer alike, and online DPO is the one whose ranks rlhf reseeds (each its own random numbers, a resume's too).
 PREEMPTION_SIGNAL = {"ppo": signal.SIGTERM, "online-dpo": signal.SIGUSR1}
+# A requeued job gets the GPUs that are free: PPO's 2-process checkpoint resumes on 1 process (ZeRO-3's shards
+# re-split, the accumulation doubled), online DPO's on the 2 that saved it. RLOO's: the full-disk test below.
+RESUME_PROCESSES = {"ppo": ("--num-processes", "1")}
 
 
 def finish(process: subprocess.Popen, lines: list[str]) -> tuple[int, str, str]:
@@ -60,7 +63,8 @@ def test_a_preemption_signal_checkpoints_and_resume_auto_finishes_the_same_steps
     written = json.loads((out / "rlhf-files.json").read_text())  # all the run's, for --overwrite to remove
     assert not written["running"] and {"ranks", "preempted.json", f"checkpoint-{stopped}"} <= set(written["entries"])
 
-    code, stdout, stderr = finish(subprocess.Popen(argv + ["--resume", "auto"], stdout=subprocess.PIPE,
+    resumed_on = RESUME_PROCESSES.get(command, ())
+    code, stdout, stderr = finish(subprocess.Popen(argv + ["--resume", "auto", *resumed_on], stdout=subprocess.PIPE,
                                                    stderr=subprocess.PIPE, text=True), [])
     assert code == 0
     assert f"--resume auto: continuing from {out / f'checkpoint-{stopped}'}" in stderr
@@ -73,6 +77,23 @@ def test_a_preemption_signal_checkpoints_and_resume_auto_finishes_the_same_steps
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["resumed_from_step"] == stopped
     assert not (out / "preempted.json").exists()
+    if resumed_on:
+        assert_resumed_on_fewer_processes(out, stderr, stopped, "objective/kl")
+        logged = [entry for entry in state["log_history"] if metric in entry]
+        assert [entry["episode"] for entry in logged] == [8 * step for step in steps]  # 8 rollouts an update, kept
+        rates = [entry["lr"] for entry in logged]  # the linear schedule, unbroken
+        assert all(abs((a - b) - (rates[0] - rates[1])) < 1e-12 for a, b in zip(rates, rates[1:]))
+
+
+def assert_resumed_on_fewer_processes(out: Path, stderr: str, stopped: int, kl: str) -> None:
+    """A 2-process checkpoint resumed on 1: said, its global batch kept by the accumulation steps, its weights
+    loaded from the re-split shards (the policy's KL to the reference it started as is no longer 0), the
+    re-split copy removed at the end."""
+    assert "saved by 2 processes, resumed on 1: gradient_accumulation_steps" in " ".join(stderr.split())
+    assert [rank["world_size"] for rank in json.loads((out / "run.json").read_text())["ranks"]] == [1]
+    assert not (out / "ranks" / "resharded").exists()
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert next(entry[kl] for entry in history if entry.get("step") == stopped + 1 and kl in entry) != 0.0
 
 
 def errors(stderr: str) -> list[str]:
@@ -143,7 +164,8 @@ def test_a_rank_that_blocks_stops_the_job_within_the_stall_timeout_with_every_st
 
 
 def test_a_full_disk_while_saving_ends_in_one_line_and_resume_auto_goes_on(tmp_path: Path) -> None:
-    """6 MiB of disk: checkpoints 2 and 4 fit (2.5 MiB each), checkpoint-6 does not."""
+    """6 MiB of disk: checkpoints 2 and 4 fit (2.5 MiB each), checkpoint-6 does not. Resumed on 1 process: RLOO's
+    2-process checkpoint re-split."""
     if os.geteuid() != 0:
         pytest.skip("a full disk is a small tmpfs, and mounting one needs root")
     disk = tmp_path / "disk"
@@ -165,24 +187,25 @@ def test_a_full_disk_while_saving_ends_in_one_line_and_resume_auto_goes_on(tmp_p
         assert incomplete_reason(out / "checkpoint-6") is not None
         written = json.loads((out / "checkpoint-4" / MANIFEST).read_text())["files"]
         run = resolve(RunRequest("rloo", str(RECIPES / "rloo" / "smoke.yaml"), planning=True), cuda=False)
-        assert abs(plan_run(run).checkpoint_bytes / sum(written.values()) - 1) < 0.1  # the space warning's estimate
+        saved = sum(entry["size"] for entry in written.values())
+        assert abs(plan_run(run).checkpoint_bytes / saved - 1) < 0.1  # the space warning's estimate
 
         subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)  # room made
-        code, stdout, stderr = finish(subprocess.Popen(argv + ["--resume", "auto"], stdout=subprocess.PIPE,
-                                                       stderr=subprocess.PIPE, text=True), [])
+        # ... and the job comes back on 1 process: the 2-process checkpoint's shards are re-split
+        code, stdout, stderr = finish(subprocess.Popen(argv + ["--resume", "auto", "--num-processes", "1"],
+                                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), [])
         assert code == 0
         assert f"--resume auto: continuing from {out / 'checkpoint-4'}" in stderr
-        assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 6
+        state = json.loads((out / "trainer_state.json").read_text())
+        assert state["global_step"] == 6 and [entry["step"] for entry in state["log_history"] if "kl" in entry] == \
+            list(range(1, 7))
+        assert_resumed_on_fewer_processes(out, stderr, 4, "kl")
     finally:
         subprocess.run(["umount", "--lazy", str(disk)])
 
 
 def test_two_machines_on_one_host_train_together(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
+    port = str(free_port())
     out = tmp_path / "run"
     machines = [subprocess.Popen(rlhf_argv("rloo", out, "--num-machines", "2", "--num-processes", "2",
                                            "--machine-rank", str(rank), "--main-process-ip", "127.0.0.1",

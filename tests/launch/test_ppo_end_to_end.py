@@ -4,12 +4,10 @@ family: tests/launch/test_conformance.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from helpers import FIXTURES, PPO_METRICS, RECIPES, SMALL_BUCKETS, launch_rlhf, sets
+from helpers import FIXTURES, PPO_METRICS, RECIPES, SMALL_BUCKETS, free_port, launch_rlhf, needs_vllm, sets
 
 LEARNABLE = ("reward_model_name_or_path=null", f"reward_funcs=[{FIXTURES}/rewards.py:letter_e]",
              "total_episodes=160", "learning_rate=1e-2", "temperature=1.0", "missing_eos_penalty=null",
@@ -53,17 +51,35 @@ def test_score_rises_on_a_learnable_reward(tmp_path: Path) -> None:
     assert last > first + 0.05 and tau > 0.4, (tau, scores)
 
 
-def test_checkpoint_loads_and_resume_continues_episodes_and_schedule(tmp_path: Path) -> None:
+# The optimizer and the parameters offloaded to the CPU, from a user's accelerate config that leaves
+# zero3_save_16bit_model false (accelerate's default); no gather.
+OFFLOADED = ("--no-gather", "--offload-optimizer", "cpu", "--offload-params", "cpu")
+
+
+@pytest.fixture(scope="module")
+def offloaded_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[str, ...]]:
+    """One offloaded run of 4 updates saving every 2, which the offload test reads and the resume test resumes:
+    (its output dir, the flags a run of the same layout takes)."""
+    work = tmp_path_factory.mktemp("offloaded")
+    config = work / "accelerate.yaml"
+    config.write_text("distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 3\n"
+                      "  zero3_init_flag: true\n")
+    layout = (*OFFLOADED, "--accelerate-config", str(config))
+    ppo(work / "run", *layout, "--set", "save_strategy=steps", "--set", "save_steps=2")
+    return work / "run", layout
+
+
+def test_checkpoint_loads_and_resume_continues_episodes_and_schedule(offloaded_run: tuple[Path, tuple[str, ...]],
+                                                                     tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    out = tmp_path / "run"
-    ppo(out, "--set", "save_strategy=steps", "--set", "save_steps=2")
+    out, layout = offloaded_run
     full = logged(out)
     checkpoint = out / "checkpoint-2"
     assert AutoModelForCausalLM.from_pretrained(checkpoint).num_parameters() > 0
 
     resumed_dir = tmp_path / "resumed"
-    done = ppo(resumed_dir, "--resume", str(checkpoint))
+    done = ppo(resumed_dir, *layout, "--resume", str(checkpoint))
     resumed = logged(resumed_dir)
     assert [entry["step"] for entry in resumed] == [1, 2, 3, 4]  # the first two come from the checkpoint
     assert [entry["episode"] for entry in resumed[2:]] == [24, 32]
@@ -74,16 +90,12 @@ def test_checkpoint_loads_and_resume_continues_episodes_and_schedule(tmp_path: P
     assert "Traceback" not in done.stderr
 
 
-def test_ppo_trains_with_optimizer_and_parameters_offloaded_to_cpu(tmp_path: Path) -> None:
+def test_ppo_trains_with_optimizer_and_parameters_offloaded_to_cpu(offloaded_run: tuple[Path, tuple[str, ...]]) -> None:
     """Also from a user's accelerate config that leaves zero3_save_16bit_model false, accelerate's default: before,
     the run died at its first save (accelerate's get_state_dict refuses); the policy is consolidated anyway."""
     from transformers import AutoModelForCausalLM
 
-    out, config = tmp_path / "run", tmp_path / "accelerate.yaml"
-    config.write_text("distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n  zero_stage: 3\n"
-                      "  zero3_init_flag: true\n")
-    ppo(out, "--no-gather", "--offload-optimizer", "cpu", "--offload-params", "cpu", "--accelerate-config",
-        str(config), "--set", "save_strategy=steps", "--set", "save_steps=2")
+    out, _ = offloaded_run
     accelerate = (out / "accelerate_config.yaml").read_text()
     assert "offload_optimizer_device: cpu" in accelerate and "offload_param_device: cpu" in accelerate
     assert "zero3_save_16bit_model: true" not in accelerate
@@ -158,25 +170,27 @@ def test_ppo_with_lora_checkpoints_adapters_and_resumes(tmp_path: Path) -> None:
 
 # -- vLLM rollouts (rlhf_cli/rank/vllm/ppo_rollouts.py) ----------------------------------------------------------
 
-needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vLLM is not installed here (README: Installing vLLM)")
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 @needs_vllm
 @pytest.mark.parametrize("gather", [("--gather-budget", "0.5"), ("--no-gather", "--lora")],
-                         ids=["budget", "no-gather-lora"])
-def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path: Path,
-                                                                        gather: tuple[str, ...]) -> None:
+                         ids=["budget", "no-gather-lora-tied"])
+def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path: Path, gather: tuple[str, ...],
+                                                                        tied_vllm_model: Path) -> None:
     """2 updates from colocated vLLM rollouts; after each, the weights go to vLLM in buckets no larger than the
     gather choice allows (measured on the parameters: with no persistent parameters every whole one is gathered).
-    With LoRA every adapted layer is merged into the weights sent, in its own layer's bucket. (A whole-model sync,
-    one bucket: the server test below, and RLOO's in tests/launch/test_vllm_end_to_end.py, through the same
-    rlhf_cli/rank/vllm/sync.py.)"""
+    With LoRA every adapted layer is merged into the weights sent, in its own layer's bucket; that run is on a
+    tied Qwen2.5-style stand-in (its own reward and value model), whose head vLLM re-processes after each reload.
+    vLLM's log-probs are requested: TRL's mismatch metric and importance-sampling weights are logged. (A
+    whole-model sync, one bucket: the server test below, and RLOO's in tests/launch/test_vllm_end_to_end.py,
+    through the same rlhf_cli/rank/vllm/sync.py.)"""
     out = tmp_path / "run"
-    done = ppo(out, *gather, "--max-steps", "2", "--vllm", "colocate", env=VLLM_ENV, timeout=900)
+    tied = "--lora" in gather
+    model = ("--model", str(tied_vllm_model), "--set", f"reward_model_name_or_path={tied_vllm_model}") if tied else ()
+    done = ppo(out, *gather, *model, "--max-steps", "2", "--vllm", "colocate", env=VLLM_ENV, timeout=900)
     adapted = 0
-    if "--lora" in gather:
+    if tied:
         from safetensors import safe_open
 
         with safe_open(str(out / "adapter_model.safetensors"), "pt") as saved:
@@ -185,20 +199,23 @@ def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path
     steps = logged(out)
     assert len(steps) == 2 and all(set(PPO_METRICS) <= entry.keys() for entry in steps)
     assert all(entry["vllm/sync_seconds"] > 0 for entry in steps)
+    # vLLM samples from the policy PPO trains (float32: kernels apart, the same log-probs)
+    assert all(entry["sampling/sampling_logp_difference/mean"] < 0.1 for entry in steps), steps
+    assert all(0.5 < entry["sampling/importance_sampling_ratio/mean"] < 1.5 for entry in steps), steps
     assert all(" sync " in line for line in done.stdout.splitlines() if line.startswith("step "))  # progress
     for rank in (0, 1):
         record = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())
         assert record["generation_probe"]["calls"] == 0  # HF's generate never ran
         assert len(record["vllm_generation_seconds"]) == 2
         syncs = record["vllm_sync"]
-        assert len(syncs) == 2
+        assert len(syncs) == 2 and syncs[0]["check_logp_difference"] < 1e-3  # the self-check, first sync
         for sync in syncs:
             assert sync["merged_lora_layers"] == adapted
             share = sync["peak_bytes"] / sync["full_bytes"]
             if gather[0] == "--gather-budget":
                 assert 0 < share <= 0.5 and sync["buckets"] > 1
-            else:  # one unit a bucket: 2 layers, embedding, final norm, LM head; a layer is the largest
-                assert 0 < share < 0.3 and sync["buckets"] == 5
+            else:  # one unit a bucket: 2 layers, the tied embedding and head, final norm; a layer is the largest
+                assert 0 < share < 0.4 and sync["buckets"] == 4
 
 
 def _wait_for_server(url: str, server: subprocess.Popen, log: Path, timeout: float = 600) -> None:
@@ -214,12 +231,6 @@ def _wait_for_server(url: str, server: subprocess.Popen, log: Path, timeout: flo
             pass
         time.sleep(2)
     raise AssertionError(f"no vLLM server at {url} after {timeout} s:\n{log.read_text()[-4000:]}")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _greedy_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> list[float]:
@@ -239,7 +250,7 @@ def test_vllm_server_rollouts_and_the_trained_weights_reach_the_server(tmp_path:
     import requests
     from transformers import AutoModelForCausalLM
 
-    port, log = _free_port(), tmp_path / "server.log"
+    port, log = free_port(), tmp_path / "server.log"
     url = f"http://127.0.0.1:{port}"
     recipe = str(RECIPES / "ppo" / "smoke.yaml")
     with log.open("w") as sink:

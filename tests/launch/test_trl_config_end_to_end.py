@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from helpers import REPO, launch_rlhf
-from test_trl_config import trl_config
+from helpers import REPO, launch_rlhf, trl_config
 
 
 def test_a_trl_config_with_an_env_block_runs_unchanged_and_every_rank_sees_it(tmp_path: Path) -> None:

@@ -61,6 +61,11 @@ class PPOConfig(TrainingArguments):
     vllm_server_timeout: float = field(default=240.0, metadata={
         "help": "Seconds to wait for the vLLM server to be up."})
     vllm_group_port: int = field(default=51216, metadata={"help": "Port of the weight-update group with the server."})
+    vllm_importance_sampling_correction: bool = field(default=True, metadata={
+        "help": "Weight each token's policy loss by min(pi_policy / pi_vLLM, vllm_importance_sampling_cap): TRL's "
+                "truncated importance sampling for the mismatch between vLLM's and the policy's log-probs."})
+    vllm_importance_sampling_cap: float = field(default=3.0, metadata={
+        "help": "The largest importance-sampling weight (TRL's vllm_importance_sampling_clip_max)."})
     model_init_kwargs: dict[str, Any] | None = field(
         default=None, metadata={"help": "Keyword arguments for `from_pretrained` of the models."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})

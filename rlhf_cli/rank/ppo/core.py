@@ -90,13 +90,16 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -
 
 
 def policy_loss(new_logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                cliprange: float, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Clipped surrogate loss; returns (loss, clip fraction, approximate KL old->new), over `mask`."""
+                cliprange: float, mask: torch.Tensor,
+                weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Clipped surrogate loss, each token's weighted by `weights` (vLLM's importance sampling) when given; returns
+    (loss, clip fraction, approximate KL old->new), over `mask`."""
     log_ratio = new_logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    loss = masked_mean(torch.max(unclipped, clipped), mask)
+    per_token = torch.max(unclipped, clipped)
+    loss = masked_mean(per_token if weights is None else per_token * weights, mask)
     clipfrac = masked_mean((clipped > unclipped).float(), mask)
     approxkl = 0.5 * masked_mean(log_ratio**2, mask)
     return loss, clipfrac, approxkl
@@ -119,3 +122,14 @@ def penalise_missing_eos(scores: torch.Tensor, responses: torch.Tensor, eos_toke
         return scores
     has_eos = (responses == eos_token_id).any(dim=-1)
     return torch.where(has_eos, scores, scores - penalty)
+
+
+def sampling_correction(logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, mask: torch.Tensor,
+                        cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """TRL's token-level truncated importance sampling (GRPO's `token_truncate`): min(exp(policy - vLLM), cap) per
+    token, 1 where vLLM gave no log-prob (NaN) or outside `mask`; and |policy - vLLM| of the masked tokens vLLM
+    scored (TRL's `sampling/sampling_logp_difference`)."""
+    difference = torch.nan_to_num((logprobs - sampling_logprobs) * mask, nan=0.0)
+    ratio = torch.clamp(torch.exp(difference), max=cap)
+    delta = (logprobs - sampling_logprobs).abs()
+    return ratio, delta[mask & ~torch.isnan(delta)]

@@ -40,7 +40,8 @@ GENERATE = Generation()  # `generate` inside the trainer, gathering the whole po
 class PPOTrainer(Trainer):
     def __init__(self, args: PPOConfig, processing_class: PreTrainedTokenizerBase, policy: nn.Module,
                  ref_policy: nn.Module | None, value_model: nn.Module, reward_model: nn.Module | None,
-                 reward_funcs: list[Callable], train_dataset: Any, generation: Generation = GENERATE) -> None:
+                 reward_funcs: list[Callable], train_dataset: Any, generation: Generation = GENERATE,
+                 vllm_sync_check_steps: int = 0) -> None:
         if args.stop_token is not None and args.stop_token_id is not None:
             raise ValueError(f"`stop_token` ({args.stop_token}) and `stop_token_id` ({args.stop_token_id}) are both "
                              "set; keep one")
@@ -93,7 +94,7 @@ class PPOTrainer(Trainer):
             from rlhf_cli.rank.vllm.ppo_rollouts import VLLMRollouts
 
             self.vllm = VLLMRollouts(args, self.accelerator, policy, processing_class, self.stop_token_id,
-                                     generation)
+                                     generation, vllm_sync_check_steps)
 
     # -- data ---------------------------------------------------------------------------------
     def _prompt_loader(self) -> DataLoader:
@@ -118,8 +119,9 @@ class PPOTrainer(Trainer):
 
     # -- rollouts -------------------------------------------------------------------------------
     @torch.no_grad()
-    def _responses(self, queries: torch.Tensor) -> torch.Tensor:
-        """Sampled responses to left-padded `queries`, right-padded with the pad token."""
+    def _responses(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Sampled responses to left-padded `queries`, right-padded with the pad token; with vLLM also the
+        log-probability it sampled each token with."""
         if self.vllm is not None:
             return self.vllm.generate(queries)
         args, pad_id = self.args, self.processing_class.pad_token_id
@@ -142,7 +144,7 @@ class PPOTrainer(Trainer):
         # A chunk ends early when all its sequences stopped: pad every chunk to the longest.
         width = max(response.size(1) for response in responses)
         return torch.cat([nn.functional.pad(response, (0, width - response.size(1)), value=pad_id)
-                          for response in responses])
+                          for response in responses]), None
 
     @torch.no_grad()
     def _rollout(self, queries: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -150,7 +152,7 @@ class PPOTrainer(Trainer):
         pad_id = tokenizer.pad_token_id
         context_length = queries.size(1)
         chunk = args.local_rollout_forward_batch_size
-        responses = self._responses(queries)
+        responses, sampling_logprobs = self._responses(queries)
         query_responses = torch.cat([queries, responses], 1)
 
         logprobs, ref_logprobs, values, scores = [], [], [], []
@@ -171,7 +173,8 @@ class PPOTrainer(Trainer):
         return {"queries": queries, "responses": responses, "query_responses": query_responses,
                 "postprocessed": postprocessed, "logprobs": torch.cat(logprobs),
                 "ref_logprobs": torch.cat(ref_logprobs),
-                "values": torch.cat(values), "scores": torch.cat(scores), "context_length": context_length}
+                "values": torch.cat(values), "scores": torch.cat(scores), "context_length": context_length,
+                "sampling_logprobs": sampling_logprobs}
 
     def _reference_logits(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The reference policy's logits: the frozen copy's, or under LoRA the policy's with its adapters off."""
@@ -277,8 +280,12 @@ class PPOTrainer(Trainer):
             rewards = torch.masked_fill(core.masked_whiten(rewards, ~padding_p1, shift_mean=False), padding_p1, 0)
         advantages, returns = core.gae(rewards, values, args.gamma, args.lam)
         advantages = torch.masked_fill(core.masked_whiten(advantages, ~padding), padding, 0)
-        return {"scores": scores, "padding": padding, "padding_p1": padding_p1, "logprobs": logprobs, "kl": kl,
-                "non_score": non_score, "values": values, "advantages": advantages, "returns": returns}
+        targets = {"scores": scores, "padding": padding, "padding_p1": padding_p1, "logprobs": logprobs, "kl": kl,
+                   "non_score": non_score, "values": values, "advantages": advantages, "returns": returns}
+        if rollout["sampling_logprobs"] is not None:  # vLLM sampled: TRL's mismatch and its correction
+            targets["importance_sampling_ratio"], targets["sampling_difference"] = core.sampling_correction(
+                rollout["logprobs"], rollout["sampling_logprobs"], ~padding, args.vllm_importance_sampling_cap)
+        return targets
 
     def _epochs(self, model: nn.Module, rollout: dict[str, torch.Tensor],
                 targets: dict[str, torch.Tensor]) -> dict[str, list[torch.Tensor]]:
@@ -312,9 +319,13 @@ class PPOTrainer(Trainer):
         predicted = torch.masked_fill(predicted[:, context_length - 1:-1].squeeze(-1), padding_p1, 0)
         vf_loss, vf_clipfrac = core.value_loss(predicted, targets["values"][micro], targets["returns"][micro],
                                                args.cliprange_value, ~padding_p1)
+        weights = targets["importance_sampling_ratio"][micro] if "importance_sampling_ratio" in targets \
+            and args.vllm_importance_sampling_correction else None
         pg_loss, pg_clipfrac, approxkl = core.policy_loss(new_logprobs, old_logprobs, targets["advantages"][micro],
-                                                          args.cliprange, ~padding)
+                                                          args.cliprange, ~padding, weights)
         self.accelerator.backward(pg_loss + args.vf_coef * vf_loss)
+        if self.accelerator.sync_gradients and args.max_grad_norm:  # DeepSpeed clips in its own step (a no-op here)
+            self.accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad()
         with torch.no_grad():
@@ -342,7 +353,24 @@ class PPOTrainer(Trainer):
         stats.update({name: gather(torch.stack(values)).mean() for name, values in collected.items()})
         ratios = gather(torch.stack(collected["val/ratio"]))  # one per micro-batch, on every rank
         stats["val/ratio_var"] = ratios.var(correction=1 if ratios.numel() > 1 else 0)
+        if "sampling_difference" in targets:
+            stats.update(self._sampling_statistics(targets))
         return {name: value.item() for name, value in stats.items()}
+
+    def _sampling_statistics(self, targets: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """TRL's vLLM mismatch metrics, as GRPO logs them: |policy - vLLM| log-prob of the sampled tokens (each
+        rank's mean, averaged; the largest), and the importance-sampling weights when they correct the loss."""
+        gather, zero = self.accelerator.gather, torch.zeros((), device=targets["padding"].device)
+        delta = targets["sampling_difference"]
+        stats = {"sampling/sampling_logp_difference/mean": gather(delta.mean() if delta.numel() else zero).mean(),
+                 "sampling/sampling_logp_difference/max": gather(delta.max() if delta.numel() else zero).max()}
+        if self.args.vllm_importance_sampling_correction:
+            ratio = targets["importance_sampling_ratio"][~targets["padding"]]
+            empty = not ratio.numel()
+            stats["sampling/importance_sampling_ratio/min"] = gather(zero if empty else ratio.min()).min()
+            stats["sampling/importance_sampling_ratio/mean"] = gather(zero if empty else ratio.mean()).mean()
+            stats["sampling/importance_sampling_ratio/max"] = gather(zero if empty else ratio.max()).max()
+        return stats
 
     # -- saving ---------------------------------------------------------------------------------
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:

@@ -2,9 +2,10 @@
 
 Colocate: TRL's own `VLLMGeneration` on every rank (its tensor-parallel groups, seeds and prompt exchange), the
 engine GRPO and RLOO run. Server: rank 0 sends every rank's prompts to the run's vLLM server (`rlhf vllm-serve`)
-through TRL's `VLLMClient` and hands each rank its share. Either way vLLM only samples: old log-probs, values and
-reference log-probs stay the policy's own forward passes, as with `generate`, so that a kernel difference between
-vLLM and the policy never enters PPO's ratio.
+through TRL's `VLLMClient` and hands each rank its share. Either way vLLM samples and says the log-probability of
+each token it sampled; old log-probs, values and reference log-probs stay the policy's own forward passes, as with
+`generate`, and the difference between vLLM's and the policy's log-probs is TRL's mismatch metrics and its
+truncated importance-sampling correction (rlhf_cli/rank/ppo/core.py `sampling_correction`).
 
 After every update the policy's weights go to vLLM (`sync`) through rlhf's bucketed sync
 (rlhf_cli/rank/vllm/sync.py), gathered under the run's gather choice: into the colocated engine, or through a
@@ -21,6 +22,7 @@ from torch import nn
 
 from rlhf_cli.generation.choice import Engine, Gather, Generation
 from rlhf_cli.rank.vllm import sync as vllm_sync
+from rlhf_cli.rank.vllm.self_check import SyncCheck
 from rlhf_cli.rank.vllm.server import ServerTarget
 from rlhf_cli.rank.zero3 import GenerationClock
 
@@ -36,25 +38,34 @@ def sampling_settings(response_length: int, temperature: float, stop_token_id: i
 
 
 def prompt_ids(queries: torch.Tensor, pad_token_id: int) -> list[list[int]]:
-    """The token ids of left-padded prompts, without their padding."""
-    return [row[row != pad_token_id].tolist() for row in queries]
+    """The token ids of left-padded prompts without their left padding: a pad id inside a prompt (a tokenizer
+    whose pad is its EOS or BOS) stays."""
+    starts = (queries != pad_token_id).int().argmax(1)  # the first real token (0 for a row that is all padding)
+    return [row[start:].tolist() for row, start in zip(queries, starts.tolist())]
 
 
-def padded_responses(completions: list[list[int]], pad_token_id: int, device: torch.device) -> torch.Tensor:
-    """vLLM's completions as `generate` returns them: right-padded to the longest."""
-    width = max(1, max(len(ids) for ids in completions))
-    out = torch.full((len(completions), width), pad_token_id, dtype=torch.long, device=device)
-    for row, ids in enumerate(completions):
-        out[row, :len(ids)] = torch.tensor(ids, dtype=torch.long, device=device)
+def padded(rows: list[list[Any]], fill: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """vLLM's per-token lists as `generate` returns its tokens: right-padded to the longest with `fill`."""
+    width = max(1, max(len(row) for row in rows))
+    out = torch.full((len(rows), width), fill, dtype=dtype, device=device)
+    for index, row in enumerate(rows):
+        out[index, :len(row)] = torch.tensor(row, dtype=dtype, device=device)
     return out
+
+
+def sampled_logprobs(logprobs: list[list[list[float | None]]]) -> list[list[float]]:
+    """The log-probability vLLM gave each token it sampled (TRL's `logprobs=0`: the sampled token's alone); a
+    token vLLM could not score is NaN, as in TRL."""
+    return [[float("nan") if step[0] is None else step[0] for step in row] for row in logprobs]
 
 
 class VLLMRollouts:
     """Samples PPO's responses with vLLM and refreshes its weights after every update."""
 
     def __init__(self, args: Any, accelerator: Any, policy: nn.Module, tokenizer: Any, stop_token_id: int | None,
-                 generation: Generation) -> None:
+                 generation: Generation, check_every: int) -> None:
         self.args, self.accelerator, self.policy = args, accelerator, policy
+        self.check = SyncCheck(check_every)  # of the colocated engine's syncs (rlhf_cli/rank/vllm/self_check.py)
         self.pad_token_id = tokenizer.pad_token_id
         self.limit = vllm_sync.SyncLimit.of(generation.gather == Gather.whole, generation.gather.budget, policy)
         self.settings = sampling_settings(args.response_length, args.temperature, stop_token_id)
@@ -73,22 +84,24 @@ class VLLMRollouts:
             gpu_memory_utilization=args.vllm_gpu_memory_utilization, max_model_length=args.vllm_max_model_length,
             max_num_seqs=args.local_rollout_forward_batch_size * args.vllm_tensor_parallel_size,
             enable_sleep_mode=args.vllm_enable_sleep_mode, model_impl=args.vllm_model_impl,
-            trust_remote_code=args.trust_remote_code, logprobs=None,
+            trust_remote_code=args.trust_remote_code, logprobs=0,
             generation_kwargs=self.settings["generation_kwargs"], **settings)
 
     @torch.no_grad()
-    def generate(self, queries: torch.Tensor) -> torch.Tensor:
-        """Responses to left-padded `queries`, right-padded with the pad token."""
+    def generate(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Responses to left-padded `queries`, right-padded with the pad token, and the log-probability vLLM
+        sampled each response token with (at the rollout temperature; 0 past a response's end)."""
         started = time.perf_counter()
         prompts = prompt_ids(queries, self.pad_token_id)
         if self.generation is not None:
-            _, completions, _, _ = self.generation.generate(prompts, None, num_generations=1)
+            _, completions, logprobs, _ = self.generation.generate(prompts, None, num_generations=1)
         else:
-            completions = self.server.generate(prompts, self.settings)
+            completions, logprobs = self.server.generate(prompts, self.settings)
         seconds = time.perf_counter() - started
         GenerationClock.seconds += seconds
         self.generation_seconds.append(seconds)
-        return padded_responses([list(ids) for ids in completions], self.pad_token_id, queries.device)
+        return (padded([list(ids) for ids in completions], self.pad_token_id, torch.long, queries.device),
+                padded(sampled_logprobs(logprobs), 0.0, torch.float32, queries.device))
 
     def sync(self) -> dict[str, float]:
         """Send the policy's weights to vLLM; the seconds and the most policy bytes gathered at once, for the log.
@@ -96,8 +109,11 @@ class VLLMRollouts:
         if self.generation is not None and self.args.vllm_enable_sleep_mode:
             return {}
         if self.generation is not None:
-            measured = vllm_sync.sync_weights(self.policy, self.generation.llm, self.limit)
+            measured = vllm_sync.sync_weights(self.policy, self.generation.llm, self.limit, check=self.check)
         else:
             measured = vllm_sync.sync_weights(self.policy, self.server, self.limit, reload=ServerTarget.write_weights,
                                               reset=ServerTarget.reload)
-        return {"vllm/sync_seconds": measured["seconds"], "vllm/sync_peak_bytes": float(measured["peak_bytes"])}
+        checked = {"vllm/sync_check_logp_difference": measured["check_logp_difference"]} \
+            if "check_logp_difference" in measured else {}
+        return {"vllm/sync_seconds": measured["seconds"], "vllm/sync_peak_bytes": float(measured["peak_bytes"]),
+                **checked}

@@ -3,8 +3,8 @@
 Rank 0 holds TRL's `VLLMClient` (the server's OpenAI-compatible `/v1/completions`); every rank's prompts go to it
 in one request and each rank gets its share back. Weights reach the server through a directory both can read:
 rank 0 writes them as each bucket is gathered (rlhf_cli/rank/vllm/sync.py), then asks the server to reload from
-the directory (`POST /collective_rpc` `reload_weights`, a development endpoint: `rlhf vllm-serve` starts the
-server with VLLM_SERVER_DEV_MODE=1) and to drop its prefix cache. TRL's NCCL weight transfer needs CUDA on both
+the directory (`POST /collective_rpc` `rlhf_reload_weights`, rlhf_cli/rank/vllm/worker_extension.py, through a
+development endpoint: `rlhf vllm-serve` starts the server with VLLM_SERVER_DEV_MODE=1 and that extension) and to drop its prefix cache. TRL's NCCL weight transfer needs CUDA on both
 sides: it is the GPU transport; the directory is the one that works everywhere (and the one tested on CPU).
 """
 
@@ -63,8 +63,9 @@ class ServerTarget:
             self.client = VLLMClient(base_url=server_url(args), connection_timeout=args.vllm_server_timeout)
         accelerator.wait_for_everyone()
 
-    def generate(self, prompts: list[list[int]], settings: dict[str, Any]) -> list[list[int]]:
-        """Completions of this rank's `prompts`: rank 0 asks for every rank's at once."""
+    def generate(self, prompts: list[list[int]], settings: dict[str, Any]) -> tuple[list[list[int]], list[Any]]:
+        """Completions of this rank's `prompts` and the log-probability of each sampled token (TRL's nesting: one
+        list per token): rank 0 asks for every rank's at once."""
         from accelerate.utils import broadcast_object_list, gather_object
 
         everyone = gather_object([prompts])  # one list per rank, in rank order
@@ -74,12 +75,13 @@ class ServerTarget:
             out = self.client.generate(prompts=flat, n=1, temperature=settings["temperature"],
                                        top_p=settings["top_p"], top_k=settings["top_k"], min_p=settings["min_p"],
                                        repetition_penalty=settings["repetition_penalty"],
-                                       max_tokens=settings["max_completion_length"], logprobs=None,
+                                       max_tokens=settings["max_completion_length"], logprobs=0,
                                        generation_kwargs=settings["generation_kwargs"])
-            completions = [out["completion_ids"]]
+            completions = [(out["completion_ids"], out["logprobs"])]
         broadcast_object_list(completions, from_process=0)
         start = sum(len(rank_prompts) for rank_prompts in everyone[:self.accelerator.process_index])
-        return completions[0][start:start + len(prompts)]
+        ids, logprobs = completions[0]
+        return ids[start:start + len(prompts)], logprobs[start:start + len(prompts)]
 
     def write_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """The sync's `reload`: rank 0 writes the weights as they are gathered; the other ranks take part in the
@@ -99,7 +101,9 @@ class ServerTarget:
 
 
 def reload_server_weights(base_url: str, session: Any, weight_dir: Path) -> None:
-    for path, body in (("collective_rpc", {"method": "reload_weights",
+    from rlhf_cli.rank.vllm.worker_extension import RELOAD_METHOD
+
+    for path, body in (("collective_rpc", {"method": RELOAD_METHOD,
                                            "kwargs": {"weights_path": os.fspath(weight_dir.resolve())}}),
                        ("reset_prefix_cache", None)):
         response = session.post(f"{base_url}/{path}", json=body)

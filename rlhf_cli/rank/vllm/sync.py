@@ -13,12 +13,14 @@ vLLM takes the weights through one layerwise reload (rlhf_cli/compat.vllm_reload
 processed as soon as its tensors have arrived, so a bucket's tensors are copied before the bucket is released.
 
 `sync_weights(model, llm, limit)` is the whole sync; `SyncLog` keeps what each sync cost (peak bytes gathered,
-seconds) for the progress line and the rank's record.
+seconds) and the self-check's difference (rlhf_cli/rank/vllm/self_check.py) for the progress line and the rank's
+record.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -99,11 +101,29 @@ def vllm_name(name: str) -> str | None:
     return name
 
 
+def checkpoint_names(model: Any) -> Callable[[str], str | None]:
+    """`vllm_name` for `model`'s parameters, with the renamings transformers applies at load undone: vLLM loads the
+    names the checkpoint has (rlhf_cli/compat.checkpoint_renamings)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    renamings = compat.checkpoint_renamings(base) if hasattr(base, "config") else []
+
+    def name(param_name: str) -> str | None:
+        found = vllm_name(param_name)
+        for pattern, replacement in renamings if found is not None else ():
+            found = re.sub(pattern, replacement, found)
+        return found
+
+    return name
+
+
 def sync_weights(model: Any, llm: Any, limit: SyncLimit, reload: Callable[[Any, Any], None] | None = None,
-                 reset: Callable[[Any], None] | None = None) -> dict[str, Any]:
+                 reset: Callable[[Any], None] | None = None, check: Any | None = None,
+                 woke: bool = False) -> dict[str, Any]:
     """Send every weight of `model` (ZeRO-3 partitioned or not, with or without LoRA) into the colocated `llm`,
     a bucket of units at a time; every rank takes part (gathering is a collective). Returns the sync's record.
-    `reload(llm, weights)` and `reset(llm)` hand the weights over elsewhere (a vLLM server: rank/vllm_server.py)."""
+    `reload(llm, weights)` and `reset(llm)` hand the weights over elsewhere (a vLLM server: rank/vllm/server.py).
+    `check` (a rank/vllm/self_check.SyncCheck) compares vLLM's logprobs with the policy's after the syncs it is
+    due for (`woke`: vLLM just woke up), and stops the run when they differ."""
     started = time.perf_counter()
     units = policy_units(model)
     packed = buckets([unit.unit.numel for unit in units], limit.numel)
@@ -112,6 +132,9 @@ def sync_weights(model: Any, llm: Any, limit: SyncLimit, reload: Callable[[Any, 
     (reset or compat.vllm_reset_prefix_cache)(llm)
     record = {"seconds": time.perf_counter() - started, "peak_bytes": measure.peak, "buckets": len(packed),
               "limit_numel": limit.numel, "full_bytes": measure.full, "merged_lora_layers": measure.merged}
+    if check is not None and check.due(woke):
+        difference = check.run(model, llm, woke)
+        record.update(check_logp_difference=difference["mean"], check_logp_difference_max=difference["max"])
     SyncLog.add(record)
     return record
 
@@ -120,7 +143,8 @@ def _bucket_weights(model: Any, units: list[ModuleUnit], packed: list[list[int]]
                     measure: GatheredBytes) -> Iterator[tuple[str, Any]]:
     """(vLLM name, full tensor) of every weight, a bucket gathered (and its LoRA layers merged) at a time; a
     parameter outside every unit (on a module with children, outside the decoder layers) is gathered alone."""
-    names = {id(param): name for name, param in model.named_parameters()}  # a tied weight under its first name
+    named = checkpoint_names(model)
+    names = {id(param): named(name) for name, param in model.named_parameters()}  # a tied weight: its first name
     in_units = {id(param) for unit in units for param in unit.params}
     contents = [([param for index in bucket for param in units[index].params],
                  [module for index in bucket for module in units[index].modules]) for bucket in packed]
@@ -128,18 +152,18 @@ def _bucket_weights(model: Any, units: list[ModuleUnit], packed: list[list[int]]
                  if id(param) not in in_units]
     sent: set[int] = set()
     for params, modules in contents:
-        with _gathered(params), _merged(modules) as merged:
+        with gathered(params), _merged(modules) as merged:
             measure.sample()
             measure.merged += merged
             for param in params:
-                name = vllm_name(names[id(param)])
+                name = names[id(param)]
                 if name is not None and id(param) not in sent:
                     sent.add(id(param))
                     yield name, param.data
 
 
 @contextlib.contextmanager
-def _gathered(params: list[Any]) -> Iterator[None]:
+def gathered(params: list[Any]) -> Iterator[None]:
     """The full tensors of `params` for the block (read only: no rank's changes are written back)."""
     if not any(hasattr(param, "ds_id") for param in params):
         yield
@@ -190,27 +214,34 @@ def _full_numel(param: Any) -> int:
     return getattr(param, "ds_numel", None) or param.numel()
 
 
-def install_vllm(gather: bool, budget: Budget | None, dtype: str) -> None:
-    """Make TRL's colocated vLLM (RLOO, GRPO, online DPO) hold the policy in `dtype`, the one the trainer holds it
-    in (vLLM would downcast a float32 model to bfloat16), and sync through `sync_weights`, bucketed by the run's
-    gather choice. Server mode keeps TRL's own sync (NCCL to the server)."""
+def install_vllm(gather: bool, budget: Budget | None, dtype: str, seed: int, check: Any) -> None:
+    """Make TRL's colocated vLLM (RLOO, GRPO, online DPO; PPO's rollouts) hold the policy in `dtype`, the one the
+    trainer holds it in (vLLM would downcast a float32 model to bfloat16), sample from the recipe's `seed` (plus
+    TRL's per-rank offset), and sync through `sync_weights`, bucketed by the run's gather choice and checked by
+    `check` (a rank/vllm/self_check.SyncCheck). Server mode keeps TRL's own sync (NCCL to the server)."""
 
     def engine(*args: Any, **kwargs: Any) -> Any:  # trl's `LLM(...)`
         kwargs.setdefault("dtype", dtype)
+        kwargs["seed"] = seed + kwargs.get("seed", 0)  # TRL's: the rank's tensor-parallel group, from 0
         return engine.__wrapped__(*args, **kwargs)
 
     def sync_generation(generation: Any) -> None:  # trl VLLMGeneration.sync_weights
         if generation.mode != "colocate":
             return sync_generation.__wrapped__(generation)
         if generation.enable_sleep_mode:  # as TRL: the weights must be mapped before they are written
+            from trl.generation.vllm_generation import empty_cache
+
+            empty_cache()  # TRL's: what the trainer freed goes back to the device before vLLM maps its weights
             generation.llm.wake_up(tags=["weights"])
             generation._llm_weights_sleeping = False
-        sync_weights(generation.model, generation.llm, SyncLimit.of(gather, budget, generation.model))
+        sync_weights(generation.model, generation.llm, SyncLimit.of(gather, budget, generation.model), check=check,
+                     woke=generation.enable_sleep_mode)
 
     def sync_online_dpo(trainer: Any) -> None:  # trl OnlineDPOTrainer._move_model_to_vllm
         if trainer.vllm_mode != "colocate":
             return sync_online_dpo.__wrapped__(trainer)
-        sync_weights(trainer.model, trainer.llm, SyncLimit.of(gather, budget, trainer.model))
+        sync_weights(trainer.model, trainer.llm, SyncLimit.of(gather, budget, trainer.model), check=check,
+                     woke=bool(trainer.args.vllm_enable_sleep_mode))
 
     compat.replace_trl_vllm_engine(engine)
     compat.replace_trl_vllm_sync(sync_generation, sync_online_dpo)

@@ -1,0 +1,173 @@
+"""Seconds per optimizer step of one planned configuration, split by phase, from FLOPs and bytes over the GPU's rates.
+
+JSON shape (`rlhf plan ... --json`; under `plan` in `--dry-run --json`), kept stable for the run's record to put
+measured beside predicted:
+- every object of `configurations` gains `time` and `step_seconds`:
+  `time`: {"generation": s, "weight_sync": s, "scoring": s, "training": s, "optimizer_step": s, "saving": s,
+  "waiting": s}, seconds per optimizer step on one GPU (every GPU does the same work under ZeRO-3), floats;
+  `step_seconds`: their sum. The run's own configuration is the one with `"chosen": true`.
+- the plan gains `gpu`: {"name", "source", "bf16_flops", "memory_bandwidth", "interconnect",
+  "interconnect_bandwidth", "host_bandwidth"} (FLOP/s and bytes/s), and `fastest` / `smallest`: the labels of
+  the fitting configuration with the least `step_seconds` and the one with the least `peak_gpu` (null when none
+  fits).
+Phase keys (PHASES): `generation` (sampling the rollouts: HF generate or vLLM), `weight_sync` (refreshing vLLM's
+weights), `scoring` (no-grad forwards: reference, reward, value, old log-probs), `training` (the policy's, and
+PPO's value model's, forward and backward with ZeRO-3's all-gathers and reduce-scatter), `optimizer_step` (Adam on
+the GPU, or on the CPU with its PCIe traffic when offloaded, NVMe when there), `saving` (a checkpoint's write
+amortised over `save_steps`), `waiting` (on other ranks: 0, no imbalance is modelled).
+"""
+
+from __future__ import annotations
+
+from rlhf_cli.algorithms import algorithm
+from rlhf_cli.algorithms.spec import StepWork
+from rlhf_cli.generation.budget import choose
+from rlhf_cli.machine.gpus import Gpu
+from rlhf_cli.plan import memory, vllm_time
+from rlhf_cli.plan.columns import Candidate
+from rlhf_cli.plan.inputs import Inputs
+from rlhf_cli.plan.model_sizes import ModelSize
+from rlhf_cli.plan.rates import ZERO3_MODULE_OVERHEAD, Rates, forward_flops, modules
+
+GENERATION, WEIGHT_SYNC, SCORING, TRAINING, OPTIMIZER_STEP, SAVING, WAITING = (
+    "generation", "weight_sync", "scoring", "training", "optimizer_step", "saving", "waiting")
+PHASES = (GENERATION, WEIGHT_SYNC, SCORING, TRAINING, OPTIMIZER_STEP, SAVING, WAITING)
+
+# Assumed, then checked against published step times (benchmarks/plan_published.py):
+HF_DECODE_BANDWIDTH = 0.6  # share of memory bandwidth HF generate's decode step reaches reading the weights
+# eager PyTorch pays about ten kernel launches and their Python per decoder layer and generated token: ~0.3 ms a
+# layer, what keeps HF generate near 30-40 tokens/s for a 7B model at batch 1 on an A100
+HF_DECODE_OVERHEAD_PER_LAYER = 0.3e-3
+ADAM_BYTES = 28  # per parameter of a GPU's partition: fp32 gradient, master, exp_avg, exp_avg_sq read, 3 written
+ADAM_BANDWIDTH = 0.8  # share of memory bandwidth a fused Adam reaches
+# DeepSpeedCPUAdam (AVX-512, every core of a machine): about 1e9 parameters a second per machine, assumed (the
+# ZeRO-Offload paper, Ren et al. 2021, reports its CPU-Adam several times faster than PyTorch's on CPU)
+CPU_ADAM_RATE = 1e9
+NVME_BANDWIDTH = 3e9  # bytes/s per machine: one PCIe Gen4 NVMe drive's sequential rate
+DISK_BANDWIDTH = 1e9  # bytes/s per machine writing a checkpoint (a local disk; network filesystems are slower)
+TRL_SAVE_STEPS = 500  # transformers' TrainingArguments default save_steps
+
+
+def step_time(inputs: Inputs, candidate: Candidate, gpu: Gpu, checkpoint_bytes: int) -> dict[str, float]:
+    """Seconds per optimizer step of `candidate` on `gpu`, by phase (PHASES, in order)."""
+    hw = inputs.hardware
+    rates = Rates.of(gpu, hw.total_gpus, hw.machines, candidate.offload_params != "none")
+    step = algorithm(inputs.algorithm).step_work(inputs.value)
+    return {
+        GENERATION: generation_seconds(inputs, candidate, rates, step),
+        WEIGHT_SYNC: vllm_time.sync_seconds(inputs, candidate, rates) * step.syncs if candidate.vllm else 0.0,
+        SCORING: scoring_seconds(inputs, candidate, rates, step),
+        TRAINING: training_seconds(inputs, candidate, rates, step),
+        OPTIMIZER_STEP: optimizer_seconds(inputs, candidate, rates),
+        SAVING: saving_seconds(inputs, checkpoint_bytes, hw.machines),
+        WAITING: 0.0,
+    }
+
+
+def generation_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: StepWork) -> float:
+    """Sampling one optimizer step's share of the rollouts: `generated` / batch calls of a prefill and one forward
+    per completion token."""
+    work, policy = inputs.work, inputs.roles[0].size
+    calls = step.generated / work.generation_batch
+    if candidate.vllm is not None:
+        return calls * vllm_time.call_seconds(inputs, candidate, rates)
+    b, p, c = work.element_bytes, work.prompt_length, work.completion_length
+    batch = work.generation_batch
+    prefill = rates.matmul(forward_flops(policy, batch, p))
+    kv = memory.kv_cache(policy, batch, p + c // 2, b)
+    token = max((policy.params * b + kv) / (rates.memory * HF_DECODE_BANDWIDTH),
+                rates.matmul(forward_flops(policy, batch, 1))) + HF_DECODE_OVERHEAD_PER_LAYER * policy.layers
+    gathered = _gathered_numel(inputs, candidate)
+    rest = policy.params - gathered
+    once = rates.fetch(gathered * b)
+    rest_modules = modules(policy) - _gathered_modules(inputs, candidate)
+    per_pass = rates.fetch(rest * b)
+    fetch = rest_modules * ZERO3_MODULE_OVERHEAD
+    passes = max(prefill, per_pass) + fetch + c * (max(token, per_pass) + fetch)
+    return calls * (once + passes)
+
+
+def _gathered_numel(inputs: Inputs, candidate: Candidate) -> int:
+    """Policy elements gathered once per generation call: all of it, a budget's units, or none."""
+    gather, policy = candidate.generation.gather, inputs.roles[0].size
+    if gather.budget is not None:
+        chosen = choose(policy.units, gather.budget.numel(policy.params, inputs.work.element_bytes))
+        return sum(policy.units[index].numel for index in chosen)
+    return policy.params if gather.mode == "whole" else 0
+
+
+def _gathered_modules(inputs: Inputs, candidate: Candidate) -> int:
+    gather, policy = candidate.generation.gather, inputs.roles[0].size
+    if gather.budget is not None:
+        chosen = choose(policy.units, gather.budget.numel(policy.params, inputs.work.element_bytes))
+        return sum(policy.units[index].modules for index in chosen)
+    return modules(policy) if gather.mode == "whole" else 0
+
+
+def scoring_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: StepWork) -> float:
+    """No-grad forwards over the generated sequences: the reference (the policy with adapters off under LoRA), the
+    reward and value models, and the policy's old log-probs when the trainer takes them."""
+    work = inputs.work
+    old = step.old_logprobs_with_vllm if candidate.vllm is not None else step.old_logprobs
+    models = [role.size for role in inputs.roles if role.name != "policy"]
+    models += [inputs.roles[0].size] if old else []
+    length = work.prompt_length + work.completion_length
+    micro_batches = step.generated / work.score_batch
+    return sum(micro_batches * _forward_pass(inputs, model, work.score_batch, length, rates)
+               for model in models)
+
+
+def _forward_pass(inputs: Inputs, model: ModelSize, batch: int, length: int,
+                  rates: Rates) -> float:
+    """One ZeRO-3 forward: compute overlapped with gathering every module, plus each module's fetch overhead."""
+    b = inputs.work.element_bytes
+    gather = rates.fetch(model.params * b)
+    return max(rates.matmul(forward_flops(model, batch, length)), gather) + modules(model) * ZERO3_MODULE_OVERHEAD
+
+
+def training_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: StepWork) -> float:
+    """Forward and backward of every trained model over the step's micro-batches: 6 FLOPs a parameter and token
+    (8 with gradient checkpointing's recomputed forward; a frozen LoRA base 4 or 6: no weight gradients), overlapped
+    with ZeRO-3's all-gathers in the forward and the backward and the gradients' reduce-scatter."""
+    work, b = inputs.work, inputs.work.element_bytes
+    micro_batches = step.trained / work.train_batch
+    recompute = 2 if work.gradient_checkpointing else 0
+    seconds = 0.0
+    for role in (role for role in inputs.roles if role.trained):
+        model = role.size
+        forward = forward_flops(model, work.train_batch, work.train_sequence)
+        adapter = role.adapter.params if candidate.lora and role.adapter else None
+        base = (4 + recompute) / 2 if adapter is not None else (6 + recompute) / 2
+        flops = base * forward + (6 * adapter * work.train_batch * work.train_sequence if adapter else 0)
+        gradients = (adapter if adapter is not None else model.params) * b
+        comm = 2 * rates.fetch(model.params * b) + rates.all_gather(gradients)
+        seconds += micro_batches * (max(rates.matmul(flops), comm) + 2 * modules(model) * ZERO3_MODULE_OVERHEAD)
+    return seconds
+
+
+def optimizer_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
+    """Adam over each GPU's partition: on the GPU at its memory's rate; offloaded, DeepSpeedCPUAdam on the
+    machine's cores with the gradients down and the updated parameters up over PCIe; on NVMe, the states read and
+    written too."""
+    b = inputs.work.element_bytes
+    trained = sum(role.adapter.params if candidate.lora and role.adapter else role.size.params
+                  for role in inputs.roles if role.trained)
+    share = trained / rates.gpus
+    if candidate.offload_optimizer == "none":
+        return share * (ADAM_BYTES + b) / (rates.memory * ADAM_BANDWIDTH)
+    seconds = trained / rates.machines / CPU_ADAM_RATE + share * 2 * b / rates.host
+    if candidate.offload_optimizer == "nvme":
+        seconds += 2 * trained / rates.machines * memory.OPTIMIZER_STATE_BYTES / NVME_BANDWIDTH
+    return seconds
+
+
+def saving_seconds(inputs: Inputs, checkpoint_bytes: int, machines: int) -> float:
+    """A checkpoint's write over the steps between two (`save_steps`; a fraction of `max_steps`; none with
+    `save_strategy: no`)."""
+    if str(inputs.value("save_strategy")) == "no":
+        return 0.0
+    every = inputs.value("save_steps") or TRL_SAVE_STEPS
+    if every < 1:
+        steps = inputs.value("max_steps") or 0
+        every = every * steps if steps > 0 else TRL_SAVE_STEPS
+    return checkpoint_bytes / (DISK_BANDWIDTH * machines) / max(every, 1)

@@ -1,0 +1,67 @@
+"""Seconds of vLLM's work for one training process: one generation call, and one weight sync.
+
+A colocated vLLM with tensor parallelism T is one engine per T processes: it generates their batches together,
+each GPU reading 1/T of the weights per decode step, with two all-reduces per layer. A server generates every
+process's batch at once on GPUs of its own (VLLM_SERVER_GPUS, assumed), and the processes wait for it. The
+weight sync gathers the policy bucket by bucket (rlhf_cli/generation/sync_buckets.py, the ranks' packing) and
+hands each to vLLM: copied in place when colocated, broadcast from rank 0 to the server otherwise.
+"""
+
+from __future__ import annotations
+
+from rlhf_cli.generation.choice import Engine
+from rlhf_cli.plan import memory
+from rlhf_cli.plan.columns import Candidate
+from rlhf_cli.plan.inputs import Inputs
+from rlhf_cli.plan.rates import Rates, forward_flops
+
+# All assumed, then checked against published step times (benchmarks/plan_published.py):
+VLLM_PREFILL_UTILISATION = 0.5  # share of peak FLOPs of vLLM's prefill (FlashAttention, fused kernels)
+VLLM_DECODE_BANDWIDTH = 0.8  # share of memory bandwidth vLLM's decode reaches with CUDA graphs
+VLLM_STEP_OVERHEAD = 2e-3  # seconds per decode step: scheduling and sampling
+TP_ALL_REDUCE = 20e-6  # seconds per all-reduce of a decode step's activations between tensor-parallel GPUs
+VLLM_SERVER_GPUS = 1  # the server's GPUs, as TRL's documentation's examples give it
+COLOCATED_BUCKET_OVERHEAD = 5e-3  # seconds per sync bucket: the gather's launch, vLLM's layerwise reload call
+SERVER_BUCKET_OVERHEAD = 20e-3  # seconds per sync bucket to a server: its HTTP request and NCCL broadcast set-up
+# vLLM's load_weights takes tensor by tensor (each parameter's weight_loader, its sharding and copy): 0.5 ms a
+# tensor, of the order the Megatron-LM bridge's published syncs imply (84.9 s for Qwen3-30B-A3B's 18,867 tensors
+# one at a time, 11.8 s in 2 GiB buckets; benchmarks/plan_published.py replays both)
+TENSOR_LOAD = 0.5e-3
+
+
+def call_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
+    """One generation call of the process's batch: a prefill at vLLM's compute rate, then one decode step per
+    completion token at the rate the engine's GPUs read their share of the weights and KV cache."""
+    work, policy, b = inputs.work, inputs.roles[0].size, inputs.work.element_bytes
+    settings = candidate.colocated
+    if settings is not None:
+        gpus, sequences = settings.tensor_parallel_size, work.generation_batch * settings.tensor_parallel_size
+    else:
+        gpus, sequences = VLLM_SERVER_GPUS, work.generation_batch * rates.gpus
+    p, c = work.prompt_length, work.completion_length
+    prefill = rates.matmul(forward_flops(policy, sequences, p) / gpus, VLLM_PREFILL_UTILISATION)
+    kv = memory.kv_cache(policy, sequences, p + c // 2, b) / gpus
+    read = (policy.params * b / gpus + kv) / (rates.memory * VLLM_DECODE_BANDWIDTH)
+    compute = rates.matmul(forward_flops(policy, sequences, 1) / gpus, VLLM_PREFILL_UTILISATION)
+    all_reduce = 2 * policy.layers * TP_ALL_REDUCE if gpus > 1 else 0.0
+    return prefill + c * (max(read, compute) + all_reduce + VLLM_STEP_OVERHEAD)
+
+
+def sync_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
+    """One weight sync of the candidate's buckets (a unit's modules counted as its tensors)."""
+    b = inputs.work.element_bytes
+    buckets = inputs.sync_buckets(candidate.generation.gather, candidate.lora)
+    return buckets_seconds([(numel * b, tensors) for numel, tensors in buckets], rates,
+                           candidate.generation.engine == Engine.server)
+
+
+def buckets_seconds(buckets: list[tuple[float, int]], rates: Rates, server: bool) -> float:
+    """A sync of `buckets` (bytes, tensors): each gathered, then copied into a colocated vLLM's weights at memory
+    speed or broadcast to the server over the link between GPUs, vLLM loading it tensor by tensor; each bucket
+    pays its fixed overhead."""
+    seconds = 0.0
+    for size, tensors in buckets:
+        handing = size / rates.interconnect + SERVER_BUCKET_OVERHEAD if server else \
+            size / rates.memory + COLOCATED_BUCKET_OVERHEAD
+        seconds += rates.fetch(size) + handing + tensors * TENSOR_LOAD
+    return seconds

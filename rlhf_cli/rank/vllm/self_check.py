@@ -1,0 +1,162 @@
+"""The weight sync checks itself: vLLM's logprobs against the policy's on a fixed probe, after the first sync, after
+every wake from sleep and every `vllm_sync_check_steps` syncs.
+
+A sync can succeed and leave vLLM generating from other weights than the policy's (a tied LM head vLLM kept
+stale, an adapter no bucket merged); nothing fails, the run samples from the wrong policy and TRL's importance
+ratios quietly zero the loss. The probe is a few prompts of fixed token ids: vLLM continues each greedily and the
+policy scores the same tokens in one forward (every rank runs it: under ZeRO-3 the forward is a collective).
+Above the tolerance the run stops with one line that names the part of vLLM's model that differs most
+(`diagnose`: vLLM's LM head on the policy's own last hidden states, then every weight vLLM keeps readable) and
+what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from rlhf_cli import compat
+from rlhf_cli.rank.vllm.sync import checkpoint_names, gathered
+
+PROBE_PROMPTS = 3
+PROBE_PROMPT_TOKENS = 6
+PROBE_TOKENS = 4
+# Mean |vLLM logprob - policy logprob| over the probe's tokens above which the sync is broken: a float32 sync is
+# exact to ~1e-5 on CPU; half precision kernels differ by ~1e-2 (TRL's own bf16 runs log 0.01-0.05).
+TOLERANCE = {"float32": 1e-2, "bfloat16": 1e-1, "float16": 1e-1}
+
+
+class SyncCheckFailed(RuntimeError):
+    """vLLM generates from other weights than the policy's after a sync."""
+
+
+def probe_prompts(vocab_size: int) -> list[list[int]]:
+    """Fixed prompts of token ids spread over the vocabulary (the same on every rank and every run)."""
+    return [[(7 + prompt * 131 + token * 37) % vocab_size for token in range(PROBE_PROMPT_TOKENS)]
+            for prompt in range(PROBE_PROMPTS)]
+
+
+class SyncCheck:
+    """When to check (`due`) and the check itself (`run`), for one rank's syncs."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every  # 0: never
+        self.syncs = 0
+
+    def due(self, woke: bool) -> bool:
+        """Whether the sync just done is checked: the first, the one after a wake from sleep, every `every`-th."""
+        self.syncs += 1
+        return self.every > 0 and (self.syncs == 1 or woke or self.syncs % self.every == 0)
+
+    def run(self, model: Any, llm: Any, woke: bool = False) -> dict[str, float]:
+        """The probe's logprob differences (mean and max over its tokens); SyncCheckFailed above the tolerance.
+        A vLLM woken for the sync has its weights back, not yet its KV cache (TRL wakes it next, a no-op after)."""
+        if woke:
+            llm.wake_up(tags=["kv_cache"])
+        difference = probe_difference(model, llm)
+        tolerance = TOLERANCE.get(str(next(model.parameters()).dtype).removeprefix("torch."), TOLERANCE["bfloat16"])
+        if difference["mean"] > tolerance:
+            raise SyncCheckFailed(failure_line(difference, tolerance, self.syncs, diagnose(model, llm)))
+        return difference
+
+
+def failure_line(difference: dict[str, float], tolerance: float, sync: int, culprit: str) -> str:
+    return (f"after weight sync {sync}, vLLM's logprobs differ from the policy's by {difference['mean']:.3g} nats a "
+            f"token on the probe (max {difference['max']:.3g}, tolerance {tolerance:g}): vLLM generates from other "
+            f"weights; it differs most in {culprit}. Run with --vllm server or without --vllm until the sync of this "
+            "model is fixed, and report it with the model's config.json")
+
+
+def probe_difference(model: Any, llm: Any) -> dict[str, float]:
+    """vLLM's greedy continuations of the probe, scored by vLLM and by `model`: mean and max |difference|."""
+    import torch
+    from vllm import SamplingParams
+
+    prompts = probe_prompts(_config(model).vocab_size)
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts],
+                           SamplingParams(max_tokens=PROBE_TOKENS, temperature=0, logprobs=0), use_tqdm=False)
+    differences = []
+    for prompt, output in zip(prompts, outputs):
+        completion = output.outputs[0]
+        ids = list(completion.token_ids)
+        served = torch.tensor([step[token].logprob for step, token in zip(completion.logprobs, ids)])
+        own = policy_logprobs(model, prompt, ids)
+        differences.append((served - own).abs())
+    every = torch.cat(differences)
+    return {"mean": every.mean().item(), "max": every.max().item()}
+
+
+def policy_logprobs(model: Any, prompt: list[int], completion: list[int]) -> Any:
+    """The policy's log-probabilities of `completion` after `prompt` (float32, dropout off)."""
+    import torch
+
+    device = next(model.parameters()).device
+    with torch.no_grad(), _evaluating(model):
+        logits = model(torch.tensor([prompt + completion], device=device)).logits[0, len(prompt) - 1:-1].float()
+    ids = torch.tensor(completion, device=device)[:, None]
+    return torch.log_softmax(logits, -1).gather(-1, ids)[:, 0].cpu()
+
+
+@contextlib.contextmanager
+def _evaluating(model: Any) -> Iterator[None]:
+    """`model` in eval mode for the block (GPT-2's dropout would make the policy's side random)."""
+    training = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, mode in training.items():
+            module.train(mode)
+
+
+def diagnose(model: Any, llm: Any) -> str:
+    """The part of vLLM's model that differs most from the policy: its LM head applied to the policy's own last
+    hidden states, else the weight (of those vLLM keeps readable: embeddings, norms, biases; on GPU every one)
+    furthest from the policy's. Colocated engines only (the model lives in this process)."""
+    head = head_difference(model, llm)
+    weights = weight_differences(model, compat.vllm_model(llm))
+    name, worst = max(weights.items(), key=lambda item: item[1], default=("", 0.0))
+    if head > 1e-3 and head >= worst:
+        return (f"the LM head ({head:.3g} nats from the policy's on its own last hidden states"
+                f"{', tied to the embedding' if _config(model).tie_word_embeddings else ''})")
+    if worst > 0:
+        return f"{name} (max |difference| {worst:.3g})"
+    return "a decoder layer's packed weights (no weight vLLM keeps readable differs, nor its LM head)"
+
+
+def head_difference(model: Any, llm: Any) -> float:
+    """Max |log-softmax difference| between the policy's logits on the probe and vLLM's LM head applied to the
+    policy's last hidden states."""
+    import torch
+
+    engine = compat.vllm_model(llm)
+    ids = torch.tensor(probe_prompts(_config(model).vocab_size), device=next(model.parameters()).device)
+    with torch.no_grad(), _evaluating(model):
+        out = model(ids, output_hidden_states=True)
+        hidden = out.hidden_states[-1].reshape(-1, out.hidden_states[-1].shape[-1])
+        served = engine.compute_logits(hidden.to(next(engine.parameters()).dtype))
+    own = out.logits.reshape(-1, out.logits.shape[-1]).float()
+    served = served[:, :own.shape[-1]].float().to(own.device)
+    return (torch.log_softmax(served, -1) - torch.log_softmax(own, -1)).abs().max().item()
+
+
+def weight_differences(model: Any, engine: Any) -> dict[str, float]:
+    """Max |difference| of every vLLM weight that is readable under the policy's checkpoint name, by that name."""
+    held = {name: param for name, param in engine.named_parameters() if param.numel() > 0}
+    named = checkpoint_names(model)
+    found: dict[str, float] = {}
+    for name, param in model.named_parameters():
+        served = held.get(named(name) or "")
+        if served is None:
+            continue
+        with gathered([param]):
+            own = param.data.detach().float().cpu()
+        if served.dim() == own.dim() and all(s >= o for s, o in zip(served.shape, own.shape)):
+            part = served.detach()[tuple(slice(0, size) for size in own.shape)].float().cpu()
+            found[named(name)] = (part - own).abs().max().item()
+    return found
+
+
+def _config(model: Any) -> Any:
+    return model.config if hasattr(model, "config") else model.module.config

@@ -1,0 +1,255 @@
+"""The time plan: the GPU table and its flags, seconds per phase for every configuration, `gather: auto` taking
+the fastest that fits, and vLLM's sync bucket left to the plan when no gather choice is given."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from helpers import RECIPES, SEED, SEED_HARDWARE, cache_model, write
+from rlhf_cli.config.resolve import RunRequest, resolve
+from rlhf_cli.config.run_checks import VLLM_SYNC_DEFAULT
+from rlhf_cli.errors import ConfigError
+from rlhf_cli.generation.budget import Budget
+from rlhf_cli.generation.choice import Engine, Gather, Generation
+from rlhf_cli.generation.sync_buckets import PER_UNIT, WHOLE, bucket_limit, buckets
+from rlhf_cli.machine import gpus
+from rlhf_cli.plan import time
+from rlhf_cli.plan.columns import Candidate
+from rlhf_cli.plan.estimate import planned, plan_run
+from rlhf_cli.plan.inputs import read_inputs
+
+pytestmark = pytest.mark.usefixtures("nothing_launches")  # no test here starts ranks
+
+
+@pytest.fixture(autouse=True)
+def timed_models(seed_models) -> None:
+    cache_model("Qwen/Qwen2.5-7B", "qwen2.5-7b")
+
+
+def timed_seed_run(gpu: str = "rtx3090", *sets: str, **flags):
+    hardware = {**SEED_HARDWARE, "gpu": ("--gpu", gpu), **flags}
+    return resolve(RunRequest("ppo", str(SEED), hardware, sets, planning=True), cuda=True)
+
+
+def qwen_run(*sets: str, gpu: str = "h100", recipe: Path = RECIPES / "rloo" / "pythia-12b-descriptiveness.yaml",
+             **flags):
+    """RLOO of Qwen2.5-7B on 8 GPUs of 80 GB: the shape of a published GRPO/RLOO run."""
+    hardware = {"gpu_memory": ("--gpu-memory", "80GiB"), "num_gpus": ("--num-gpus", 8), "gpu": ("--gpu", gpu),
+                **flags}
+    return resolve(RunRequest("rloo", str(recipe), hardware, ("model_name_or_path=Qwen/Qwen2.5-7B", *sets),
+                              planning=True), cuda=True)
+
+
+# -- the GPU table ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("smi", "memory_gib", "key"), [
+    ("NVIDIA GeForce RTX 3090", 24, "rtx3090"), ("NVIDIA GeForce RTX 4090", 24, "rtx4090"),
+    ("NVIDIA A100-SXM4-40GB", 40, "a100-40gb"), ("NVIDIA A100-SXM4-80GB", 80, "a100-80gb"),
+    ("NVIDIA A100 80GB PCIe", 80, "a100-pcie"), ("NVIDIA H100 80GB HBM3", 80, "h100"),
+    ("NVIDIA H100 PCIe", 80, "h100-pcie"), ("NVIDIA H200", 141, "h200"), ("NVIDIA B200", 180, "b200"),
+    ("NVIDIA A10", 24, "a10"), ("NVIDIA L4", 23, "l4"), ("NVIDIA L40S", 46, "l40s"),
+])
+def test_nvidia_smi_names_find_their_gpu(smi: str, memory_gib: int, key: str) -> None:
+    assert gpus.from_smi_name(smi, memory_gib * 2**30) == gpus.GPUS[key]
+    assert gpus.from_smi_name("NVIDIA T4", 16 * 2**30) is None
+
+
+def test_table_rates_are_dense_bf16_and_links_as_sold() -> None:
+    h100, rtx = gpus.GPUS["h100"], gpus.GPUS["rtx3090"]
+    assert h100.bf16_flops == 989e12 and h100.interconnect == "nvlink" and h100.interconnect_bandwidth == 450e9
+    # GeForce cards have no peer-to-peer: NCCL crosses PCIe twice, through host memory
+    assert rtx.interconnect == "pcie" and rtx.interconnect_bandwidth == rtx.host_bandwidth / 2
+    assert gpus.named("RTX 3090") == gpus.named("3090") == rtx and gpus.named("a100") == gpus.GPUS["a100-80gb"]
+    assert gpus.with_interconnect(rtx, "56GB").interconnect_bandwidth == 56e9
+    assert gpus.with_interconnect(h100, "pcie").interconnect_bandwidth == h100.host_bandwidth
+    with pytest.raises(gpus.HardwareError, match="no NVLink rate"):
+        gpus.with_interconnect(rtx, "nvlink")
+
+
+def test_bad_gpu_interconnect_and_hardware_file_are_one_line_each(cli, tmp_path: Path) -> None:
+    result = cli("plan", "ppo", "-r", SEED, "--gpu", "rtx9090", "--interconnect", "fast",
+                 "--hardware", tmp_path / "none.yaml")
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())
+    assert "`gpu`: unknown GPU 'rtx9090'; known: a10, l4" in text
+    assert "`interconnect`: --interconnect 'fast': write nvlink, pcie, or a rate" in text
+    assert "`hardware_file`: --hardware" in text and "cannot be read" in text
+    assert "`gpu` and `hardware_file` both name the GPU; keep one" in text
+
+
+def test_a_hardware_file_describes_a_gpu_the_table_lacks(tmp_path: Path) -> None:
+    spec = write(tmp_path / "t4.yaml", "name: T4\nbf16_tflops: 65\nmemory_bandwidth_gbs: 320\n"
+                                       "interconnect: pcie\ninterconnect_gbs: 15.75\nhost_gbs: 15.75\n")
+    plan = plan_run(resolve(RunRequest("ppo", str(SEED), {**SEED_HARDWARE, "hardware_file": ("--hardware", str(spec))},
+                                       planning=True), cuda=True))
+    assert plan.hardware.gpu == gpus.Gpu("T4", 65e12, 320e9, "pcie", 15.75e9, 15.75e9)
+    with pytest.raises(gpus.HardwareError, match="missing host_gbs; unknown speed"):
+        gpus.from_file(write(tmp_path / "bad.yaml", "name: X\nbf16_tflops: 1\nmemory_bandwidth_gbs: 1\n"
+                                                    "interconnect: pcie\ninterconnect_gbs: 1\nspeed: 3\n"))
+
+
+# -- seconds per phase -----------------------------------------------------------------------------------------
+
+def test_the_seed_plan_times_every_configuration_and_names_the_fastest(cli) -> None:
+    """4 x RTX 3090 over PCIe: generating from shards fetches the whole policy over PCIe for every token, so
+    no-gather's generation is many times gathering's; the plan names the fastest configuration that fits."""
+    args = ("plan", "ppo", "-r", SEED, "--gpu-memory", "23.7GiB", "--num-gpus", "4", "--gpu", "rtx3090")
+    data = json.loads(cli(*args, "--json").stdout)
+    for column in data["configurations"]:
+        assert list(column["time"]) == list(time.PHASES)
+        assert column["step_seconds"] == pytest.approx(sum(column["time"].values()), rel=1e-4)
+        assert column["time"]["waiting"] == 0
+    by_label = {column["label"]: column for column in data["configurations"]}
+    gathered, sharded = by_label["gather, optimizer->cpu"], by_label["no-gather, optimizer->cpu"]
+    assert sharded["time"]["generation"] > 5 * gathered["time"]["generation"]
+    assert sharded["time"]["training"] == gathered["time"]["training"]  # the gather choice is generation's alone
+    assert gathered["time"]["weight_sync"] == 0 and by_label["vLLM 0.3 TP1, sync gather, no offload"][
+        "time"]["weight_sync"] > 0
+    fitting = [column for column in data["configurations"] if column["fits"]]
+    fastest = min(fitting, key=lambda column: column["step_seconds"])
+    assert data["fastest"] == fastest["label"] and data["gpu"]["name"] == "RTX 3090"
+    assert data["smallest"] == min(fitting, key=lambda column: column["peak_gpu"])["label"]
+    table = " ".join(cli(*args).stdout.split())
+    assert f"fastest that fits: {fastest['label']}:" in table and "per 100 steps" in table
+    assert "smallest that fits: no-gather, opt+params->cpu" in table and "s per step" in table
+
+
+def test_without_a_gpu_the_plan_says_how_to_get_seconds(monkeypatch) -> None:
+    monkeypatch.setattr(gpus, "nvidia_smi", lambda fields: [])
+    plan = plan_run(resolve(RunRequest("ppo", str(SEED), dict(SEED_HARDWARE), planning=True), cuda=True))
+    assert plan.hardware.gpu is None and all(column.seconds is None for column in plan.columns)
+    assert plan.as_dict()["fastest"] is None and plan.as_dict()["configurations"][0]["time"] is None
+
+
+def _seconds(run, candidate_of) -> dict[str, float]:
+    inputs = read_inputs(run)
+    plan = plan_run(run)
+    candidate = candidate_of(plan.chosen.candidate)
+    return time.step_time(inputs, candidate, inputs.hardware.gpu, plan.checkpoint_bytes)
+
+
+def test_decode_is_bandwidth_bound_and_fetches_ride_the_interconnect() -> None:
+    """Gathered, HF generation is bound by memory bandwidth (and launch overhead); from shards, by the link the
+    whole policy crosses every token: NVLink makes no-gather an order of magnitude faster than PCIe."""
+    run = timed_seed_run("rtx3090", "gather=true")
+    gathered = _seconds(run, lambda c: c)["generation"]
+    sharded_pcie = _seconds(run, lambda c: replace(c, generation=Generation(Gather.shards)))["generation"]
+    nvlink = timed_seed_run("rtx3090", "gather=true", interconnect=("--interconnect", "300GB"))
+    sharded_nvlink = _seconds(nvlink, lambda c: replace(c, generation=Generation(Gather.shards)))["generation"]
+    assert sharded_pcie > 5 * sharded_nvlink and sharded_nvlink > gathered
+    budget = _seconds(run, lambda c: replace(c, generation=Generation(Gather.of(Budget(fraction=0.5)))))
+    assert gathered < budget["generation"] < sharded_pcie
+    faster_memory = _seconds(timed_seed_run("a100-80gb", "gather=true"), lambda c: c)["generation"]
+    assert faster_memory < gathered  # 2039 GB/s against 936
+
+
+def test_offloading_the_optimizer_moves_adam_to_the_cpu_and_nvme_is_slower_still() -> None:
+    run = timed_seed_run("a100-80gb", "gather=true")
+    on = {device: _seconds(run, lambda c, d=device: replace(c, offload_optimizer=d))["optimizer_step"]
+          for device in ("none", "cpu", "nvme")}
+    assert on["none"] < on["cpu"] < on["nvme"]
+
+
+def test_saving_is_one_checkpoint_over_save_steps_and_none_without_saving() -> None:
+    every_ten = _seconds(timed_seed_run("h100", "save_steps=10"), lambda c: c)["saving"]
+    every_hundred = _seconds(timed_seed_run("h100", "save_steps=100"), lambda c: c)["saving"]
+    assert every_ten == pytest.approx(10 * every_hundred)
+    assert _seconds(timed_seed_run("h100", "save_strategy='no'"), lambda c: c)["saving"] == 0
+
+
+def test_vllm_generates_faster_than_hf_and_larger_sync_buckets_sync_faster() -> None:
+    run = qwen_run("use_vllm=true", "gather=true")
+    vllm_seconds = _seconds(run, lambda c: c)
+    hf_seconds = _seconds(run, lambda c: replace(c, generation=Generation(Gather.whole), vllm=None))
+    assert vllm_seconds["generation"] < hf_seconds["generation"] and hf_seconds["weight_sync"] == 0
+    per_unit = _seconds(run, lambda c: replace(c, generation=Generation(Gather.shards, Engine.colocate)))
+    assert per_unit["weight_sync"] > vllm_seconds["weight_sync"] > 0
+
+
+def test_one_bucket_packing_for_the_plan_and_the_ranks() -> None:
+    assert bucket_limit(Gather.whole, 100, 2) is WHOLE and bucket_limit(Gather.shards, 100, 2) == PER_UNIT
+    assert bucket_limit(Gather.of(Budget(fraction=0.5)), 100, 2) == 50
+    assert bucket_limit(Gather.of(Budget(size=60)), 100, 2) == 30
+    with pytest.raises(ValueError, match="settles it"):
+        bucket_limit(Gather.auto, 100, 2)
+    assert buckets([10, 10, 10, 40], WHOLE) == [[0, 1, 2, 3]]
+    assert buckets([10, 10, 10, 40], PER_UNIT) == [[0], [1], [2], [3]]
+    assert buckets([10, 10, 10, 40], 25) == [[0, 1], [2], [3]]  # a unit is never split
+
+
+# -- the choice ------------------------------------------------------------------------------------------------
+
+def test_gather_auto_takes_the_fastest_that_fits() -> None:
+    run, plan = planned(timed_seed_run("rtx3090", "gather=auto"))
+    chosen = plan.chosen
+    same = [column for column in plan.columns if column.fits and not column.candidate.lora
+            and column.candidate.generation.engine == Engine.hf
+            and (column.candidate.offload_optimizer, column.candidate.offload_params) == ("cpu", "none")]
+    assert chosen.fits and chosen.step_seconds == min(column.step_seconds for column in same)
+    assert run.generation == chosen.candidate.generation and run.generation.gather.budget is not None
+    assert "the fastest that fits:" in run.settings["ds3_gather_for_generation"].source
+
+
+def ungathered_recipe(folder: Path) -> Path:
+    """The RLOO seed recipe with no gather choice of its own."""
+    text = (RECIPES / "rloo" / "pythia-12b-descriptiveness.yaml").read_text()
+    return write(folder / "rloo.yaml", "\n".join(line for line in text.splitlines() if not line.startswith("gather:")))
+
+
+def test_vllm_without_a_gather_choice_leaves_the_sync_bucket_to_the_plan(cli, tmp_path: Path) -> None:
+    recipe = ungathered_recipe(tmp_path)
+    run = qwen_run("use_vllm=true", recipe=recipe)
+    assert run.generation.gather == Gather.auto
+    assert run.settings["ds3_gather_for_generation"].source == VLLM_SYNC_DEFAULT
+    settled, plan = planned(run)
+    assert settled.generation.engine == Engine.colocate and settled.generation.gather != Gather.auto
+    assert "no gather choice given with vLLM: the plan's" in settled.settings["ds3_gather_for_generation"].source
+    given = qwen_run("use_vllm=true", "gather=false", recipe=recipe)
+    assert given.generation.gather == Gather.shards  # a choice any source gives stands
+    assert qwen_run(recipe=recipe).generation.gather == Gather.whole  # without vLLM, TRL's default
+
+
+def test_without_a_plan_vllm_syncs_the_whole_policy_instead_of_failing(tmp_path: Path) -> None:
+    run = resolve(RunRequest("rloo", str(ungathered_recipe(tmp_path)),
+                             {"use_vllm": ("--vllm", True)}, ("model_name_or_path=nobody/unsized",),
+                             planning=True), cuda=True)
+    settled, plan = planned(run)
+    assert not plan.known and settled.generation.gather == Gather.whole
+    assert settled.settings["ds3_gather_for_generation"].source.startswith("default: no plan")
+
+
+def test_candidates_carry_a_generation() -> None:
+    plan = plan_run(qwen_run("use_vllm=true", "gather=true"))
+    for column in plan.columns:
+        candidate: Candidate = column.candidate
+        assert isinstance(candidate.generation, Generation)
+        assert (candidate.vllm is not None) == candidate.generation.engine.vllm
+
+
+def test_an_unknown_gpu_name_stops_resolution() -> None:
+    with pytest.raises(ConfigError, match="unknown GPU"):
+        timed_seed_run("rtx9090")
+
+
+def test_published_times_keep_their_orderings(tmp_path: Path, monkeypatch) -> None:
+    """benchmarks/published_times.py: vLLM colocated and a server both faster than HF generation (ms-swift's GKD),
+    2 GiB sync buckets faster than tensor by tensor (the Megatron-LM bridge); each time predicted."""
+    from helpers import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import published_times
+    from _common import cache_model_configs
+    from plan_published import HUB_MODELS
+
+    hub = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    cache_model_configs(hub, HUB_MODELS)
+    _, rows, orderings = published_times.replay(tmp_path)
+    assert len(rows) == len(published_times.ROWS) and all(row[3] != "-" for row in rows)
+    right = [line for line in orderings if line.startswith("right")]
+    assert any("2 GiB buckets faster" in line for line in right)
+    assert sum("faster than GKD Qwen2.5-7B" in line for line in right) == 2
