@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import free_port
 from rlhf_cli.config.server_url import server_problems
 
 
@@ -46,9 +47,7 @@ def test_a_port_that_answers_but_not_http_is_refused(listener) -> None:
 
 def test_a_closed_port_is_a_warning_that_says_how_long_the_ranks_wait(cli, nothing_launches, tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]  # free once closed: nothing listens there
+    port = free_port()  # nothing listens there
     args = ("grpo", "-r", "grpo/smoke", "-o", tmp_path / "out", "--vllm", "server", "--set",
             f"vllm_server_base_url=http://127.0.0.1:{port}", "--set", "vllm_server_timeout=30")
     metadata = tmp_path / "site" / "vllm-0.30.0.dist-info" / "METADATA"  # shown as installed; never imported

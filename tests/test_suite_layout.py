@@ -29,12 +29,17 @@ def _imported_modules(tree: ast.AST) -> set[str]:
 def _functions(tree: ast.Module) -> dict[str, str]:
     """Each top-level helper (a function or class that is not a test) by its code, whatever it is called and says
     of itself: name -> code."""
+    constants = {target.id: ast.dump(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                 for target in node.targets if isinstance(target, ast.Name)}
     found = {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("test_"):
             body = node.body[1:] if ast.get_docstring(node) is not None else node.body
             args = ast.dump(node.args) if isinstance(node, ast.FunctionDef) else ""
-            found[node.name] = args + "".join(ast.dump(statement) for statement in body)
+            read = sorted({name.id for name in ast.walk(node) if isinstance(name, ast.Name) and name.id in constants})
+            # The module's constants it reads belong to its code: two fixtures running two scripts differ.
+            found[node.name] = args + "".join(ast.dump(statement) for statement in body) + \
+                "".join(constants[name] for name in read)
     return found
 
 
@@ -77,7 +82,8 @@ def test_the_shared_helpers_are_defined_once() -> None:
             continue
         if any(_asks_for_vllm(call) for call in _calls_to(tree, "find_spec")):
             own_markers.append(name)
-        if any(_binds_any_port(call) for call in _calls_to(tree, "bind")):
+        if any(_binds_any_port(call) for block in ast.walk(tree) if isinstance(block, ast.With)
+               for call in _calls_to(block, "bind")):  # bound and closed at once: a free port
             own_ports.append(name)
     twice = [places for places in where.values() if len(places) > 1]
     assert (twice, own_markers, own_ports) == ([], [], [])
