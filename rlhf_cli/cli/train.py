@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -72,7 +73,12 @@ def _resolve(ctx: typer.Context, options: dict[str, Any], repeated: list[str], p
     flags = {key: (flag, options[parameter]) for key, (flag, parameter) in FLAGS.items()
              if options.get(parameter) is not None}
     problems = repeated + _flag_problems(options, planning)
-    trl_flags, extra = trl_style_flags(ctx.args)
+    from rlhf_cli.config.fields import catalogue
+
+    algorithm = ctx.info_name.replace("-", "_")
+    fields = catalogue(algorithm)
+    trl_flags, extra = trl_style_flags(ctx.args, lambda key: key in fields and "list" in fields[key].kinds)
+    recipe, trl_flags = _trl_config(options["recipe"], trl_flags, problems)
     gather = _gather_flag(options["gather"], options["no_gather"], extra, problems)
     if gather is not None:
         flags["ds3_gather_for_generation"] = gather
@@ -89,16 +95,18 @@ def _resolve(ctx: typer.Context, options: dict[str, Any], repeated: list[str], p
         flags["use_peft"] = ("--lora", True) if options["lora"] else ("--no-lora", False)
     if options["merge_adapter"]:
         flags["merge_adapter"] = ("--merge-adapter", True)
-    algorithm = ctx.info_name.replace("-", "_")
-    return resolve(RunRequest(algorithm, options["recipe"], flags, tuple(options["set_"] or ()),
+    return resolve(RunRequest(algorithm, recipe, flags, tuple(options["set_"] or ()),
                               options.get("overwrite", False), planning=planning, problems=tuple(problems),
                               trl_flags=trl_flags))
 
 
-def trl_style_flags(args: list[str]) -> tuple[tuple[tuple[str, str | None], ...], list[str]]:
-    """TRL's CLI spelling of recipe keys among the extra arguments: `--key value`, `--key=value`, or `--key`
-    alone (true), as (flag as typed, value text or None); the other arguments are returned as they came."""
-    found: list[tuple[str, str | None]] = []
+def trl_style_flags(args: list[str], takes_list: Callable[[str], bool] = lambda key: False,
+                    ) -> tuple[tuple[tuple[str, tuple[str, ...]], ...], list[str]]:
+    """TRL's CLI spelling of recipe keys among the extra arguments, as HfArgumentParser splits them: a list field
+    takes every word up to the next option (`--report_to wandb tensorboard`), any other key one word at most
+    (`--key value`, `--key=value`, or `--key` alone), as (flag as typed, its words); the other arguments as they
+    came."""
+    found: list[tuple[str, tuple[str, ...]]] = []
     rest: list[str] = []
     index = 0
     while index < len(args):
@@ -108,10 +116,31 @@ def trl_style_flags(args: list[str]) -> tuple[tuple[tuple[str, str | None], ...]
             rest.append(token)
             continue
         flag, equals, text = token.partition("=")
-        if not equals and index < len(args) and not args[index].startswith("--"):
-            text, index = args[index], index + 1
-        found.append((flag, text if equals or text else None))
+        words = [text] if equals else []
+        many = takes_list(flag[2:].replace("-", "_"))
+        while not equals and index < len(args) and not _is_option(args[index]) and (many or not words):
+            words.append(args[index])
+            index += 1
+        found.append((flag, tuple(words)))
     return tuple(found), rest
+
+
+def _trl_config(recipe: str | None, trl_flags: tuple[tuple[str, tuple[str, ...]], ...], problems: list[str],
+                ) -> tuple[str | None, tuple[tuple[str, tuple[str, ...]], ...]]:
+    """TRL's `--config FILE` is the recipe (`trl grpo --config recipe.yaml ...` pastes after `rlhf grpo`)."""
+    configs = [words for flag, words in trl_flags if flag == "--config"]
+    rest = tuple((flag, words) for flag, words in trl_flags if flag != "--config")
+    if not configs:
+        return recipe, rest
+    if recipe is not None or len(configs) > 1 or len(configs[0]) != 1:
+        problems.append("--config (TRL's recipe flag) names one recipe, the same as -r; give one of them, once")
+        return recipe, rest
+    return configs[0][0], rest
+
+
+def _is_option(token: str) -> bool:
+    """As argparse decides: `--x` and `-x` are options, `-1` and `-1e-6` are (negative) values."""
+    return token.startswith("-") and len(token) > 1 and not token[1].isdigit() and not token[1] == "."
 
 
 def _flag_problems(options: dict[str, Any], planning: bool) -> list[str]:

@@ -15,7 +15,7 @@ import yaml
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
 from rlhf_cli.config.cluster import detect_layout
 from rlhf_cli.config.draft import Draft, suggest
-from rlhf_cli.config.fields import FieldTypeError, catalogue, coerce, snapshot_list
+from rlhf_cli.config.fields import Field, FieldTypeError, catalogue, coerce, snapshot_list
 from rlhf_cli.config.locate import locate
 from rlhf_cli.config.recipe import Recipe
 from rlhf_cli.config.run import Setting
@@ -145,11 +145,9 @@ def apply_command_line(draft: Draft) -> None:
     bases = (draft.cwd,)
     for name, (flag, value) in draft.request.flags.items():
         put(draft, name, value, f"flag {flag}", flag, bases)
-    for flag, text in draft.request.trl_flags:  # TRL's spelling: `--learning_rate 1e-6`, `--use_vllm`
-        key = flag[2:].replace("-", "_")
-        if text is None:
-            put(draft, key, True, f"flag {flag}", flag, bases)
-        elif (value := _yaml_value(draft, flag, text, f"{flag}='{text}'")) is not _INVALID:
+    for flag, words in draft.request.trl_flags:  # TRL's spelling: `--learning_rate 1e-6`, `--use_vllm`
+        key, value = _trl_flag_value(draft, flag, words)
+        if value is not _INVALID:
             put(draft, key, value, f"flag {flag}", flag, bases)
     for pair in draft.request.sets:
         key, sep, text = pair.partition("=")
@@ -163,6 +161,37 @@ def apply_command_line(draft: Draft) -> None:
 
 
 _INVALID = object()  # a command-line value that is not YAML (already reported)
+TRUE_WORDS, FALSE_WORDS = ("yes", "true", "t", "y", "1"), ("no", "false", "f", "n", "0")  # transformers' string_to_bool
+
+
+def _trl_flag_value(draft: Draft, flag: str, words: tuple[str, ...]) -> tuple[str, Any]:
+    """(key, value) of a TRL-style flag, read as TRL's HfArgumentParser reads it from the field's type: `--no_X` is
+    X false for a bool that defaults to true, a bool takes yes/no/true/false/1/0 (alone: true), a text field the
+    word as typed (a bare `no` is the choice, not YAML's false), `none` an optional number's null, a list every
+    word; anything else is read as YAML, as in a recipe."""
+    key = flag[2:].replace("-", "_")
+    field = draft.fields.get(key)
+    negated = draft.fields.get(key[3:]) if key.startswith("no_") and field is None else None
+    if negated is not None and negated.default is True and "bool" in negated.kinds and not words:
+        return negated.name, False
+    if not words:
+        return key, True
+    if field is not None and "list" in field.kinds:
+        items = [_trl_word(draft, field, flag, word) for word in words]
+        return key, _INVALID if _INVALID in items else items
+    return key, _trl_word(draft, field, flag, words[0])
+
+
+def _trl_word(draft: Draft, field: Field | None, flag: str, word: str) -> Any:
+    kinds = field.kinds if field is not None else ()
+    if "bool" in kinds and word.lower() in TRUE_WORDS + FALSE_WORDS:
+        return word.lower() in TRUE_WORDS
+    if "str" in kinds:
+        return word
+    if "null" in kinds and word.lower() in ("none", "null"):
+        return None
+    value = _yaml_value(draft, flag, word, f"{flag}='{word}'")
+    return word if "list" in kinds and isinstance(value, bool) else value
 
 
 def _yaml_value(draft: Draft, where: str, text: str, quoted: str) -> Any:

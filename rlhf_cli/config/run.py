@@ -33,7 +33,8 @@ class RunRequest:
     overwrite: bool = False
     planning: bool = False  # `rlhf plan`: nothing will be written, so the output dir and resume point are not checked
     problems: tuple[str, ...] = ()  # found in the command line itself (flags that contradict each other)
-    trl_flags: tuple[tuple[str, str | None], ...] = ()  # `--learning_rate 1e-6`: (flag, text), None for `--use_vllm`
+    # `--learning_rate 1e-6`, `--report_to wandb tensorboard`, `--use_vllm`: (flag, its words), as TRL's parser splits
+    trl_flags: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
