@@ -70,10 +70,12 @@ def _synced(policy: Path, lora_targets: list[str]) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
-def _assert_faithful(result: dict, separate_tied_head: bool = False) -> None:
+def _assert_faithful(result: dict, separate_tied_head: bool = False, reprocess_needed: bool = False) -> None:
     """vLLM serves the trained policy after every sync (LoRA merged a layer at a time, on the head and the embedding
     too); the self-check passes on it and stops a sync that sends a wrong norm, or that leaves stale a tied head
-    vLLM holds as a layer of its own (`separate_tied_head`; Gemma's vLLM model scores with its embedding)."""
+    vLLM holds as a layer of its own (`separate_tied_head`). `reprocess_needed`: a model whose vLLM scores with
+    its embedding (Gemma) still drifts without the re-processing, by less than the self-check stops at (0.009
+    measured), so the sync's re-processing is what serves it faithfully."""
     assert result["stale"] > 1e-2  # before the sync vLLM still serves the checkpoint: the check can fail
     for name, synced in result["synced"].items():
         assert synced["gap"] < 1e-3 and synced["merged_lora_layers"] == 0, (name, synced)
@@ -83,6 +85,8 @@ def _assert_faithful(result: dict, separate_tied_head: bool = False) -> None:
     if separate_tied_head:
         assert "differs most in the LM head" in check["stale_tied_head"] and "tied to the embedding" in \
             check["stale_tied_head"], check
+    elif reprocess_needed:
+        assert check["stale_tied_head"]["check_logp_difference"] > 10 * check["passed"]["check_logp_difference"], check
     else:  # no layer shares a reloaded weight: the reload alone serves the policy
         assert check["stale_tied_head"]["check_logp_difference"] < 1e-3, check
     assert "vLLM's logprobs differ from the policy's" in check["broken_norm"], check
@@ -122,5 +126,5 @@ def test_every_family_is_served_as_trained(family: str, tmp_path: Path) -> None:
     from families.build import build_family
 
     result = _synced(build_family(family, tmp_path / family, vllm=True), FAMILY_LORA[family])
-    _assert_faithful(result, separate_tied_head=family in ("qwen2.5", "gpt2"))
+    _assert_faithful(result, separate_tied_head=family in ("qwen2.5", "gpt2"), reprocess_needed=family == "gemma")
     assert result["tied"] == (family in ("qwen2.5", "gpt2", "gemma"))

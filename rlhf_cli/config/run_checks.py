@@ -135,6 +135,7 @@ def find_resume_point(draft: Draft) -> None:
             draft.problems.append(f"--resume {setting.value}: is a run's output dir, not one of its checkpoints; "
                                   "pass --resume auto (its newest complete checkpoint, with -o on it) or a "
                                   "checkpoint-N directory in it")
+            draft.refused.add("resume_from_checkpoint")
             return
         reason = incomplete_reason(checkpoint)
         # A save that finished and was damaged since, or one of an rlhf run that never finished, is refused; a

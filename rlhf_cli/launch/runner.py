@@ -136,12 +136,25 @@ def outcome(run_dir: RunDir, code: int, signals: list[int], wall_seconds: float,
 def launch(run: ResolvedRun, verbosity: str = "normal", needs: PlanNeeds = UNKNOWN, overwrite: bool = False) -> Outcome:
     """Run this machine's ranks to the end; signals are passed on to them. Says how they ended; `needs` (from the
     plan) makes a failure's explanation more precise; `overwrite` first removes what earlier runs wrote there."""
+    created = _missing_dirs(run.output_dir)
     lock = _hold_output_dir(run)
     try:
         return _launch_held(run, verbosity, needs, overwrite)
     finally:
         if lock is not None:
             release(lock)
+        for directory in created:  # a run stopped before it wrote anything leaves no empty dir behind
+            if directory.is_dir() and not any(directory.iterdir()):
+                directory.rmdir()
+
+
+def _missing_dirs(directory: Path) -> list[Path]:
+    """The directories up to `directory` that do not exist yet, deepest first: the ones the lock will create."""
+    missing = []
+    while not directory.exists() and directory != directory.parent:
+        missing.append(directory)
+        directory = directory.parent
+    return missing
 
 
 def _launch_held(run: ResolvedRun, verbosity: str, needs: PlanNeeds, overwrite: bool) -> Outcome:
