@@ -93,9 +93,29 @@ def policy_logprobs(model: Any, prompt: list[int], completion: list[int]) -> Any
 
     device = next(model.parameters()).device
     with torch.no_grad(), _evaluating(model):
-        logits = model(torch.tensor([prompt + completion], device=device)).logits[0, len(prompt) - 1:-1].float()
+        logits = _logits(model, torch.tensor([prompt + completion], device=device))[0, len(prompt) - 1:-1].float()
     ids = torch.tensor(completion, device=device)[:, None]
     return torch.log_softmax(logits, -1).gather(-1, ids)[:, 0].cpu()
+
+
+def _logits(model: Any, ids: Any) -> Any:
+    """The policy's logits as TRL's fused LM head computes them in training: the backbone's forward, then the head's
+    weights read directly (gathered here) rather than through the head module. ZeRO-3 prefetches by the order of
+    the modules the last forward ran: a probe that ran the head module would have it prefetched during training,
+    where TRL then finds it gathered, does not gather it itself, and its gradient meets an empty shard
+    (open-r1#692: "size of tensor a (0) must match ... at non-singleton dimension 1")."""
+    import torch
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base.module if hasattr(base, "module") and not hasattr(base, "config") else base
+    hidden = base.base_model(input_ids=ids, use_cache=False).last_hidden_state
+    head = base.get_output_embeddings()
+    with gathered(list(head.parameters())):
+        logits = head.forward(hidden)  # the module's own hooks bypassed, as TRL's fused head does
+    config = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
+    logits = logits * (getattr(config, "logit_scale", None) or 1.0)
+    cap = getattr(config, "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
 
 
 @contextlib.contextmanager
