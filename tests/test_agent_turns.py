@@ -10,7 +10,6 @@ from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
 
 from helpers import free_port
 

@@ -7,6 +7,7 @@ import pytest
 
 from helpers import needs_vllm
 from rlhf_cli import compat
+from rlhf_cli.compat import vllm as vllm_compat
 
 
 @pytest.mark.parametrize("internal", compat.INTERNALS, ids=[internal.path for internal in compat.INTERNALS])
@@ -15,14 +16,15 @@ def test_internal_is_where_rlhf_expects_it(internal: compat.Internal) -> None:
     assert internal.why and internal.until
 
 
-@pytest.mark.parametrize("internal", compat.TRL_VLLM_INTERNALS, ids=[i.path for i in compat.TRL_VLLM_INTERNALS])
+@pytest.mark.parametrize("internal", vllm_compat.TRL_VLLM_INTERNALS,
+                         ids=[i.path for i in vllm_compat.TRL_VLLM_INTERNALS])
 def test_trls_vllm_sync_is_where_rlhf_replaces_it(internal: compat.Internal) -> None:
     compat.check(internal)
     assert internal.why and internal.until
 
 
 @needs_vllm
-@pytest.mark.parametrize("internal", compat.VLLM_INTERNALS, ids=[i.path for i in compat.VLLM_INTERNALS])
+@pytest.mark.parametrize("internal", vllm_compat.VLLM_INTERNALS, ids=[i.path for i in vllm_compat.VLLM_INTERNALS])
 def test_vllm_internal_is_where_rlhf_expects_it(internal: compat.Internal) -> None:
     compat.check(internal)
     assert internal.why and internal.until
@@ -37,7 +39,7 @@ def test_trls_colocated_vllm_syncs_through_rlhf_and_server_mode_through_trl(monk
     originals = VLLMGeneration.sync_weights, OnlineDPOTrainer._move_model_to_vllm
     monkeypatch.setattr(VLLMGeneration, "sync_weights", originals[0])  # restored after the test
     monkeypatch.setattr(OnlineDPOTrainer, "_move_model_to_vllm", originals[1])
-    monkeypatch.setattr(compat, "replace_trl_vllm_engine", lambda factory: None)  # TRL imports LLM only with vLLM
+    monkeypatch.setattr(vllm_compat, "replace_trl_vllm_engine", lambda factory: None)  # TRL imports LLM only with vLLM
     synced, served = [], []
     monkeypatch.setattr(vllm_sync, "sync_weights",
                         lambda model, llm, limit, check, woke: synced.append((model, llm, limit, check)))
@@ -73,11 +75,12 @@ def test_every_function_here_uses_a_listed_internal() -> None:
     import inspect
     import re
 
-    listed = " ".join(internal.path.replace(":", ".")
-                      for internal in (*compat.INTERNALS, *compat.VLLM_INTERNALS, *compat.TRL_VLLM_INTERNALS))
-    source = inspect.getsource(compat).split("# -- TRL's generation context")[1]
+    listed = " ".join(internal.path.replace(":", ".") for internal in
+                      (*compat.INTERNALS, *vllm_compat.VLLM_INTERNALS, *vllm_compat.TRL_VLLM_INTERNALS))
+    source = inspect.getsource(compat).split("# -- TRL's generation context")[1] + \
+        inspect.getsource(vllm_compat).split("TRL_VLLM_INTERNALS = (")[1]
     for private in set(re.findall(r"\.(_[a-z]\w+)\b", source)):
-        assert private in listed, f"{private} is used in rlhf_cli/compat.py but not listed in INTERNALS"
+        assert private in listed, f"{private} is used in rlhf_cli/compat/ but not listed in its INTERNALS"
 
 
 def test_the_no_gather_fix_wraps_trls_generation_context() -> None:

@@ -73,7 +73,7 @@ def test_vllm_serve_starts_the_runs_model_on_loopback_with_its_settings() -> Non
     assert done.returncode == 0, done.stderr
     argv = shlex.split(done.stdout.strip())
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
-    options = dict(zip(argv[3::2], argv[4::2]))
+    options = dict(zip(argv[3::2], argv[4::2], strict=True))
     assert options["--model"] == str(RECIPES / "smoke" / "policy")
     assert options["--dtype"] == "float32"  # the checkpoint's, as the trainer holds it: not vLLM's auto (bf16)
     assert (options["--host"], options["--port"], options["--max-model-len"], options["--seed"]) == \

@@ -29,9 +29,9 @@ def greedy_gap(llm, model) -> float:
                            SamplingParams(max_tokens=TOKENS, temperature=0, logprobs=0), use_tqdm=False)
     gap = 0.0
     model.eval()
-    for prompt, output in zip(asked, outputs):
+    for prompt, output in zip(asked, outputs, strict=True):
         ids = list(output.outputs[0].token_ids)
-        served = torch.tensor([step[token].logprob for step, token in zip(output.outputs[0].logprobs, ids)])
+        served = torch.tensor([step[token].logprob for step, token in zip(output.outputs[0].logprobs, ids, strict=True)])
         with torch.no_grad():
             logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float()
         own = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
@@ -67,21 +67,21 @@ def adapted(model, targets: list[str]):
 def self_check(model, llm) -> dict:
     """The self-check on a good sync, on a sync whose tied layers are not re-processed (the stale tied head), and
     on one that sends the final norm's weight as 3 w + 1."""
-    from rlhf_cli import compat
+    from rlhf_cli.compat import vllm as vllm_compat
     from rlhf_cli.rank.vllm.self_check import SyncCheck, SyncCheckFailed
     from rlhf_cli.rank.vllm.sync import PER_UNIT, SyncLimit, sync_weights
 
     found: dict = {"passed": sync_weights(model, llm, SyncLimit(PER_UNIT), check=SyncCheck(1))}
 
     def stale_tied_head(engine, weights):
-        compat.vllm_model_runner(engine).reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+        vllm_compat.vllm_model_runner(engine).reload_weights(weights_iterator=weights, is_checkpoint_format=True)
 
     norm = next(name for name, param in model.named_parameters()  # the final norm: it scales every logit
                 if param.dim() == 1 and name.endswith("weight") and ("norm" in name or "ln_f" in name)
                 and ".layers." not in name and ".h." not in name)
 
     def broken_norm(engine, weights):
-        compat.vllm_reload_weights(engine, ((n, t * 3 + 1 if norm.endswith(n) else t) for n, t in weights))
+        vllm_compat.vllm_reload_weights(engine, ((n, t * 3 + 1 if norm.endswith(n) else t) for n, t in weights))
 
     found["broken"] = norm
     for case, reload in (("stale_tied_head", stale_tied_head), ("broken_norm", broken_norm)):

@@ -66,7 +66,8 @@ def check_agent_data(draft: Any) -> None:
 
     if {"tools", "environment_factory", "dataset_name"} & draft.refused:
         return  # judged against code or data that is being fixed
-    tools, environment = (draft.value(name) if name in draft.fields else None for name in ("tools", "environment_factory"))
+    tools, environment = (draft.value(name) if name in draft.fields else None
+                          for name in ("tools", "environment_factory"))
     name = draft.value("dataset_name")
     if not (tools or environment) or not (isinstance(name, str) and Path(name).is_absolute()
                                           and Path(name).suffix in READERS and Path(name).is_file()):

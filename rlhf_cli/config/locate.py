@@ -24,9 +24,9 @@ MODEL_FIELDS = ("model_name_or_path", "reward_model_name_or_path", "value_model_
 EXISTING_PATHS = {"accelerate_config": ("file", False), "nvme_path": ("directory", True),
                   "resume_from_checkpoint": ("checkpoint directory", True)}
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-DATA_BUILDERS = ("json", "csv", "parquet")
+DATA_BUILDERS = ("json", "csv", "parquet")  # `datasets` builders that read local `data_files`
 # The hub's repository ids: a name, or an owner and a name (huggingface_hub's validate_repo_id).
-HUB_ID = re.compile(r"(?!.*(--|\.\.))[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?(?<![.-])")  # `datasets` builders that read local `data_files`
+HUB_ID = re.compile(r"(?!.*(--|\.\.))[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?(?<![.-])")
 
 
 def _trl_accelerate_config(value: str, base_dirs: tuple[Path, ...]) -> Path | None:

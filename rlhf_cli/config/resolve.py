@@ -52,7 +52,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
     run_checks.check_models(draft)
     run_checks.default_output_dir(draft)
     if not request.planning:
-        run_checks.find_resume_point(draft)
+        resume.find_resume_point(draft)
         run_checks.check_output_dir(draft)
     for check in (run_checks.check_nvme_path, run_checks.check_gpu_memory, run_checks.check_hardware,
                   run_checks.check_data, check_agent_data, run_checks.check_mixture, run_checks.check_stall_timeout,

@@ -1,9 +1,12 @@
-"""A checkpoint resumed on another number of processes (a preempted job requeued on the GPUs that are free).
+"""The checkpoint a run resumes, and that checkpoint resumed on another number of processes (a preempted job
+requeued on the GPUs that are free).
 
-The run keeps the checkpoint's global batch, processes x per_device_train_batch_size x gradient_accumulation_steps:
-the accumulation steps take up what the processes changed, so the optimizer steps, the learning-rate schedule
-and the data position (steps x global batch prompts) stay those of the run that saved it. Where the count does not
-divide, the resume is refused. The ranks re-split ZeRO-3's shards (rlhf_cli/rank/reshard.py).
+`--resume auto` takes the newest whole checkpoint of the output dir; a given one is checked whole
+(`find_resume_point`). The run keeps the checkpoint's global batch, processes x per_device_train_batch_size x
+gradient_accumulation_steps: the accumulation steps take up what the processes changed, so the optimizer steps,
+the learning-rate schedule and the data position (steps x global batch prompts) stay those of the run that saved
+it. Where the count does not divide, the resume is refused. The ranks re-split ZeRO-3's shards
+(rlhf_cli/rank/reshard.py).
 """
 
 from __future__ import annotations
@@ -14,10 +17,14 @@ from typing import Any
 from rlhf_cli.config.accelerate import zero_stage
 from rlhf_cli.config.draft import Draft
 from rlhf_cli.config.file_checks import checkpoint_problem
-from rlhf_cli.config.run import Setting
-from rlhf_cli.output.checkpoints import deepspeed_tag, saved_by, saved_processes
+from rlhf_cli.config.paths import path_state
+from rlhf_cli.config.run import RESUME_AUTO, Setting
+from rlhf_cli.output.checkpoints import (deepspeed_tag, incomplete_reason, newest_complete_checkpoint, saved_by,
+                                         saved_processes)
+from rlhf_cli.output.run_dir import MANIFEST, RunDir
 
 MOST_PROCESSES_NAMED = 8  # process counts a refusal suggests
+NOTHING_TO_RESUME = ": nothing to resume"  # the source of `--resume auto` that found no checkpoint
 
 
 def check_checkpoint(draft: Draft, accelerate: dict[str, Any]) -> None:
@@ -105,3 +112,42 @@ def _what_changes(saved: int, processes: int, deepspeed: bool) -> str:
 
 def _ranks(first: int, end: int) -> str:
     return f"rank {first}" if end - first == 1 else f"ranks {first}-{end - 1}"
+
+
+def find_resume_point(draft: Draft) -> None:
+    """`auto`: the newest whole checkpoint in the output dir; a given one: check that it is whole."""
+    setting = draft.settings.get("resume_from_checkpoint")
+    if setting is None or setting.value is None or {"resume_from_checkpoint", "output_dir"} & draft.refused:
+        return
+    draft.resume_asked = setting.value
+    if setting.value != RESUME_AUTO:
+        checkpoint = Path(setting.value)
+        if RunDir(checkpoint).checkpoints() or path_state(RunDir(checkpoint).run_record).kind == "file":
+            draft.problems.append(f"--resume {setting.value}: is a run's output dir, not one of its checkpoints; "
+                                  "pass --resume auto (its newest complete checkpoint, with -o on it) or a "
+                                  "checkpoint-N directory in it")
+            draft.refused.add("resume_from_checkpoint")
+            return
+        reason = incomplete_reason(checkpoint)
+        # A save that finished and was damaged since, or one of an rlhf run that never finished, is refused; a
+        # checkpoint rlhf did not write (TRL's, transformers') has no manifest: the user's call.
+        if reason and ((checkpoint / MANIFEST).is_file() or RunDir(checkpoint.parent).written.is_file()):
+            draft.problems.append(f"--resume {setting.value}: {reason}; pass an earlier checkpoint, or --resume auto "
+                                  "(the newest whole one)")
+            draft.refused.add("resume_from_checkpoint")
+        elif reason:
+            draft.notes.append(f"warning: --resume {setting.value}: {reason}; resuming from it as given")
+        return
+    if draft.settings["output_dir"].source == "default":
+        draft.problems.append("--resume auto looks for checkpoints in the output dir, and the default "
+                              "runs/ALGO-TIME is new every time: pass --output-dir DIR")
+        return
+    output_dir = Path(draft.value("output_dir"))
+    point = newest_complete_checkpoint(output_dir)
+    draft.notes.extend(f"warning: --resume auto: skipping {line}" for line in point.skipped)
+    if point.checkpoint is None:
+        draft.notes.append(f"--resume auto: no complete checkpoint in {output_dir}; starting from the beginning")
+        draft.settings["resume_from_checkpoint"] = Setting(None, f"{setting.source} auto{NOTHING_TO_RESUME}")
+    else:
+        draft.notes.append(f"--resume auto: continuing from {point.checkpoint}")
+        draft.settings["resume_from_checkpoint"] = Setting(str(point.checkpoint), f"{setting.source} auto")

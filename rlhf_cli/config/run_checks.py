@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_cli.algorithms import algorithm
-from rlhf_cli.output.checkpoints import incomplete_reason, newest_complete_checkpoint
 from rlhf_cli.config.accelerate import is_zero3, zero_stage
 from rlhf_cli.config.agent_code import own_data_problem
 from rlhf_cli.config.key_rules import check_model_config, check_reward_model, cross_field_problems
@@ -21,18 +20,16 @@ from rlhf_cli.config.locate import DATA_BUILDERS, MODEL_FIELDS
 from rlhf_cli.config.lora import lora_problems
 from rlhf_cli.config.output_dir import Input, OutputDirCheck
 from rlhf_cli.config.paths import path_state, writable_dir_problem
-from rlhf_cli.config.run import RESUME_AUTO, Setting
+from rlhf_cli.config.run import Setting
 from rlhf_cli.config.server_url import server_problems, server_url
 from rlhf_cli.config.vllm import length_problems, vllm_problems
 from rlhf_cli.generation.budget import BudgetError, parse_budget
 from rlhf_cli.generation.choice import Engine
 from rlhf_cli.machine.gpus import GPUS, HardwareError, from_file, named, with_interconnect
-from rlhf_cli.output.run_dir import MANIFEST, RunDir
 from rlhf_cli.sizes import SizeError, parse_size
 
 # The trainers' collective timeout, unless the recipe sets one: a backstop for what the stall watch does not judge
 # (a rank hung while loading or saving), long enough for the saves and loads that make the others wait.
-NOTHING_TO_RESUME = ": nothing to resume"  # the source of `--resume auto` that found no checkpoint
 COLLECTIVE_TIMEOUT_FACTOR = 5
 
 
@@ -121,45 +118,6 @@ def default_output_dir(draft: Draft) -> None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = draft.cwd / "runs" / f"{draft.request.algorithm.replace('_', '-')}-{stamp}"
         draft.settings["output_dir"] = Setting(str(path), "default")
-
-
-def find_resume_point(draft: Draft) -> None:
-    """`auto`: the newest whole checkpoint in the output dir; a given one: check that it is whole."""
-    setting = draft.settings.get("resume_from_checkpoint")
-    if setting is None or setting.value is None or {"resume_from_checkpoint", "output_dir"} & draft.refused:
-        return
-    draft.resume_asked = setting.value
-    if setting.value != RESUME_AUTO:
-        checkpoint = Path(setting.value)
-        if RunDir(checkpoint).checkpoints() or path_state(RunDir(checkpoint).run_record).kind == "file":
-            draft.problems.append(f"--resume {setting.value}: is a run's output dir, not one of its checkpoints; "
-                                  "pass --resume auto (its newest complete checkpoint, with -o on it) or a "
-                                  "checkpoint-N directory in it")
-            draft.refused.add("resume_from_checkpoint")
-            return
-        reason = incomplete_reason(checkpoint)
-        # A save that finished and was damaged since, or one of an rlhf run that never finished, is refused; a
-        # checkpoint rlhf did not write (TRL's, transformers') has no manifest: the user's call.
-        if reason and ((checkpoint / MANIFEST).is_file() or RunDir(checkpoint.parent).written.is_file()):
-            draft.problems.append(f"--resume {setting.value}: {reason}; pass an earlier checkpoint, or --resume auto "
-                                  "(the newest whole one)")
-            draft.refused.add("resume_from_checkpoint")
-        elif reason:
-            draft.notes.append(f"warning: --resume {setting.value}: {reason}; resuming from it as given")
-        return
-    if draft.settings["output_dir"].source == "default":
-        draft.problems.append("--resume auto looks for checkpoints in the output dir, and the default "
-                              "runs/ALGO-TIME is new every time: pass --output-dir DIR")
-        return
-    output_dir = Path(draft.value("output_dir"))
-    point = newest_complete_checkpoint(output_dir)
-    draft.notes.extend(f"warning: --resume auto: skipping {line}" for line in point.skipped)
-    if point.checkpoint is None:
-        draft.notes.append(f"--resume auto: no complete checkpoint in {output_dir}; starting from the beginning")
-        draft.settings["resume_from_checkpoint"] = Setting(None, f"{setting.source} auto{NOTHING_TO_RESUME}")
-    else:
-        draft.notes.append(f"--resume auto: continuing from {point.checkpoint}")
-        draft.settings["resume_from_checkpoint"] = Setting(str(point.checkpoint), f"{setting.source} auto")
 
 
 def check_output_dir(draft: Draft) -> None:

@@ -12,7 +12,8 @@ passed is remembered (`passed_checks_dir`), keyed by a hash of what it read: the
 environment, the installed versions, rlhf's own code, the bytes of each file of code it runs (rewards, tools,
 environments, the rollout function) and, with tools, of the policy's chat template; not where the run writes or
 which checkpoint it resumes. A run started again unchanged, elsewhere or resumed, skips it; code from an installed
-module (whose code no hash here can follow), or tools with a hub policy, are checked every time. A pass remembered wrongly costs a rank's error at start, not a wrong run.
+module (whose code no hash here can follow), or tools with a hub policy, are checked every time. A pass
+remembered wrongly costs a rank's error at start, not a wrong run.
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ def _code_specs(values: dict[str, Any]) -> list[str]:
 
 def _sources(values: dict[str, Any]) -> dict[str, str] | None:
     """A hash of each file the check executes or reads beyond the values: the code files, with tools the policy's
-    chat template (its tokenizer files), and a local dataset's size and time; None when one lies beyond a file's bytes (a module, what it
-    imports, a hub model) or cannot be read."""
+    chat template (its tokenizer files), and a local dataset's size and time; None when one lies beyond a file's
+    bytes (a module, what it imports, a hub model) or cannot be read."""
     paths = []
     for spec in _code_specs(values):
         target, sep, _ = spec.rpartition(":")

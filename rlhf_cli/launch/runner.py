@@ -165,8 +165,8 @@ def _launch_held(run: ResolvedRun, verbosity: str, needs: PlanNeeds, overwrite: 
     run_dir = RunDir(run.output_dir)
     command = launch_command(run, verbosity=verbosity)
     started = time.monotonic()
-    # The pre-launch check and the launch supervisor's imports (torch, accelerate) run at once: the supervisor waits at a
-    # gate and starts no rank before the check has passed and the run's files are written.
+    # The pre-launch check and the launch supervisor's imports (torch, accelerate) run at once: the supervisor waits
+    # at a gate and starts no rank before the check has passed and the run's files are written.
     checking = PendingCheck(run)
     gate_read, gate_write = os.pipe()
     # The ranks get their own process group, so a terminal's Ctrl-C reaches them once, through us.

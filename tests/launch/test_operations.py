@@ -82,7 +82,7 @@ def test_a_preemption_signal_checkpoints_and_resume_auto_finishes_the_same_steps
         logged = [entry for entry in state["log_history"] if metric in entry]
         assert [entry["episode"] for entry in logged] == [8 * step for step in steps]  # 8 rollouts an update, kept
         rates = [entry["lr"] for entry in logged]  # the linear schedule, unbroken
-        assert all(abs((a - b) - (rates[0] - rates[1])) < 1e-12 for a, b in zip(rates, rates[1:]))
+        assert all(abs((a - b) - (rates[0] - rates[1])) < 1e-12 for a, b in zip(rates, rates[1:], strict=False))
 
 
 def assert_resumed_on_fewer_processes(out: Path, stderr: str, stopped: int, kl: str) -> None:

@@ -41,7 +41,7 @@ def prompt_ids(queries: torch.Tensor, pad_token_id: int) -> list[list[int]]:
     """The token ids of left-padded prompts without their left padding: a pad id inside a prompt (a tokenizer
     whose pad is its EOS or BOS) stays."""
     starts = (queries != pad_token_id).int().argmax(1)  # the first real token (0 for a row that is all padding)
-    return [row[start:].tolist() for row, start in zip(queries, starts.tolist())]
+    return [row[start:].tolist() for row, start in zip(queries, starts.tolist(), strict=True)]
 
 
 def padded(rows: list[list[Any]], fill: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from rlhf_cli import compat
+from rlhf_cli.compat import vllm as vllm_compat
 from rlhf_cli.rank.vllm.sync import checkpoint_names, gathered
 
 PROBE_PROMPTS = 3
@@ -77,10 +77,10 @@ def probe_difference(model: Any, llm: Any) -> dict[str, float]:
     outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts],
                            SamplingParams(max_tokens=PROBE_TOKENS, temperature=0, logprobs=0), use_tqdm=False)
     differences = []
-    for prompt, output in zip(prompts, outputs):
+    for prompt, output in zip(prompts, outputs, strict=True):
         completion = output.outputs[0]
         ids = list(completion.token_ids)
-        served = torch.tensor([step[token].logprob for step, token in zip(completion.logprobs, ids)])
+        served = torch.tensor([step[token].logprob for step, token in zip(completion.logprobs, ids, strict=True)])
         own = policy_logprobs(model, prompt, ids)
         differences.append((served - own).abs())
     every = torch.cat(differences)
@@ -135,7 +135,7 @@ def diagnose(model: Any, llm: Any) -> str:
     hidden states, else the weight (of those vLLM keeps readable: embeddings, norms, biases; on GPU every one)
     furthest from the policy's. Colocated engines only (the model lives in this process)."""
     head = head_difference(model, llm)
-    weights = weight_differences(model, compat.vllm_model(llm))
+    weights = weight_differences(model, vllm_compat.vllm_model(llm))
     name, worst = max(weights.items(), key=lambda item: item[1], default=("", 0.0))
     if head > 1e-3 and head >= worst:
         return (f"the LM head ({head:.3g} nats from the policy's on its own last hidden states"
@@ -150,7 +150,7 @@ def head_difference(model: Any, llm: Any) -> float:
     policy's last hidden states."""
     import torch
 
-    engine = compat.vllm_model(llm)
+    engine = vllm_compat.vllm_model(llm)
     ids = torch.tensor(probe_prompts(_config(model).vocab_size), device=next(model.parameters()).device)
     with torch.no_grad(), _evaluating(model):
         out = model(ids, output_hidden_states=True)
@@ -172,7 +172,7 @@ def weight_differences(model: Any, engine: Any) -> dict[str, float]:
             continue
         with gathered([param]):
             own = param.data.detach().float().cpu()
-        if served.dim() == own.dim() and all(s >= o for s, o in zip(served.shape, own.shape)):
+        if served.dim() == own.dim() and all(s >= o for s, o in zip(served.shape, own.shape, strict=True)):
             part = served.detach()[tuple(slice(0, size) for size in own.shape)].float().cpu()
             found[named(name)] = (part - own).abs().max().item()
     return found

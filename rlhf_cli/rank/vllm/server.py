@@ -4,8 +4,9 @@ Rank 0 holds TRL's `VLLMClient` (the server's OpenAI-compatible `/v1/completions
 in one request and each rank gets its share back. Weights reach the server through a directory both can read:
 rank 0 writes them as each bucket is gathered (rlhf_cli/rank/vllm/sync.py), then asks the server to reload from
 the directory (`POST /collective_rpc` `rlhf_reload_weights`, rlhf_cli/rank/vllm/worker_extension.py, through a
-development endpoint: `rlhf vllm-serve` starts the server with VLLM_SERVER_DEV_MODE=1 and that extension) and to drop its prefix cache. TRL's NCCL weight transfer needs CUDA on both
-sides: it is the GPU transport; the directory is the one that works everywhere (and the one tested on CPU).
+development endpoint: `rlhf vllm-serve` starts the server with VLLM_SERVER_DEV_MODE=1 and that extension) and to
+drop its prefix cache. TRL's NCCL weight transfer needs CUDA on both sides: it is the GPU transport; the directory
+is the one that works everywhere (and the one tested on CPU).
 """
 
 from __future__ import annotations

