@@ -34,6 +34,8 @@ def test_trls_colocated_vllm_syncs_through_rlhf_and_server_mode_through_trl(monk
     from trl.experimental.online_dpo import OnlineDPOTrainer
     from trl.generation.vllm_generation import VLLMGeneration
 
+    from rlhf_cli.generation.choice import Gather
+    from rlhf_cli.generation.sync_buckets import PER_UNIT
     from rlhf_cli.rank.vllm import sync as vllm_sync
 
     originals = VLLMGeneration.sync_weights, OnlineDPOTrainer._move_model_to_vllm
@@ -43,7 +45,7 @@ def test_trls_colocated_vllm_syncs_through_rlhf_and_server_mode_through_trl(monk
     synced, served = [], []
     monkeypatch.setattr(vllm_sync, "sync_weights",
                         lambda model, llm, limit, check, woke: synced.append((model, llm, limit, check)))
-    vllm_sync.install_vllm(gather=False, budget=None, dtype="float32", seed=0, check="the check")
+    vllm_sync.install_vllm(Gather.shards, dtype="float32", seed=0, check="the check")
     assert VLLMGeneration.sync_weights.__wrapped__ is originals[0]
     assert OnlineDPOTrainer._move_model_to_vllm.__wrapped__ is originals[1]
     monkeypatch.setattr(VLLMGeneration.sync_weights, "__wrapped__", served.append)
@@ -55,7 +57,7 @@ def test_trls_colocated_vllm_syncs_through_rlhf_and_server_mode_through_trl(monk
 
     Generation.model = torch.nn.Linear(2, 2)
     VLLMGeneration.sync_weights(Generation())
-    assert synced and synced[0][1] is Generation.llm and synced[0][2].numel == vllm_sync.PER_UNIT
+    assert synced and synced[0][1] is Generation.llm and synced[0][2].numel == PER_UNIT
     assert synced[0][3] == "the check"
     Generation.mode = "server"
     VLLMGeneration.sync_weights(Generation())

@@ -20,7 +20,8 @@ LEAVES = {"rlhf_cli", "rlhf_cli.errors", "rlhf_cli.sizes", "rlhf_cli.generation"
           "rlhf_cli.generation.choice", "rlhf_cli.generation.sync_buckets", "rlhf_cli.machine.probe",
           "rlhf_cli.machine.gpus",
           "rlhf_cli.output", "rlhf_cli.output.run_dir", "rlhf_cli.output.files", "rlhf_cli.output.checkpoints",
-          "rlhf_cli.output.ownership", "rlhf_cli.output.lock", "rlhf_cli.models", "rlhf_cli.models.hub", "rlhf_cli.models.architectures"}
+          "rlhf_cli.output.ownership", "rlhf_cli.output.lock", "rlhf_cli.models", "rlhf_cli.models.hub", "rlhf_cli.models.architectures",
+          "rlhf_cli.models.dtype"}
 # The top: the CLI and `python -m rlhf_cli` may import any layer.
 TOP = {"cli", "__main__"}
 MAY_IMPORT = {

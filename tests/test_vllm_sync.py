@@ -14,7 +14,10 @@ import pytest
 
 from helpers import RECIPES, REPO, free_port, needs_vllm
 from rlhf_cli.generation.budget import Budget
-from rlhf_cli.rank.vllm.sync import PER_UNIT, WHOLE, SyncLimit, buckets, training_dtype, vllm_name
+from rlhf_cli.generation.choice import Gather
+from rlhf_cli.generation.sync_buckets import PER_UNIT, WHOLE, buckets
+from rlhf_cli.models.dtype import training_dtype
+from rlhf_cli.rank.vllm.sync import SyncLimit, vllm_name
 
 
 
@@ -30,12 +33,12 @@ def test_the_gather_choice_is_the_bucket_limit() -> None:
     import torch
 
     model = torch.nn.Linear(10, 10)  # 110 float32 elements
-    assert SyncLimit.of(True, None, model).numel is WHOLE
-    assert SyncLimit.of(False, None, model).numel == PER_UNIT
-    assert SyncLimit.of(False, Budget(fraction=0.5), model).numel == 55
-    assert SyncLimit.of(False, Budget(size=200), model).numel == 50  # bytes over 4-byte elements
-    assert SyncLimit.of(True, Budget(fraction=1), model).numel is WHOLE
-    assert SyncLimit.of(False, Budget(fraction=0), model).numel == PER_UNIT
+    assert SyncLimit.of(Gather.whole, model).numel is WHOLE
+    assert SyncLimit.of(Gather.shards, model).numel == PER_UNIT
+    assert SyncLimit.of(Gather.of(Budget(fraction=0.5)), model).numel == 55
+    assert SyncLimit.of(Gather.of(Budget(size=200)), model).numel == 50  # bytes over 4-byte elements
+    assert SyncLimit.of(Gather.of(Budget(fraction=1)), model).numel is WHOLE
+    assert SyncLimit.of(Gather.of(Budget(fraction=0)), model).numel == PER_UNIT
 
 
 def test_vllm_names_are_checkpoint_names() -> None:
@@ -49,14 +52,20 @@ def test_vllm_names_are_checkpoint_names() -> None:
     assert vllm_name("base_model.model.lm_head.original_module.weight") is None
 
 
-def test_vllm_holds_the_policy_in_the_dtype_it_trains_in() -> None:
+def test_vllm_holds_the_policy_in_the_dtype_it_trains_in(tmp_path: Path) -> None:
     # vLLM would downcast float32 to bfloat16: the 0.02-0.04 logprob gap TRL reports on CPU
-    assert training_dtype(False, False, None, "float32") == "float32"
-    assert training_dtype(False, False, "auto", "float32") == "float32"
-    assert training_dtype(False, False, None, None) == "float32"
-    assert training_dtype(True, False, None, "float32") == "bfloat16"
-    assert training_dtype(False, True, "float32", None) == "float16"
-    assert training_dtype(False, False, "bfloat16", "float32") == "bfloat16"
+    saved, old, bare = tmp_path / "saved", tmp_path / "old", tmp_path / "bare"
+    for directory, config in ((saved, {"dtype": "float32"}), (old, {"torch_dtype": "bfloat16"}), (bare, {})):
+        directory.mkdir()
+        (directory / "config.json").write_text(json.dumps(config))
+    assert training_dtype(False, False, None, saved) == "float32"
+    assert training_dtype(False, False, "auto", saved) == "float32"
+    assert training_dtype(False, False, None, old) == "bfloat16"  # transformers 4's key
+    assert training_dtype(False, False, None, bare) == "float32"
+    assert training_dtype(False, False, None, tmp_path / "missing") == "float32"
+    assert training_dtype(True, False, None, saved) == "bfloat16"
+    assert training_dtype(False, True, "float32", bare) == "float16"
+    assert training_dtype(False, False, "bfloat16", saved) == "bfloat16"
 
 
 def _synced(policy: Path, lora_targets: list[str]) -> dict:

@@ -9,20 +9,18 @@ run refreshes the server's weights through `/collective_rpc` (rlhf_cli/rank/vllm
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
-from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
 from rlhf_cli.cli.flags import TABLE, given_once
+from rlhf_cli.models.dtype import training_dtype
 
 EXAMPLE = "rlhf vllm-serve ppo -r ppo/smoke --port 8000"
 LOOPBACK = "127.0.0.1"
-DTYPES = ("float32", "float16", "bfloat16")
 # the weight refresh's disk reload, tied layers re-processed (rlhf_cli/rank/vllm/worker_extension.py; by name: the CLI
 # imports no rank code)
 WORKER_EXTENSION = "rlhf_cli.rank.vllm.worker_extension.ReloadWithTiedLayers"
@@ -41,22 +39,13 @@ PortOpt = Annotated[Optional[int], typer.Option(
     "--port", show_default=False, help="Port to listen on. Default: the run's vllm_server_port.")]
 
 
-def training_dtype(run: Any) -> str:
-    """The dtype the trainer holds the policy in: bf16 or fp16 when on, else its checkpoint's, else float32. Not
-    vLLM's `auto`, which builds a float32 checkpoint in bfloat16: its samples would not be the policy's."""
-    if run.value("bf16") or run.value("fp16"):
-        return "bfloat16" if run.value("bf16") else "float16"
-    config = Path(str(run.value("model_name_or_path")), "config.json")
-    saved = json.loads(config.read_text()) if config.is_file() else {}
-    named = saved.get("dtype") or saved.get("torch_dtype")
-    return named if named in DTYPES else "float32"
-
-
 def server_command(run: Any, host: str, port: int | None) -> list[str]:
     """vLLM's server on the run's policy, lengths, dtype, tensor parallelism, memory share and seed."""
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(run.value("model_name_or_path")),
             "--host", host, "--port", str(port or run.value("vllm_server_port")),
-            "--dtype", training_dtype(run),
+            "--dtype", training_dtype(run.value("bf16"), run.value("fp16"),
+                                      (run.value("model_init_kwargs") or {}).get("dtype"),
+                                      run.value("model_name_or_path")),
             "--tensor-parallel-size", str(run.value("vllm_tensor_parallel_size")),
             "--gpu-memory-utilization", str(run.value("vllm_gpu_memory_utilization")),
             "--seed", str(run.value("seed")),

@@ -6,7 +6,6 @@ from typing import Any
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import load_object
-from rlhf_cli.generation.choice import Gather
 from rlhf_cli.rank.inputs import RankInputs, agent_arguments, load_prompts, reward_funcs, reward_functions
 from rlhf_cli.rank.lora import adapt_ppo_models, peft_config
 from rlhf_cli.rank.zero3 import apply_zero3_settings
@@ -30,18 +29,13 @@ def _config(config_class: type, inputs: RankInputs, **extra: Any) -> Any:
 
 def _install_vllm(config: Any, inputs: RankInputs) -> None:
     """TRL's colocated vLLM in the policy's training dtype, synced within the run's gather choice."""
-    import json
-    from pathlib import Path
-
+    from rlhf_cli.models.dtype import training_dtype
     from rlhf_cli.rank.vllm.self_check import SyncCheck
-    from rlhf_cli.rank.vllm.sync import install_vllm, training_dtype
+    from rlhf_cli.rank.vllm.sync import install_vllm
 
-    config_file = Path(str(inputs.model_value("model_name_or_path")), "config.json")
-    saved = json.loads(config_file.read_text()) if config_file.is_file() else {}
-    dtype = training_dtype(config.bf16, config.fp16, config.model_init_kwargs.get("dtype"),
-                           saved.get("dtype") or saved.get("torch_dtype"))
-    gather = inputs.generation().gather
-    install_vllm(gather=gather == Gather.whole, budget=gather.budget, dtype=dtype, seed=config.seed,
+    dtype = training_dtype(config.bf16, config.fp16, (config.model_init_kwargs or {}).get("dtype"),
+                           inputs.model_value("model_name_or_path"))
+    install_vllm(inputs.generation().gather, dtype=dtype, seed=config.seed,
                  check=SyncCheck(inputs.launch_value("vllm_sync_check_steps")))
 
 

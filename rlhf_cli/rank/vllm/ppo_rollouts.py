@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhf_cli.generation.choice import Engine, Gather, Generation
+from rlhf_cli.generation.choice import Engine, Generation
 from rlhf_cli.rank.vllm import sync as vllm_sync
 from rlhf_cli.rank.vllm.self_check import SyncCheck
 from rlhf_cli.rank.vllm.server import ServerTarget
@@ -67,7 +67,7 @@ class VLLMRollouts:
         self.args, self.accelerator, self.policy = args, accelerator, policy
         self.check = SyncCheck(check_every)  # of the colocated engine's syncs (rlhf_cli/rank/vllm/self_check.py)
         self.pad_token_id = tokenizer.pad_token_id
-        self.limit = vllm_sync.SyncLimit.of(generation.gather == Gather.whole, generation.gather.budget, policy)
+        self.limit = vllm_sync.SyncLimit.of(generation.gather, policy)
         self.settings = sampling_settings(args.response_length, args.temperature, stop_token_id)
         self.generation_seconds: list[float] = []  # of every call, for the rank record
         self.server = ServerTarget(args, accelerator) if generation.engine == Engine.server else None

@@ -22,17 +22,16 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from rlhf_cli import compat
 from rlhf_cli.compat import vllm as vllm_compat
-from rlhf_cli.generation.budget import Budget
+from rlhf_cli.generation.choice import Gather
+from rlhf_cli.generation.sync_buckets import bucket_limit, buckets
 from rlhf_cli.rank.zero3 import ModuleUnit, policy_units
 
-WHOLE = None  # a bucket limit: the whole policy in one bucket (--gather)
-PER_UNIT = 0  # a bucket limit: one unit per bucket (--no-gather)
 PEFT_PREFIXES = ("base_model.model.",)
 DROPPED_IN_NAMES = ("_checkpoint_wrapped_module.", "modules_to_save.default.")
 
@@ -45,30 +44,11 @@ class SyncLimit:
     numel: int | None
 
     @classmethod
-    def of(cls, gather: bool, budget: Budget | None, model: Any) -> SyncLimit:
-        """The gather choice as a bucket limit for `model`: `--gather`, a gather budget, or `--no-gather`."""
-        if budget is not None and not budget.nothing:
-            if budget.whole:
-                return cls(WHOLE)
-            params = list(model.parameters())
-            element_bytes = params[0].element_size() if params else 1
-            return cls(budget.numel(sum(_full_numel(p) for p in params), element_bytes))
-        return cls(WHOLE if gather and budget is None else PER_UNIT)
-
-
-def buckets(numels: Sequence[int], limit: int | None) -> list[list[int]]:
-    """Indices of units, in order, packed into buckets of at most `limit` elements each (None: one bucket;
-    0: one unit each); a unit larger than the limit makes a bucket alone."""
-    packed: list[list[int]] = []
-    held = 0
-    for index, numel in enumerate(numels):
-        if packed and (limit is None or held + numel <= limit):
-            packed[-1].append(index)
-            held += numel
-        else:
-            packed.append([index])
-            held = numel
-    return packed
+    def of(cls, gather: Gather, model: Any) -> SyncLimit:
+        """The gather choice as a bucket limit for `model` (rlhf_cli/generation/sync_buckets.py, as the plan)."""
+        params = list({id(p): p for p in model.parameters()}.values())
+        element_bytes = params[0].element_size() if params else 1
+        return cls(bucket_limit(gather, sum(_full_numel(p) for p in params), element_bytes))
 
 
 class SyncLog:
@@ -215,7 +195,7 @@ def _full_numel(param: Any) -> int:
     return getattr(param, "ds_numel", None) or param.numel()
 
 
-def install_vllm(gather: bool, budget: Budget | None, dtype: str, seed: int, check: Any) -> None:
+def install_vllm(gather: Gather, dtype: str, seed: int, check: Any) -> None:
     """Make TRL's colocated vLLM (RLOO, GRPO, online DPO; PPO's rollouts) hold the policy in `dtype`, the one the
     trainer holds it in (vLLM would downcast a float32 model to bfloat16), sample from the recipe's `seed` (plus
     TRL's per-rank offset), and sync through `sync_weights`, bucketed by the run's gather choice and checked by
@@ -235,25 +215,14 @@ def install_vllm(gather: bool, budget: Budget | None, dtype: str, seed: int, che
             empty_cache()  # TRL's: what the trainer freed goes back to the device before vLLM maps its weights
             generation.llm.wake_up(tags=["weights"])
             generation._llm_weights_sleeping = False
-        sync_weights(generation.model, generation.llm, SyncLimit.of(gather, budget, generation.model), check=check,
+        sync_weights(generation.model, generation.llm, SyncLimit.of(gather, generation.model), check=check,
                      woke=generation.enable_sleep_mode)
 
     def sync_online_dpo(trainer: Any) -> None:  # trl OnlineDPOTrainer._move_model_to_vllm
         if trainer.vllm_mode != "colocate":
             return sync_online_dpo.__wrapped__(trainer)
-        sync_weights(trainer.model, trainer.llm, SyncLimit.of(gather, budget, trainer.model), check=check,
+        sync_weights(trainer.model, trainer.llm, SyncLimit.of(gather, trainer.model), check=check,
                      woke=bool(trainer.args.vllm_enable_sleep_mode))
 
     vllm_compat.replace_trl_vllm_engine(engine)
     vllm_compat.replace_trl_vllm_sync(sync_generation, sync_online_dpo)
-
-
-def training_dtype(bf16: bool, fp16: bool, load_dtype: Any, config_dtype: Any) -> str:
-    """The dtype the trainer holds the policy's weights in: DeepSpeed's bf16 or fp16 when on, else the dtype it
-    was loaded in (`dtype`, or the config's for auto), float32 when neither says."""
-    if bf16 or fp16:
-        return "bfloat16" if bf16 else "float16"
-    for named in (load_dtype, config_dtype):
-        if isinstance(named, str) and named in ("float32", "float16", "bfloat16"):
-            return named
-    return "float32"
