@@ -58,7 +58,10 @@ def trl_run(work: Path, steps: int) -> tuple[list[str], dict[str, str]]:
     need, or they count one process and DeepSpeed refuses the batch size) asks for a process group that
     does not exist there.
     """
-    resolved = json_output(run_timed(rlhf_argv(work / "trl-run", steps, "--overwrite", "--dry-run", "--json")).output)
+    # TRL's script writes its model into trl-run, which rlhf (rightly) takes for the user's files: a rerun in the
+    # same checkout starts from an empty directory
+    shutil.rmtree(work / "trl-run", ignore_errors=True)
+    resolved = json_output(run_timed(rlhf_argv(work / "trl-run", steps, "--dry-run", "--json")).output)
     data = work / "prompts"
     data.mkdir(parents=True, exist_ok=True)
     shutil.copy(resolved["script"]["dataset_name"], data / "train.jsonl")
