@@ -34,9 +34,12 @@ def smoke_values(entry: Algorithm) -> Callable[[str], Any]:
 
 
 def logged_metrics(entry: Algorithm) -> set[str]:
-    """Every metric a real run of the algorithm logged (tests/fixtures/runs/NAME/trainer_state.json)."""
-    state = json.loads((REPO / "tests" / "fixtures" / "runs" / entry.name / "trainer_state.json").read_text())
-    return {key for log in state["log_history"] for key in log}
+    """Every metric a real run of the algorithm logged (tests/fixtures/runs/NAME/trainer_state.json, and
+    NAME_agent/ for an algorithm that takes tools)."""
+    runs = [entry.name, *([f"{entry.name}_agent"] if entry.takes_tools else [])]
+    states = [json.loads((REPO / "tests" / "fixtures" / "runs" / run / "trainer_state.json").read_text())
+              for run in runs]
+    return {key for state in states for log in state["log_history"] for key in log}
 
 
 def is_config_dataclass(path: str) -> bool:

@@ -1,6 +1,7 @@
 """`rlhf report`: curves as a PNG and the same numbers as a table, from the metrics real smoke runs logged.
 
-The fixtures are the trainer_state.json files of `rlhf ALGO -r ALGO/smoke` runs of 24 steps.
+The fixtures are the trainer_state.json files of `rlhf ALGO -r ALGO/smoke` runs of 24 steps (grpo_agent:
+`rlhf grpo -r grpo/agent-smoke --max-steps 24`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ EXPECTED = {  # algorithm -> (panels drawn, table columns after `step`)
                 "policy/clipfrac_avg", "val/clipfrac_avg"]),
     "online_dpo": (3, ["objective/scores", "objective/rlhf_reward", "objective/kl", "loss"]),
     "grpo": (2, ["reward", "loss"]),  # beta 0: no reference, no KL
+    # `rlhf grpo -r grpo/agent-smoke`: how often completions called a tool, and how often a call failed
+    "grpo_agent": (3, ["reward", "loss", "tools/call_frequency", "tools/failure_frequency"]),
 }
 
 
