@@ -26,8 +26,8 @@ PANELS = (
     Panel("Loss", ("loss", "loss/policy_avg")),
     Panel("Value loss", ("loss/value_avg",), non_negative=True),
     Panel("Clip fraction", ("policy/clipfrac_avg", "val/clipfrac_avg"), non_negative=True),
-    Panel("Tool calls (share of completions)", ("tools/call_frequency", "tools/failure_frequency"),
-          non_negative=True),  # GRPO with tools
+    # GRPO with tools: calls per completion, failed calls per call
+    Panel("Tool calls", ("tools/call_frequency", "tools/failure_frequency"), non_negative=True),
 )
 
 
