@@ -83,3 +83,21 @@ def test_vllm_serve_starts_the_runs_model_on_loopback_with_its_settings() -> Non
     from rlhf_cli.rank.vllm.worker_extension import RELOAD_METHOD
 
     assert hasattr(getattr(importlib.import_module(module), name), RELOAD_METHOD)
+
+
+@pytest.mark.parametrize("command", ["rloo", "grpo", "online-dpo"])
+def test_vllm_serve_for_trls_trainers_refuses_and_gives_trls_server_line(command: str) -> None:
+    """TRL's trainers sync a server through vLLM's weight transfer, which only TRL's own server sets up: a server
+    rlhf started would make their trainer fail at its start (init_communicator)."""
+    name = command.replace("-", "_")
+    done = subprocess.run([sys.executable, "-m", "rlhf_cli", "vllm-serve", command, "-r", f"{name}/smoke",
+                           "--dry-run", "--set", "vllm_server_port=8123"], capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and not done.stdout, done.stderr
+    line = " ".join(lines[0].split())
+    assert f"rlhf vllm-serve {command}: " in line and "TRL's own weight transfer" in line
+    trl_line = shlex.split(line.split("start TRL's: ", 1)[1])
+    assert trl_line[:2] == ["trl", "vllm-serve"]
+    options = dict(zip(trl_line[2::2], trl_line[3::2], strict=True))
+    assert options["--model"] == str(RECIPES / "smoke" / "policy") and options["--port"] == "8123"
+    assert options["--dtype"] == "float32"

@@ -23,8 +23,8 @@ ALGORITHM = Algorithm(
     step_work=grpo_step_work,
     has_reference=lambda values: values("beta") != 0,  # TRL's default beta 0: no reference model, no KL term
     logits=FUSED_HEAD,
-    headline_metrics=(("reward", "reward"), ("kl", "kl"), ("loss", "loss"), ("entropy", "entropy"),
-                      ("tools/call_frequency", "tool calls"), ("tools/failure_frequency", "tool failures")),  # with tools
+    headline_metrics=(("reward", "reward"), ("kl", "kl"), ("loss", "loss"), ("entropy", "entropy"),  # and with tools:
+                      ("tools/call_frequency", "tool calls"), ("tools/failure_frequency", "tool failures")),
     renamed={**COMMON_RENAMED, "response_length": "max_completion_length", "kl_coef": "beta",
              "num_ppo_epochs": "num_iterations", "cliprange": "epsilon"},
     retired=PPO_ERA_RETIRED,

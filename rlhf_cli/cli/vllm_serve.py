@@ -17,6 +17,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from rlhf_cli.cli.flags import TABLE, given_once
+from rlhf_cli.errors import RlhfError
 from rlhf_cli.models.dtype import training_dtype
 
 EXAMPLE = "rlhf vllm-serve ppo -r ppo/smoke --port 8000"
@@ -39,13 +40,11 @@ PortOpt = Annotated[Optional[int], typer.Option(
     "--port", show_default=False, help="Port to listen on. Default: the run's vllm_server_port.")]
 
 
-def server_command(run: Any, host: str, port: int | None) -> list[str]:
+def server_command(run: Any, host: str, port: int | None, dtype: str) -> list[str]:
     """vLLM's server on the run's policy, lengths, dtype, tensor parallelism, memory share and seed."""
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(run.value("model_name_or_path")),
             "--host", host, "--port", str(port or run.value("vllm_server_port")),
-            "--dtype", training_dtype(run.value("bf16"), run.value("fp16"),
-                                      (run.value("model_init_kwargs") or {}).get("dtype"),
-                                      run.value("model_name_or_path")),
+            "--dtype", dtype,
             "--tensor-parallel-size", str(run.value("vllm_tensor_parallel_size")),
             "--gpu-memory-utilization", str(run.value("vllm_gpu_memory_utilization")),
             "--seed", str(run.value("seed")),
@@ -68,7 +67,7 @@ def vllm_serve(
 ) -> None:
     """Start the vLLM server for a `vllm_mode: server` run of this recipe; Ctrl-C stops it."""
     from rlhf_cli.config.resolve import RunRequest, resolve
-    from rlhf_cli.config.vllm import INSTALL, installed_vllm
+    from rlhf_cli.config.vllm import INSTALL, installed_vllm, trl_server_command
 
     given, problems = given_once({"recipe": recipe, "model": model, "set_": set_, "dry_run": dry_run})
     recipe, model, dry_run = given["recipe"], given["model"], given["dry_run"]
@@ -77,7 +76,13 @@ def vllm_serve(
         problems.append(f"rlhf vllm-serve: vLLM is not installed; install it with {INSTALL}")
     run = resolve(RunRequest(ctx.info_name.replace("-", "_"), recipe, flags, tuple(set_ or ()), False,
                              planning=True, problems=tuple(problems)))
-    argv = server_command(run, host, port)
+    dtype = training_dtype(run.value("bf16"), run.value("fp16"), (run.value("model_init_kwargs") or {}).get("dtype"),
+                           run.value("model_name_or_path"))
+    if run.algorithm != "ppo":
+        raise RlhfError(f"rlhf vllm-serve {ctx.info_name}: {ctx.info_name} syncs its server through TRL's own weight "
+                        "transfer (NCCL: CUDA on both sides), which this server does not set up; start TRL's: "
+                        f"{shlex.join(trl_server_command(run.value, host, port, dtype))}")
+    argv = server_command(run, host, port, dtype)
     if dry_run:
         print(shlex.join(argv))
         return

@@ -245,6 +245,10 @@ def check_vllm_server(draft: Draft) -> None:
     problems, warnings = server_problems(url, where.removeprefix(": "), float(values.get("vllm_server_timeout", 240)))
     draft.problems += problems
     draft.notes += warnings
+    command = draft.request.algorithm.replace("_", "-")
+    if command != "ppo":  # PPO's sync is rlhf's own, through a directory (rlhf_cli/rank/vllm/server.py)
+        draft.notes.append(f"--vllm server: {command} syncs the server through TRL's own weight transfer (NCCL: CUDA "
+                           f"on both sides); start TRL's server, the line `rlhf vllm-serve {command}` prints")
 
 
 def check_deepspeed_field(draft: Draft, accelerate: dict[str, Any]) -> None:
