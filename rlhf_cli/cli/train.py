@@ -42,7 +42,7 @@ def train(ctx: typer.Context, **options: Any) -> None:
     needs = PlanNeeds(plan.chosen.cpu_per_machine if plan.chosen else None, plan.checkpoint_bytes)
     outcome = launch(run, verbosity="quiet" if quiet else "verbose" if options["verbose"] else "normal", needs=needs,
                      overwrite=options["overwrite"])
-    print_outcome(outcome, run, quiet)
+    print_outcome(outcome, run, quiet, plan)
     raise typer.Exit(outcome.exit_code)
 
 
