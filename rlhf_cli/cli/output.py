@@ -18,7 +18,7 @@ from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.launch.runner import Outcome
 from rlhf_cli.plan.summary import time_lines
 from rlhf_cli.generation.choice import Engine
-from rlhf_cli.plan.measured import phase_rows, usable_memory
+from rlhf_cli.plan.measured import phase_rows, usable_memory, verdict
 from rlhf_cli.plan.memory import MARGIN
 from rlhf_cli.plan.time import PHASES
 from rlhf_cli.sizes import readable
@@ -340,3 +340,15 @@ def print_outcome(outcome: Outcome, run: ResolvedRun, quiet: bool, plan: Plan | 
         print_error(outcome.failure.line)
     elif outcome.status == "interrupted":
         stderr.print(f"Interrupted (exit code {outcome.exit_code})", style="yellow", markup=False)
+
+
+def print_rehearsal(summary: dict[str, Any], plan: Plan) -> int:
+    """The rehearsal's phases beside the plan, and its verdict: 0 when the measured peak fits the memory the plan
+    planned against, else 1 after one line naming the phase that went over and what would fit."""
+    print_whole(phase_table(summary, plan))
+    found = verdict(summary, plan)
+    if not found.fits:
+        print_error(found.line)
+        return 1
+    stdout.print(f"rehearsal: {found.line}", highlight=False, markup=False)
+    return 0
