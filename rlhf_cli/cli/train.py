@@ -156,8 +156,8 @@ def _flag_problems(options: dict[str, Any], planning: bool) -> list[str]:
     problems = []
     if options["json_"] and not options["dry_run"] and not planning:
         problems.append("--json goes with --dry-run (or rlhf plan); add --dry-run or drop --json")
-    if options["rehearse"] and (options["dry_run"] or planning):
-        problems.append("--rehearse runs one step; it does not go with --dry-run or rlhf plan")
+    if options["rehearse"] and options["dry_run"] and not planning:  # rlhf plan plans the run itself
+        problems.append("--rehearse runs one step; it does not go with --dry-run")
     if options["quiet"] and options["verbose"]:
         problems.append("--quiet and --verbose contradict each other; keep one")
     return problems
