@@ -153,6 +153,10 @@ TABLE: tuple[Flag, ...] = (
          help="Any other recipe key; VALUE is read as YAML (3e-6, true, \\[a, b]). Repeatable."),
     Flag("dry_run", ("--dry-run",), kind=bool, default=False,
          help="Print the resolved run (trainer, accelerate config, launch command) and exit."),
+    Flag("rehearse", ("--rehearse",), kind=bool, default=False,
+         help="First one step at the worst case the run will meet (its longest prompts, full-length completions, a "
+              "checkpoint saved) in OUTPUT_DIR.rehearsal, then its phases beside the plan and a verdict: exit 0 if "
+              "its peak memory fits --gpu-memory (or the plan's), 1 naming the phase that went over."),
     Flag("json_", ("--json",), kind=bool, default=False,
          help="With --dry-run or rlhf plan: print it as one JSON object."),
     Flag("overwrite", ("--overwrite",), kind=bool, default=False,

@@ -18,8 +18,10 @@ from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.launch.runner import Outcome
 from rlhf_cli.plan.summary import time_lines
 from rlhf_cli.generation.choice import Engine
+from rlhf_cli.plan.measured import phase_rows, usable_memory, verdict
 from rlhf_cli.plan.memory import MARGIN
 from rlhf_cli.plan.time import PHASES
+from rlhf_cli.sizes import readable
 
 if TYPE_CHECKING:
     from rlhf_cli.plan.columns import Column, Plan
@@ -277,7 +279,7 @@ def print_header(run: ResolvedRun, plan: Plan) -> None:
     stderr.print(Panel(grid, title=f"rlhf {algorithm(run.algorithm).command}", title_align="left", expand=False))
 
 
-def _summary_table(outcome: Outcome) -> Table:
+def _summary_table(outcome: Outcome, plan: Plan | None) -> Table:
     summary = outcome.summary or {}
     table = Table(title=f"run {outcome.status}", title_justify="left", show_header=False)
     table.add_column(style="cyan", no_wrap=True)
@@ -288,15 +290,46 @@ def _summary_table(outcome: Outcome) -> Table:
         table.add_row("steps/s", f"{summary['steps_per_second']:.3g} (loading and saving included)")
     for label, value in algorithm(summary["algorithm"]).headline(summary.get("final_metrics") or {}):
         table.add_row(label, f"{value:.4g}")
+    rows = [row for row in phase_rows(summary, plan) if row.seconds]
+    if rows:
+        table.add_row("s/step by phase", Text("  ".join(f"{row.phase} {_seconds(row.seconds or 0.0)}"
+                                                         + (f" (plan {_seconds(row.planned_seconds)})"
+                                                            if row.planned_seconds is not None else "")
+                                                         for row in rows)))
+        peaks = [row for row in rows if row.peak_bytes]
+        kind = "GPU" if (summary.get("memory") or {}).get("kind") == "cuda" else "resident"
+        table.add_row(f"peak {kind} memory", Text("  ".join(f"{row.phase} {readable(row.peak_bytes or 0)}"
+                                                            for row in peaks) if peaks else _overall_peak(summary)))
     table.add_row("saved", Text(str(summary.get("saved"))))
     return table
 
 
-def print_outcome(outcome: Outcome, run: ResolvedRun, quiet: bool) -> None:
-    """How the ranks ended: the summary, what to do after a preemption, or why they failed: the failed rank's
-    traceback, then one line. Text from ranks and libraries is printed as it is, never read as markup."""
+def _overall_peak(summary: dict[str, Any]) -> str:
+    memory = summary.get("memory") or {}
+    return f"{readable(memory.get('overall_peak_bytes') or 0)} overall ({memory.get('note') or 'not per phase'})"
+
+
+def phase_table(summary: dict[str, Any], plan: Plan) -> Table:
+    """The rehearsal's table: each phase measured beside the plan's prediction, its peak beside the memory the plan
+    planned against."""
+    usable = usable_memory(plan)
+    table = Table(title="rehearsal: one step at the longest prompts and full-length completions", title_justify="left",
+                  box=box.SIMPLE_HEAD)
+    for header in ("phase", "s/step", "planned s/step", "peak memory", "fits in"):
+        table.add_column(header, justify="left" if header == "phase" else "right", no_wrap=True)
+    for row in phase_rows(summary, plan):
+        planned = _seconds(row.planned_seconds) if row.planned_seconds is not None else "-"
+        peak = readable(row.peak_bytes) if row.peak_bytes else "-"
+        table.add_row(row.phase, _seconds(row.seconds or 0.0), planned, peak, readable(usable) if usable else "-")
+    return table
+
+
+def print_outcome(outcome: Outcome, run: ResolvedRun, quiet: bool, plan: Plan | None = None) -> None:
+    """How the ranks ended: the summary (its phases beside `plan`'s), what to do after a preemption, or why they
+    failed: the failed rank's traceback, then one line. Text from ranks and libraries is printed as it is, never read
+    as markup."""
     if outcome.status in ("finished", "preempted") and outcome.summary and not quiet:
-        stderr.print(_summary_table(outcome))
+        stderr.print(_summary_table(outcome, plan))
     if outcome.status == "preempted":
         stderr.print(f"Preempted: checkpoint {outcome.preempted['checkpoint']} is complete; continue with "
                      f"--resume auto --output-dir {run.output_dir} (exit code {outcome.exit_code})",
@@ -307,3 +340,15 @@ def print_outcome(outcome: Outcome, run: ResolvedRun, quiet: bool) -> None:
         print_error(outcome.failure.line)
     elif outcome.status == "interrupted":
         stderr.print(f"Interrupted (exit code {outcome.exit_code})", style="yellow", markup=False)
+
+
+def print_rehearsal(summary: dict[str, Any], plan: Plan) -> int:
+    """The rehearsal's phases beside the plan, and its verdict: 0 when the measured peak fits the memory the plan
+    planned against, else 1 after one line naming the phase that went over and what would fit."""
+    print_whole(phase_table(summary, plan))
+    found = verdict(summary, plan)
+    if not found.fits:
+        print_error(found.line)
+        return 1
+    stdout.print(f"rehearsal: {found.line}", highlight=False, markup=False)
+    return 0

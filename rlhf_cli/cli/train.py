@@ -33,6 +33,10 @@ def train(ctx: typer.Context, **options: Any) -> None:
         print_plan_compact(plan)
         print_run_json(run, plan) if options["json_"] else print_run_human(run)
         return
+    if options["rehearse"]:
+        from rlhf_cli.config.rehearsal import rehearsal_run
+
+        run = rehearsal_run(run)
     quiet = options["quiet"]
     if not quiet:
         print_notes(run)
@@ -41,8 +45,12 @@ def train(ctx: typer.Context, **options: Any) -> None:
 
     needs = PlanNeeds(plan.chosen.cpu_per_machine if plan.chosen else None, plan.checkpoint_bytes)
     outcome = launch(run, verbosity="quiet" if quiet else "verbose" if options["verbose"] else "normal", needs=needs,
-                     overwrite=options["overwrite"])
-    print_outcome(outcome, run, quiet)
+                     overwrite=options["overwrite"] and not options["rehearse"])
+    print_outcome(outcome, run, quiet, plan)
+    if options["rehearse"] and outcome.exit_code == 0:
+        from rlhf_cli.cli.output import print_rehearsal
+
+        raise typer.Exit(print_rehearsal(outcome.summary or {}, plan))
     raise typer.Exit(outcome.exit_code)
 
 
@@ -148,6 +156,8 @@ def _flag_problems(options: dict[str, Any], planning: bool) -> list[str]:
     problems = []
     if options["json_"] and not options["dry_run"] and not planning:
         problems.append("--json goes with --dry-run (or rlhf plan); add --dry-run or drop --json")
+    if options["rehearse"] and options["dry_run"] and not planning:  # rlhf plan plans the run itself
+        problems.append("--rehearse runs one step; it does not go with --dry-run")
     if options["quiet"] and options["verbose"]:
         problems.append("--quiet and --verbose contradict each other; keep one")
     return problems

@@ -67,17 +67,19 @@ def main(argv: list[str]) -> int:
         stopper = CheckpointAndStop(stop, trainer.accelerator)
         trainer.add_callback(stopper)
         trainer.add_callback(CompleteCheckpoints(trainer.accelerator, name))
-        trainer.add_callback(MovesAndPhases())  # last: it sees the saves the callbacks above ask for
+        moves = MovesAndPhases()
+        trainer.add_callback(moves)  # last: it sees the saves the callbacks above ask for
         resume = trainer.args.resume_from_checkpoint
         trainer.train(resume_from_checkpoint=loadable_checkpoint(trainer, resume) if resume else None)
-        write_rank_record(trainer)
-        exit_code = finish(trainer, inputs, name, stopper.stopped_at, stop.signal_name, started)
+        phases = moves.record(trainer.state)
+        write_rank_record(trainer, phases)
+        exit_code = finish(trainer, inputs, name, stopper.stopped_at, stop.signal_name, started, phases)
     watch.finish()
     return exit_code
 
 
 def finish(trainer: Any, inputs: RankInputs, name: str, stopped_at: int | None, signal_name: str | None,
-           started: float) -> int:
+           started: float, phases: dict[str, Any] | None = None) -> int:
     """Save what a finished run keeps (or leave the preemption record), leave the process group together, then
     merge the adapter on rank 0 alone: a merge loads the whole base model, which can take longer than any
     collective's timeout, so no rank waits for it in a barrier."""
@@ -95,7 +97,7 @@ def finish(trainer: Any, inputs: RankInputs, name: str, stopped_at: int | None, 
         trainer.save_model(trainer.args.output_dir)
         trainer.save_state()  # trainer_state.json: the logged metrics of every step
         status, exit_code = "finished", 0
-    write_summary(trainer, name, status, time.monotonic() - started)
+    write_summary(trainer, name, status, time.monotonic() - started, phases)
     trainer.accelerator.wait_for_everyone()
     if trainer.accelerator.is_main_process:
         remove_resharded(output_dir)

@@ -26,6 +26,7 @@ from transformers import TrainerCallback
 
 from rlhf_cli.output.checkpoints import SavedBy, write_manifest
 from rlhf_cli.rank import terminal
+from rlhf_cli.rank.phases import SAVING as SAVING_PHASE, TRAIN as TRAIN_PHASE, StepPhases
 from rlhf_cli.rank.watch import PROGRESS, SAVING, TRAINING, exit_now, global_rank, lost_a_rank, stop_for_another_rank
 from rlhf_cli.output.files import claim, marker_says, try_write_json, unwritable
 from rlhf_cli.output.run_dir import FAILED, RunDir
@@ -104,11 +105,19 @@ def write_preempted(output_dir: Path, step: int, signal_name: str | None) -> Non
 
 class MovesAndPhases(TrainerCallback):
     """Tells the watch what the trainer does: each step, log and save is a move; a save is busy (rlhf_cli.rank.watch).
-    Added last, so that it sees a save asked for by any callback before it."""
+    Times the step phases too (rlhf_cli/rank/phases.py): training from its first step to its end, a save from the
+    step that asks for it to transformers' on_save. Added last, so that it sees a save asked for by any callback
+    before it."""
+
+    def __init__(self) -> None:
+        self.phases = StepPhases.current()
+        self.first_step = 0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         PROGRESS.phase = TRAINING
         PROGRESS.move()
+        self.first_step = state.global_step  # a resumed run's steps per second count this launch's
+        self.phases.begin(TRAIN_PHASE)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         PROGRESS.move()
@@ -117,10 +126,12 @@ class MovesAndPhases(TrainerCallback):
         PROGRESS.move()
         if control.should_save:
             PROGRESS.phase = SAVING
+            self.phases.begin(SAVING_PHASE)
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-        if control.should_save:
+        if control.should_save and SAVING_PHASE not in self.phases.open:
             PROGRESS.phase = SAVING
+            self.phases.begin(SAVING_PHASE)
 
     def on_log(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         PROGRESS.move()
@@ -128,9 +139,16 @@ class MovesAndPhases(TrainerCallback):
     def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         PROGRESS.phase = TRAINING
         PROGRESS.move()
+        self.phases.end(SAVING_PHASE)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         PROGRESS.phase = SAVING  # the final model and state, then the last barrier
+        self.phases.end(SAVING_PHASE)
+        self.phases.end(TRAIN_PHASE)
+
+    def record(self, state: Any) -> dict[str, Any]:
+        """The step phases of this launch's steps (rlhf_cli/rank/phases.StepPhases.record)."""
+        return self.phases.record(state.global_step - self.first_step)
 
 
 def disk_error(error: BaseException, output_dir: Path) -> str | None:

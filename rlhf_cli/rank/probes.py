@@ -14,6 +14,9 @@ from typing import Any
 
 from rlhf_cli import compat
 from rlhf_cli.output.run_dir import PROBE_CUDA_MEMORY_ENV, PROBE_GENERATION_ENV
+from rlhf_cli.rank.phases import PeakMeter
+
+CUDA_PEAKS = ("max_allocated_bytes", "max_reserved_bytes", "outside_allocator_bytes")
 
 
 class GenerationProbe:
@@ -173,8 +176,10 @@ class PhaseMemory:
 
     active: PhaseMemory | None = None
 
-    def __init__(self, cuda: Any | None, clock: Any = time.perf_counter) -> None:
+    def __init__(self, cuda: Any | None, clock: Any = time.perf_counter, meter: PeakMeter | None = None) -> None:
         self.cuda = cuda  # `torch.cuda`, or None
+        # The rank's shared meter (rlhf_cli/rank/phases.py): the step phases restart the same peaks.
+        self.meter = meter or (PeakMeter.of_cuda(cuda) if cuda is not None else None)
         self.clock = clock
         self.started = clock()
         self.phase = "load"
@@ -187,22 +192,19 @@ class PhaseMemory:
         if cls.active is None and os.environ.get(PROBE_CUDA_MEMORY_ENV):
             import torch
 
-            cls.active = cls(torch.cuda if torch.cuda.is_available() else None)
+            cuda = torch.cuda if torch.cuda.is_available() else None
+            cls.active = cls(cuda, meter=PeakMeter.current() if cuda is not None else None)
         return cls.active
 
     def _switch(self, phase: str) -> dict[str, int]:
         """End the current phase (folding its peaks into its record) and start `phase` with fresh peaks."""
         ended: dict[str, int] = {}
-        if self.cuda is not None:
-            self.cuda.synchronize()
-            free, total = self.cuda.mem_get_info()
-            ended = {"max_allocated_bytes": self.cuda.max_memory_allocated(),
-                     "max_reserved_bytes": self.cuda.max_memory_reserved(),
-                     "outside_allocator_bytes": total - free - self.cuda.memory_reserved()}
+        if self.meter is not None:
+            taken = self.meter.take("probe")
+            ended = {key: taken[key] for key in CUDA_PEAKS}
             record = self.peaks.setdefault(self.phase, dict.fromkeys(ended, 0))
             for key, value in ended.items():
                 record[key] = max(record[key], value)
-            self.cuda.reset_peak_memory_stats()
         self.phase = phase
         return ended
 

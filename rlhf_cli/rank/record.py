@@ -8,12 +8,14 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from rlhf_cli.rank.phases import merged
 from rlhf_cli.rank.probes import GenerationProbe, PhaseMemory
 from rlhf_cli.output.run_dir import RunDir, checkpoint_step
 
 
-def write_rank_record(trainer: Any) -> Path:
-    """`ranks/rank-N.json`: the gather mode this rank's trainer ran with and how generation went."""
+def write_rank_record(trainer: Any, phases: dict[str, Any] | None = None) -> Path:
+    """`ranks/rank-N.json`: the gather mode this rank's trainer ran with, how generation went and its step phases
+    (`phases`: rlhf_cli/rank/phases.StepPhases.record)."""
     accelerator = trainer.accelerator
     calls = GenerationProbe.calls
     record = {
@@ -24,6 +26,7 @@ def write_rank_record(trainer: Any) -> Path:
         "hostname": socket.gethostname(),
         "ds3_gather_for_generation": trainer.args.ds3_gather_for_generation,
         "global_step": trainer.state.global_step,
+        **(phases or {"phases": None, "memory": None}),  # seconds per step and peak bytes of each phase
         "generation_probe": {
             "calls": len(calls),
             "peak_fraction": max((c["peak_fraction"] for c in calls), default=None),
@@ -49,8 +52,13 @@ def _vllm_syncs() -> list[dict[str, Any]] | None:
     return list(sync.SyncLog.calls) if sync is not None else None
 
 
-def write_summary(trainer: Any, algorithm: str, status: str, wall_seconds: float) -> None:
-    """`summary.json` (rank 0): how the run ended, its pace and its last logged metrics."""
+def write_summary(trainer: Any, algorithm: str, status: str, wall_seconds: float,
+                  phases: dict[str, Any] | None = None) -> None:
+    """`summary.json` (rank 0): how the run ended, its pace, its step phases over every rank (the slowest rank's
+    seconds, the largest peak) and its last logged metrics. Every rank calls it: the phases are gathered."""
+    from accelerate.utils import gather_object
+
+    ranks = gather_object([phases or {}]) if trainer.accelerator.num_processes > 1 else [phases or {}]
     if not trainer.accelerator.is_main_process:
         return
     state = trainer.state
@@ -66,6 +74,7 @@ def write_summary(trainer: Any, algorithm: str, status: str, wall_seconds: float
         "resumed_from_step": first_step,
         "wall_seconds": round(wall_seconds, 1),  # this launch: loading, training and saving
         "steps_per_second": round((state.global_step - first_step) / wall_seconds, 4) if wall_seconds else None,
+        **(merged(ranks) or {"phases": None, "memory": None}),
         "final_metrics": {key: value for key, value in (step_logs[-1] if step_logs else {}).items()
                           if isinstance(value, (int, float))},
         "saved": str(output_dir.path if status == "finished" else output_dir.checkpoint(state.global_step)),

@@ -30,6 +30,7 @@ from rlhf_cli import compat
 from rlhf_cli.compat import vllm as vllm_compat
 from rlhf_cli.generation.choice import Gather
 from rlhf_cli.generation.sync_buckets import bucket_limit, buckets
+from rlhf_cli.rank.phases import SYNC, StepPhases
 from rlhf_cli.rank.zero3 import ModuleUnit, policy_units
 
 PEFT_PREFIXES = ("base_model.model.",)
@@ -105,19 +106,20 @@ def sync_weights(model: Any, llm: Any, limit: SyncLimit, reload: Callable[[Any, 
     `reload(llm, weights)` and `reset(llm)` hand the weights over elsewhere (a vLLM server: rank/vllm/server.py).
     `check` (a rank/vllm/self_check.SyncCheck) compares vLLM's logprobs with the policy's after the syncs it is
     due for (`woke`: vLLM just woke up), and stops the run when they differ."""
-    started = time.perf_counter()
-    units = policy_units(model)
-    packed = buckets([unit.unit.numel for unit in units], limit.numel)
-    measure = GatheredBytes(model)
-    (reload or vllm_compat.vllm_reload_weights)(llm, _bucket_weights(model, units, packed, measure))
-    (reset or vllm_compat.vllm_reset_prefix_cache)(llm)
-    record = {"seconds": time.perf_counter() - started, "peak_bytes": measure.peak, "buckets": len(packed),
-              "limit_numel": limit.numel, "full_bytes": measure.full, "merged_lora_layers": measure.merged}
-    if check is not None and check.due(woke):
-        difference = check.run(model, llm, woke)
-        record.update(check_logp_difference=difference["mean"], check_logp_difference_max=difference["max"])
-    SyncLog.add(record)
-    return record
+    with StepPhases.current().during(SYNC):  # this step's `sync` phase (rlhf_cli/rank/phases.py)
+        started = time.perf_counter()
+        units = policy_units(model)
+        packed = buckets([unit.unit.numel for unit in units], limit.numel)
+        measure = GatheredBytes(model)
+        (reload or vllm_compat.vllm_reload_weights)(llm, _bucket_weights(model, units, packed, measure))
+        (reset or vllm_compat.vllm_reset_prefix_cache)(llm)
+        record = {"seconds": time.perf_counter() - started, "peak_bytes": measure.peak, "buckets": len(packed),
+                  "limit_numel": limit.numel, "full_bytes": measure.full, "merged_lora_layers": measure.merged}
+        if check is not None and check.due(woke):
+            difference = check.run(model, llm, woke)
+            record.update(check_logp_difference=difference["mean"], check_logp_difference_max=difference["max"])
+        SyncLog.add(record)
+        return record
 
 
 def _bucket_weights(model: Any, units: list[ModuleUnit], packed: list[list[int]],

@@ -1,0 +1,131 @@
+"""`--rehearse`: the resolved run as one step at the worst case it will meet, in a folder of its own.
+
+The rehearsal writes into `<output_dir>.rehearsal/` (an earlier rehearsal there is replaced; nothing of the run's own
+output dir is touched), runs `max_steps: 1` and saves a checkpoint at it (`save_steps: 1`), reads the longest
+prompts of a local dataset file (by characters; a hub dataset is used as it is, not scanned) and generates every
+completion to its full length: `min_new_tokens` (HF generate) or `min_tokens` (vLLM) in `generation_kwargs`,
+which TRL 1.16 hands to GenerationConfig and to vLLM's SamplingParams as they are.
+"""
+
+from __future__ import annotations
+
+import csv
+import heapq
+import json
+import math
+import shutil
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from rlhf_cli.config.data_files import DATA_SUFFIXES
+from rlhf_cli.config.run import ResolvedRun, Setting
+from rlhf_cli.errors import ConfigError
+
+SOURCE = "--rehearse"
+PROMPTS_FILE = "longest-prompts.jsonl"
+
+
+def rehearsal_dir(output_dir: Path) -> Path:
+    return output_dir.with_name(output_dir.name + ".rehearsal")
+
+
+def step_prompts(run: ResolvedRun) -> int:
+    """The prompts one optimizer step draws: the global batch over the completions generated per prompt."""
+    processes = int(run.accelerate.get("num_processes") or 1)
+    rows = (run.value("per_device_train_batch_size") or 1) * (run.value("gradient_accumulation_steps") or 1)
+    generations = run.value("num_generations") if _has(run, "num_generations") else 1
+    return max(1, math.ceil(rows * processes / max(int(generations or 1), 1)))
+
+
+def _has(run: ResolvedRun, name: str) -> bool:
+    from rlhf_cli.config.fields import catalogue
+
+    return name in catalogue(run.algorithm)
+
+
+def prompt_length(prompt: Any) -> int:
+    """Characters of a prompt: its text, or a conversation's messages' contents together."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, list):
+        return sum(prompt_length(message.get("content", "")) if isinstance(message, dict) else prompt_length(message)
+                   for message in prompt)
+    return len(json.dumps(prompt, default=str))
+
+
+def _rows(path: Path) -> Iterator[dict[str, Any]]:
+    """Every row of a local data file, in the formats `datasets` reads (rlhf_cli/config/data_files.py)."""
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        with path.open(newline="") as handle:
+            yield from csv.DictReader(handle)
+    elif suffix == ".parquet":
+        import pyarrow.parquet as parquet  # the file check reads its schema the same way
+
+        yield from parquet.read_table(path).to_pylist()
+    else:
+        text = path.read_text()
+        try:
+            document = json.loads(text)
+        except ValueError:
+            yield from (json.loads(line) for line in text.splitlines() if line.strip())
+            return
+        if isinstance(document, dict):  # a mapping of columns
+            yield from (dict(zip(document, values, strict=True)) for values in zip(*document.values(), strict=True))
+        else:
+            yield from document if isinstance(document, list) else [document]
+
+
+def write_longest_prompts(source: Path, column: str, count: int, target: Path) -> tuple[int, int]:
+    """The `count` rows of `source` with the longest prompts, longest first, into `target` (JSON Lines); returns
+    (rows read, the longest prompt's characters)."""
+    read = 0
+    longest: list[tuple[int, int, dict[str, Any]]] = []
+    for read, row in enumerate(_rows(source), start=1):
+        entry = (prompt_length(row.get(column, "")), -read, row)
+        (heapq.heappush if len(longest) < count else heapq.heappushpop)(longest, entry)
+    ranked = sorted(longest, reverse=True, key=lambda entry: entry[:2])
+    target.write_text("".join(json.dumps(row, default=str) + "\n" for _, _, row in ranked))
+    return read, ranked[0][0] if ranked else 0
+
+
+def _full_length(run: ResolvedRun) -> tuple[dict[str, Setting], str]:
+    """`generation_kwargs` that generate every completion to its full length, and the note that says so."""
+    if not _has(run, "generation_kwargs"):  # our PPO: no generation_kwargs to force a length with
+        return {}, "completions: this trainer takes no generation_kwargs; they stop where the model stops"
+    length = run.value("max_completion_length")
+    key = "min_tokens" if run.generation.engine.vllm else "min_new_tokens"
+    kwargs = {**(run.value("generation_kwargs") or {}), key: length}
+    return {"generation_kwargs": Setting(kwargs, SOURCE)}, f"completions: {key}={length}, every one full length"
+
+
+def rehearsal_run(run: ResolvedRun) -> ResolvedRun:
+    """The rehearsal of `run`: its folder made afresh (an earlier rehearsal removed), the longest prompts written
+    there, and the settings of one worst-case step with a checkpoint saved."""
+    folder = rehearsal_dir(run.output_dir)
+    if folder.exists():
+        if not (folder / "run.json").exists() and not (folder / PROMPTS_FILE).exists():
+            raise ConfigError(f"--rehearse: {folder} exists and holds no rehearsal; move it away or choose another "
+                              "--output-dir")
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    settings = {"output_dir": Setting(str(folder), SOURCE), "max_steps": Setting(1, SOURCE),
+                "save_strategy": Setting("steps", SOURCE), "save_steps": Setting(1, SOURCE)}
+    notes = [f"rehearsal: one step into {folder}, a checkpoint saved"]
+    dataset = run.value("dataset_name")
+    path = Path(str(dataset)) if dataset else None
+    if path is not None and path.is_file() and path.suffix.lower() in DATA_SUFFIXES:
+        count = step_prompts(run)
+        read, longest = write_longest_prompts(path, "prompt", count, folder / PROMPTS_FILE)
+        settings["dataset_name"] = Setting(str(folder / PROMPTS_FILE), SOURCE)
+        notes.append(f"rehearsal: {read} rows of {path} read; the {count} longest prompts kept, the longest "
+                     f"{longest} characters")
+    else:
+        notes.append(f"rehearsal: dataset {dataset} is not a local file: not scanned, used as it is")
+    forced, said = _full_length(run)
+    settings.update(forced)
+    kept = {name: setting for name, setting in run.settings.items() if name != "resume_from_checkpoint"}
+    return replace(run, settings={**kept, **settings}, notes=(*run.notes, *notes, f"rehearsal: {said}"),
+                   output_dir_entries=tuple(sorted(entry.name for entry in folder.iterdir())))

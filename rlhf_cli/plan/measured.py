@@ -1,0 +1,78 @@
+"""A run's measured step phases (summary.json's `phases`, rlhf_cli/rank/phases.py) beside what the plan predicted,
+and the rehearsal's verdict: did the measured peak fit the memory the plan planned against?
+
+The ranks measure four phases; the plan predicts seven (rlhf_cli/plan/time.py). `train` is what the plan splits
+into scoring, training, the optimizer step and waiting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rlhf_cli.plan import memory
+from rlhf_cli.plan.columns import Plan
+from rlhf_cli.plan.time import GENERATION, OPTIMIZER_STEP, SAVING, SCORING, TRAINING, WAITING, WEIGHT_SYNC
+from rlhf_cli.sizes import readable
+
+MEASURED_PHASES = {"generation": (GENERATION,), "sync": (WEIGHT_SYNC,), "saving": (SAVING,),
+                   "train": (SCORING, TRAINING, OPTIMIZER_STEP, WAITING)}
+
+
+@dataclass(frozen=True)
+class PhaseRow:
+    """One measured phase beside the plan: seconds per step measured and planned (None: no prediction, the plan
+    knows no GPU), and the peak bytes measured (None: only the run's overall peak is known)."""
+
+    phase: str
+    seconds: float | None
+    planned_seconds: float | None
+    peak_bytes: int | None
+
+
+def phase_rows(summary: dict[str, Any], plan: Plan | None) -> list[PhaseRow]:
+    """The phases the run measured, in order; empty when summary.json has none (a run before phases were kept)."""
+    phases = summary.get("phases") or {}
+    chosen = plan.chosen if plan is not None and plan.known else None
+    predicted = chosen.seconds if chosen is not None else None
+    return [PhaseRow(phase, phases[phase].get("seconds_per_step"),
+                     sum(predicted[name] for name in names) if predicted else None, phases[phase].get("peak_bytes"))
+            for phase, names in MEASURED_PHASES.items() if phase in phases]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    fits: bool
+    line: str
+
+
+def usable_memory(plan: Plan) -> int | None:
+    """The bytes a configuration may peak at to fit, as the plan judges: the memory less its margin."""
+    if not plan.known or plan.hardware is None:
+        return None
+    return int(plan.hardware.gpu_memory * (1 - memory.MARGIN))
+
+
+def verdict(summary: dict[str, Any], plan: Plan) -> Verdict:
+    """Whether the rehearsal's measured peak fits what the plan planned against; over: the phase that went over
+    (the largest peak), and what the plan says would fit."""
+    usable = usable_memory(plan)
+    rows = phase_rows(summary, plan)
+    measured = [row for row in rows if row.peak_bytes is not None]
+    overall = (summary.get("memory") or {}).get("overall_peak_bytes")
+    if usable is None or not (measured or overall):
+        return Verdict(True, "memory not judged: " + ("no plan" if usable is None else "no peak measured"))
+    assert plan.hardware is not None
+    of = f"{readable(usable)} usable of {readable(plan.hardware.gpu_memory)} per GPU"
+    if not measured:
+        phase, peak = "the run (overall peak only)", int(overall or 0)
+    else:
+        top = max(measured, key=lambda row: row.peak_bytes or 0)
+        phase, peak = top.phase, int(top.peak_bytes or 0)
+    if peak <= usable:
+        return Verdict(True, f"fits: the largest peak, {phase} at {readable(peak)}, within {of}")
+    smallest = plan.smallest
+    instead = (f"the plan's smallest configuration that fits: {smallest.candidate.label} "
+               f"({readable(smallest.peak)} per GPU)" if smallest is not None
+               else f"the plan finds no configuration that fits in {readable(plan.hardware.gpu_memory)}")
+    return Verdict(False, f"rehearsal: {phase} peaked at {readable(peak)}, over the {of}; {instead}")

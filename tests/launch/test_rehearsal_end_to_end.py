@@ -1,0 +1,30 @@
+"""`--rehearse` launched: one step on the longest prompts, its phases beside the plan, and the verdict's exit code
+when the memory given is too small (the decisions alone: tests/test_rehearsal.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from helpers import RECIPES, launch_rlhf
+
+
+def test_a_rehearsal_fits_and_the_same_rehearsal_in_64_mib_names_the_phase_over(tmp_path: Path) -> None:
+    rows = (RECIPES / "smoke" / "prompts.jsonl").read_text()
+    data = tmp_path / "data.jsonl"
+    data.write_text(rows + json.dumps({"prompt": "Tell me about apples. " * 40}) + "\n")
+    out = tmp_path / "run"
+    done = launch_rlhf("rloo", out, "--rehearse", "--dataset", str(data))
+    assert done.returncode == 0
+    assert "planned s/step" in done.stdout and "rehearsal: fits" in done.stdout
+    assert not out.exists()  # nothing of the run's own
+    kept = (tmp_path / "run.rehearsal" / "longest-prompts.jsonl").read_text().splitlines()
+    assert json.loads(kept[0])["prompt"].startswith("Tell me about apples. Tell me")
+    summary = json.loads((tmp_path / "run.rehearsal" / "summary.json").read_text())
+    assert summary["max_steps"] == 1 and summary["phases"]["saving"]["seconds_per_step"] > 0
+
+    small = launch_rlhf("rloo", out, "--rehearse", "--dataset", str(data), "--gpu-memory", "64MiB")
+    assert small.returncode == 1
+    errors = [line for line in small.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "peaked at" in errors[0] and "Traceback" not in small.stderr
+    assert any(f"rehearsal: {phase} peaked" in errors[0] for phase in ("generation", "sync", "saving", "train"))
