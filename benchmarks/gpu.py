@@ -8,6 +8,7 @@ offloaded to the CPU: a few steps each through `python -m rlhf_cli ALGO ...`, 1 
 RLHF_PROBE_CUDA_MEMORY=1, under which the rank records the peak CUDA memory of each phase (load, generation,
 train) and the start and length of every generation call (`rlhf_cli/rank/probes.py`, `ranks/rank-0.json`).
 Beside each run: `rlhf plan ALGO <the same flags> --gpu-memory <the GPU's> --json`.
+Before them all, the first run with `--rehearse` (its output in rehearsal.txt): the plan checked on this GPU.
 
     python benchmarks/gpu.py --dry-run   # any machine, seconds: write the configs, build and check every command
     python benchmarks/gpu.py             # one GPU: run them all; writes gpu.md and gpu.json into --out
@@ -530,6 +531,7 @@ def run_all(args: argparse.Namespace, setup: Setup, planned: list[Planned], skip
     env = {**environment(), "models": "; ".join(counts)}
     print(f"{env['gpu']}; torch {env['torch']}; " + "; ".join(env["packages"]), flush=True)
     deadline = time.monotonic() + args.budget_s
+    rehearse_first(args.out, planned[0], setup, timeout=min(args.run_timeout_s, args.budget_s / 3))
     outcomes: list[Measured] = []
     for item in planned:
         left = deadline - time.monotonic()
@@ -545,6 +547,21 @@ def run_all(args: argparse.Namespace, setup: Setup, planned: list[Planned], skip
         report(args.out, setup, env, outcomes, skipped, show=False)  # so far: kept if the whole command is killed
     report(args.out, setup, env, outcomes, skipped)
     return 1 if any(m.status == "failed" for m in outcomes) else 0
+
+
+def rehearse_first(out: Path, item: Planned, setup: Setup, timeout: float) -> None:
+    """`--rehearse` on the first run before any other: the plan checked on this GPU (its phases measured beside the
+    plan's and a memory verdict, rlhf_cli/plan/measured.py) even when the runs after it do not finish. Its output
+    goes into rehearsal.txt beside gpu.md."""
+    print(f"rehearsing {item.run.name} ...", flush=True)
+    try:
+        done = run_timed([*item.run.command(setup), "--rehearse"], timeout=timeout)
+        said = f"fits: exit 0 in {done.seconds:.0f} s\n{done.output}"
+    except CommandFailed as failed:  # exit 1: a phase over the plan's memory; or a crash, or past the timeout
+        said = str(failed)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rehearsal.txt").write_text(f"{' '.join(item.run.command(setup))} --rehearse\n{said}\n")
+    print(said[-3000:], flush=True)
 
 
 def available_algorithms() -> tuple[list[Algorithm], list[str]]:
@@ -606,6 +623,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_all(args, setup, planned, left_out)
     for item in planned:
         print(" ".join(item.run.command(setup)))
+    print(" ".join(planned[0].run.command(setup)) + " --rehearse  # first, on a GPU")
     print(f"{len(planned)} runs checked: flags resolved, bf16 on, plans known")
     return 0
 

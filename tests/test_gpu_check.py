@@ -48,7 +48,10 @@ def test_dry_mode_checks_every_run_without_importing_torch(tmp_path: Path) -> No
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    commands = [line for line in done.stdout.splitlines() if " -m rlhf_cli " in line]
+    lines = [line for line in done.stdout.splitlines() if " -m rlhf_cli " in line]
+    commands = [line for line in lines if "--rehearse" not in line]
+    rehearsal = [line for line in lines if "--rehearse" in line]
+    assert len(rehearsal) == 1 and rehearsal[0].startswith(commands[0])  # the first run, rehearsed before all
     for algorithm in ("ppo", "rloo", "online-dpo"):
         for mode in ("--gather -o", "--no-gather --set stage3_max_live_parameters"):
             assert any(f" -m rlhf_cli {algorithm} " in line and mode in line for line in commands), (algorithm, mode)
