@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 GENERATION, SYNC, SAVING, TRAIN = "generation", "sync", "saving", "train"
 STEP_PHASES = (GENERATION, SYNC, SAVING, TRAIN)
-CONSUMERS = ("steps", "probe")  # StepPhases and PhaseMemory
+CONSUMERS = ("steps", "probe", "sync")  # StepPhases, PhaseMemory and the weight sync
 PEAK_KEY = "peak_bytes"
 STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
 
