@@ -28,6 +28,7 @@ from rlhf_cli.plan.vllm_time import buckets_seconds
 
 SWIFT_GKD = f"ms-swift [GKD examples]({MS_SWIFT}/rlhf/gkd)"
 MEGATRON_BRIDGE = "Megatron-LM bridge (the issue's figures: Qwen3-30B-A3B weight sync)"
+TRL_MOE_SYNC = "TRL [#3557](https://github.com/huggingface/trl/issues/3557)"
 
 
 @dataclass(frozen=True)
@@ -70,18 +71,19 @@ QWEN3_30B_A3B_BYTES = 30.5e9 * 2
 QWEN3_30B_A3B_TENSORS = 48 * (128 * 3 + 9) + 3
 
 
-def _megatron_sync(bucket_bytes: float | None) -> Callable[[Path], Prediction]:
-    """The sync of every tensor one at a time (`None`) or packed into buckets of `bucket_bytes`, colocated on 8
-    H100s (assumed)."""
+def _qwen3_moe_sync(bucket_bytes: float | None, gpu: str = "h100", gpus: int = 8,
+                    server: bool = False) -> Callable[[Path], Prediction]:
+    """The sync of every tensor one at a time (`None`) or packed into buckets of `bucket_bytes`, from `gpus` training
+    GPUs into a colocated vLLM or to a server."""
     def predict(_: Path) -> Prediction:
-        rates = Rates.of(GPUS["h100"], 8, 1, False)
+        rates = Rates.of(GPUS[gpu], gpus, 1, False)
         tensor = QWEN3_30B_A3B_BYTES / QWEN3_30B_A3B_TENSORS
         if bucket_bytes is None:
             buckets = [(tensor, 1)] * QWEN3_30B_A3B_TENSORS
         else:
             count = math.ceil(QWEN3_30B_A3B_BYTES / bucket_bytes)
             buckets = [(QWEN3_30B_A3B_BYTES / count, QWEN3_30B_A3B_TENSORS // count)] * count
-        return Prediction(buckets_seconds(buckets, rates, server=False))
+        return Prediction(buckets_seconds(buckets, rates, server=server))
     return predict
 
 
@@ -172,9 +174,9 @@ ROWS = [
     PublishedTime(SWIFT_GKD, "the same, a vLLM server", 5, "s/step", f"{GKD_ASSUMED}; the server on 1 GPU",
                   _gkd({"vllm_mode": "server"})),
     PublishedTime(MEGATRON_BRIDGE, "Qwen3-30B-A3B weight sync, tensor by tensor", 84.9, "s/sync",
-                  "8 x H100 NVLink, colocated; tensors counted from the architecture", _megatron_sync(None)),
+                  "8 x H100 NVLink, colocated; tensors counted from the architecture", _qwen3_moe_sync(None)),
     PublishedTime(MEGATRON_BRIDGE, "the same in 2 GiB buckets", 11.8, "s/sync", "as above",
-                  _megatron_sync(2 * 2**30)),
+                  _qwen3_moe_sync(2 * 2**30)),
     PublishedTime(OPENRLHF, "DeepSpeed-Chat PPO Llama-2-7B (actor, critic, reward, reference), 8 x A800, ZeRO-3, "
                   "micro-batch 8: generation of 1024 rollouts", 697.12, "s/rollout", DSCHAT_ASSUMED,
                   _dschat("meta-llama/Llama-2-7b-hf", 8, GENERATION_PHASES)),
@@ -200,6 +202,10 @@ ROWS = [
                   DEEPSCALER_ASSUMED, _deepscaler("a100-80gb")),
     PublishedTime(DEEPSCALER, "verl GRPO DeepSeek-R1-Distill-Qwen-1.5B, 8 x H200, 8K stage (3 hours for 30 steps)",
                   360, "s/step", f"{DEEPSCALER_ASSUMED}; the issue's 3 h / 30 steps", _deepscaler("h200")),
+    PublishedTime(TRL_MOE_SYNC, "TRL GRPO Qwen3-30B-A3B, 8 x H200: weight sync to a vLLM server, tensor by tensor "
+                  "(each parameter gathered and sent on its own)", 40, "s/sync",
+                  "'~40s' as the issue puts it; 4 training GPUs and 4 for the server; tensors counted from the "
+                  "architecture", _qwen3_moe_sync(None, "h200", 4, server=True)),
 ]
 # (faster, slower) by row index: what each source published as the faster of two configurations
 ORDERINGS = [(1, 0), (2, 1), (2, 0), (4, 3), (5, 7), (6, 8), (15, 14)]
