@@ -134,7 +134,7 @@ def _nemo(model: str, gpus: int, machines: int, gpu: str, vllm_tp: int) -> Calla
               "plan_prompt_length": 256, "max_completion_length": 3840, "gradient_checkpointing": True,
               "use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.6,
               "vllm_tensor_parallel_size": vllm_tp, "gpu": gpu}
-    return _run("grpo", recipe, gpus, "81559MiB" if gpu == "h100" else "189471MiB", steps=4)
+    return _run("grpo", recipe, gpus, "81559MiB" if gpu == "h100" else "186GB", steps=4)
 
 
 # open-r1 at the date (TRL 0.14): GRPO of DeepSeek-R1-Distill-Qwen-1.5B on 7 A100s, vLLM on the 8th;
