@@ -3,7 +3,7 @@ configurations is faster) and the error of each time.
 
 Each row is replayed as `plan_published.py` replays memory (the model's config.json from tests/fixtures/models,
 the trainer's fields as a recipe) with the GPU named; its prediction is the run's own configuration's
-`step_seconds`, or for a weight sync the plan's sync model (rlhf_cli/plan/vllm_time.py) on the published
+`step_seconds`, or for a weight sync the plan's sync model (rlhf_cli/plan/engines/vllm_time.py) on the published
 model's tensors. What a source does not state is assumed, and the table says what. Sources this table cannot
 replay faithfully are listed under it with the reason.
 """
@@ -19,7 +19,7 @@ from plan_published import GKD, GKD_JSD, MS_SWIFT, Published, plan_of
 
 from rlhf_cli.machine.gpus import GPUS
 from rlhf_cli.plan.rates import Rates
-from rlhf_cli.plan.vllm_time import buckets_seconds
+from rlhf_cli.plan.engines.vllm_time import buckets_seconds
 
 SWIFT_GKD = f"ms-swift [GKD examples]({MS_SWIFT}/rlhf/gkd)"
 MEGATRON_BRIDGE = "Megatron-LM bridge (the issue's figures: Qwen3-30B-A3B weight sync)"
