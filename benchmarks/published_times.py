@@ -4,11 +4,11 @@ configurations is faster) and the error of each time.
 Each row is replayed as `plan_published.py` replays memory (the model's config.json from tests/fixtures/models,
 the trainer's fields as a recipe) with the GPU named; its prediction is the run's own configuration's seconds
 (all phases, or the phases the source timed) times the optimizer steps the source's unit holds, or for a weight
-sync the plan's sync model (rlhf_cli/plan/vllm_time.py) on the published model's tensors. Runs of other stacks
-(NeMo RL's Megatron, verl's FSDP, DeepSpeed-Chat) are replayed as the TRL-style run that does the same work
-under ZeRO-3. Sequences are counted at the recipe's caps, as the plan counts them for any run. What a source
-does not state is assumed, and the table says what; "does not fit" marks a run the plan's memory says would not
-fit. Sources this table cannot replay faithfully are listed under it with the reason.
+sync the plan's sync model (rlhf_cli/plan/engines/vllm_time.py) on the published model's tensors. Runs of other
+stacks (NeMo RL's Megatron, verl's FSDP, DeepSpeed-Chat) are replayed as the TRL-style run that does the same
+work under ZeRO-3. Sequences are counted at the recipe's caps, as the plan counts them for any run. What a
+source does not state is assumed, and the table says what; "does not fit" marks a run the plan's memory says
+would not fit. Sources this table cannot replay faithfully are listed under it with the reason.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from plan_published import GKD, MS_SWIFT, Published, plan_of
 from rlhf_cli.machine.gpus import GPUS
 from rlhf_cli.plan.rates import Rates
 from rlhf_cli.plan.time import GENERATION, OPTIMIZER_STEP, TRAINING
-from rlhf_cli.plan.vllm_time import buckets_seconds
+from rlhf_cli.plan.engines.vllm_time import buckets_seconds
 
 SWIFT_GKD = f"ms-swift [GKD examples]({MS_SWIFT}/rlhf/gkd)"
 MEGATRON_BRIDGE = "Megatron-LM bridge (the issue's figures: Qwen3-30B-A3B weight sync)"
