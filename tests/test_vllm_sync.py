@@ -1,6 +1,7 @@
-"""The weight sync into a colocated vLLM (rlhf_cli/rank/vllm/sync.py): how the gather choice becomes buckets, the
-names vLLM loads, and, where vLLM is installed, that vLLM generates with the trained policy's logprobs after a
-sync with every bucket size, LoRA merged a layer at a time."""
+"""The weight sync into a colocated vLLM (rlhf_cli/rank/engines/sync.py, weights.py, delta.py): how the gather
+choice becomes buckets, the names vLLM loads, and, where vLLM is installed, that vLLM generates with the trained
+policy's logprobs after a sync with every bucket size, LoRA merged a layer at a time, and that a delta sync leaves
+vLLM with what a full sync does."""
 
 from __future__ import annotations
 

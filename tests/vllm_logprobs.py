@@ -68,11 +68,11 @@ def self_check(model, llm) -> dict:
     """The self-check on a good sync, on a sync whose tied layers are not re-processed (the stale tied head), and
     on one that sends the final norm's weight as 3 w + 1."""
     from rlhf_cli.compat import vllm as vllm_compat
-    from rlhf_cli.rank.vllm.self_check import SyncCheck, SyncCheckFailed
+    from rlhf_cli.rank.engines.vllm.self_check import SyncCheck, SyncCheckFailed
     from rlhf_cli.generation.sync_buckets import PER_UNIT
     from rlhf_cli.rank.engines.sync import sync_weights
     from rlhf_cli.rank.engines.weights import SyncLimit
-    from rlhf_cli.rank.vllm.target import ColocatedVLLM
+    from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
 
     found: dict = {"passed": sync_weights(model, ColocatedVLLM(llm, SyncCheck(1)), SyncLimit(PER_UNIT))}
 
@@ -107,7 +107,7 @@ def main(policy: str, targets: list[str]) -> dict:
     from rlhf_cli.generation.sync_buckets import PER_UNIT, WHOLE
     from rlhf_cli.rank.engines.sync import sync_weights
     from rlhf_cli.rank.engines.weights import SyncLimit
-    from rlhf_cli.rank.vllm.target import ColocatedVLLM
+    from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
 
     torch.manual_seed(0)
     llm = LLM(model=policy, dtype="float32", max_model_len=64, enforce_eager=True, seed=0,

@@ -96,7 +96,8 @@ def vllm_sync_text() -> str:
     """`  sync 0.21 s 4.2 MiB sparse 0.8% 96 KiB check 3e-07`: the weight syncs into the generator since the last
     log: seconds in all, their largest gathered bytes, the last one's kind (dense, or sparse with the share of
     elements that changed) and bytes sent, and the largest difference the self-check measured
-    (rlhf_cli/rank/vllm/self_check.py) between vLLM's logprobs and the policy's, when it ran; empty without syncs."""
+    (rlhf_cli/rank/engines/vllm/self_check.py) between vLLM's logprobs and the policy's, when it ran; empty
+    without syncs."""
     from rlhf_cli.sizes import readable
 
     calls = SYNC_LOG.take()

@@ -19,7 +19,7 @@ class ColocatedVLLM:
 
     def __init__(self, llm: Any, check: Any | None = None) -> None:
         self.llm = llm
-        self.check = check  # a rlhf_cli/rank/vllm/self_check.SyncCheck, or None
+        self.check = check  # a rlhf_cli/rank/engines/vllm/self_check.SyncCheck, or None
         self.model = vllm_compat.vllm_model(llm)
         self.dtype = vllm_compat.vllm_dtype(llm)
         self.kept = vllm_compat.vllm_keep_unpacked_weights(self.model)  # filled by the first reload

@@ -23,9 +23,9 @@ from torch import nn
 from rlhf_cli.generation.choice import Engine, Generation
 from rlhf_cli.rank.engines.sync import sync_weights
 from rlhf_cli.rank.engines.weights import SyncLimit
-from rlhf_cli.rank.vllm.self_check import SyncCheck
-from rlhf_cli.rank.vllm.server import ServerTarget
-from rlhf_cli.rank.vllm.target import ColocatedVLLM
+from rlhf_cli.rank.engines.vllm.self_check import SyncCheck
+from rlhf_cli.rank.engines.vllm.server import ServerTarget
+from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
 from rlhf_cli.rank.zero3 import GenerationClock
 
 
@@ -67,7 +67,7 @@ class VLLMRollouts:
     def __init__(self, args: Any, accelerator: Any, policy: nn.Module, tokenizer: Any, stop_token_id: int | None,
                  generation: Generation, check_every: int) -> None:
         self.args, self.accelerator, self.policy = args, accelerator, policy
-        self.check = SyncCheck(check_every)  # of the colocated engine's syncs (rlhf_cli/rank/vllm/self_check.py)
+        self.check = SyncCheck(check_every)  # of the colocated engine's syncs (self_check.py)
         self.pad_token_id = tokenizer.pad_token_id
         self.limit = SyncLimit.of(generation.gather, policy)
         self.settings = sampling_settings(args.response_length, args.temperature, stop_token_id)

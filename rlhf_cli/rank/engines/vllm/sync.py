@@ -1,6 +1,6 @@
 """TRL's colocated vLLM (RLOO, GRPO, online DPO; PPO's rollouts) synced through rlhf's weight sync
 (rlhf_cli/rank/engines/weights.py): bucketed by the run's gather choice, a shard-local delta after the first sync
-(rlhf_cli/rank/engines/delta.py), checked by the logprob self-check (rlhf_cli/rank/vllm/self_check.py)."""
+(rlhf_cli/rank/engines/delta.py), checked by the logprob self-check (rlhf_cli/rank/engines/vllm/self_check.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from rlhf_cli.compat import vllm as vllm_compat
 from rlhf_cli.generation.choice import Gather
 from rlhf_cli.rank.engines.sync import sync_weights
 from rlhf_cli.rank.engines.weights import SyncLimit
-from rlhf_cli.rank.vllm.target import ColocatedVLLM
+from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
 
 
 def install_vllm(gather: Gather, dtype: str, seed: int, check: Any) -> None:
     """Make TRL's colocated vLLM hold the policy in `dtype`, the one the trainer holds it in (vLLM would downcast a
     float32 model to bfloat16), sample from the recipe's `seed` (plus TRL's per-rank offset), and sync through
     `sync_weights`, bucketed by the run's gather choice and checked by `check` (a
-    rlhf_cli/rank/vllm/self_check.SyncCheck). Server mode keeps TRL's own sync (NCCL to the server)."""
+    rlhf_cli/rank/engines/vllm/self_check.SyncCheck). Server mode keeps TRL's own sync (NCCL to the server)."""
 
     def engine(*args: Any, **kwargs: Any) -> Any:  # trl's `LLM(...)`
         kwargs.setdefault("dtype", dtype)
