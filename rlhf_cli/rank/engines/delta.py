@@ -42,6 +42,11 @@ class SyncMismatch(RuntimeError):
     """The generator's weights differ from the policy's after a sync."""
 
 
+class PatchesRefused(RuntimeError):
+    """The generator cannot take a patch (its loader writes otherwise than by one same-shaped copy): dense from
+    now on; what it took so far is overwritten by the dense sync that follows."""
+
+
 class Tracker:
     """What this rank last sent one generator: its own partition of each parameter, in the generator's dtype."""
 
@@ -51,6 +56,7 @@ class Tracker:
         self.dtype = target.dtype
         self.snapshot: dict[int, Any] | None = None  # by the parameter's id
         self.unverified: set[str] = set()  # groups the generator transforms at load
+        self.refused: str | None = None  # why the generator cannot take patches, once it said so
         self.syncs = 0
 
     @classmethod
@@ -66,7 +72,8 @@ class Tracker:
         """Why the sync due now is dense, or None for a delta."""
         import torch
 
-        reasons = [(getattr(target, "dense_reason", None), True), (FLOAT32_REASON, self.dtype == torch.float32),
+        reasons = [(getattr(target, "dense_reason", None), True), (self.refused, True),
+                   (FLOAT32_REASON, self.dtype == torch.float32),
                    (LORA_REASON, self.lora), (FIRST_REASON, self.snapshot is None), (WOKE_REASON, woke)]
         return next((reason for reason, applies in reasons if reason and applies), None)
 
@@ -99,7 +106,12 @@ class Tracker:
             everyone = _all_gather([piece for piece in mine if piece is not None])
             patches = _merge(everyone, {names[id(p)]: tuple(_shape(p)) for p in params if id(p) in names})
             if patches:
-                target.patch(patches)
+                try:
+                    target.patch(patches)
+                except NotImplementedError as refused:  # vLLM's sparse-loader contract
+                    self.refused = (f"the generator cannot take patches of {', '.join(p.name for p in patches)} "
+                                    f"({refused}): dense syncs")
+                    raise PatchesRefused(self.refused) from refused
                 patched.update(patch.name for patch in patches)
         self.syncs += 1
         self.check(model, target, patched)

@@ -4,6 +4,7 @@ WeightTarget, measured (seconds, bytes sent, changed share, the sync's own peak 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -25,9 +26,11 @@ def sync_weights(model: Any, target: WeightTarget, limit: SyncLimit, woke: bool 
         meter.take("sync")  # the sync's own peak from here
         started = time.perf_counter()
         tracker = delta.Tracker.of(model, target)
+        record = None
         if tracker.dense_reason(woke, target) is None:
-            record = tracker.send_patches(model, target, limit)
-        else:
+            with contextlib.suppress(delta.PatchesRefused):  # every rank's generator refuses the same patch
+                record = tracker.send_patches(model, target, limit)
+        if record is None:
             record = _send_dense(model, target, limit)
             record.update(tracker.after_dense(model, target, woke))
         target.reset()
