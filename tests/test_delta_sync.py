@@ -141,8 +141,20 @@ def test_a_float32_generator_is_synced_whole_and_says_why() -> None:
 def test_checksums_do_not_depend_on_layout_and_groups_are_modules() -> None:
     tensor = torch.randn(4, 6).to(torch.bfloat16)
     assert bit_sums(tensor) == bit_sums(tensor.t().contiguous()) == bit_sums(tensor.flatten().flip(0))
+    large = torch.randn(3 << 23).to(torch.bfloat16)  # over one chunk
+    assert bit_sums(large) == bit_sums(large.flip(0))
     bumped = tensor.clone()
     bumped[0, 0] = bumped[0, 0] * 2
     assert bit_sums(bumped) != bit_sums(tensor)
     assert group_of("model.layers.0.self_attn.q_proj.weight") == "model.layers.0.self_attn"
     assert group_of("lm_head.weight") == ""
+
+
+def test_a_target_that_takes_no_patches_gets_every_weight_at_every_sync() -> None:
+    model, holder = Policy(), Holder()
+    holder.dense_reason, holder.dtype = "the vLLM server reloads whole weight files", None
+    for _ in range(2):
+        record = sync_weights(model, holder, SyncLimit(PER_UNIT))
+        assert record["mode"] == "dense" and record["dense_reason"] == holder.dense_reason
+        assert record["bytes_sent"] == sum(p.numel() * 2 for p in model.parameters())
+        _step(model, 0.02)

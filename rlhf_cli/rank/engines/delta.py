@@ -31,6 +31,7 @@ from rlhf_cli.rank.engines.weights import (Patch, SyncLimit, WeightTarget, bucke
                                            unique_params)
 from rlhf_cli.rank.zero3 import policy_units
 
+CHECKSUM_CHUNK = 1 << 24  # elements
 INDEX_BYTES = 4  # an int32 flat index; int64 for a tensor of 2**31 elements or more
 FLOAT32_REASON = "the generator holds float32 weights, of which every step changes about all: dense syncs"
 LORA_REASON = "LoRA: the merged adapters are sent whole (a layer at a time)"
@@ -81,6 +82,10 @@ class Tracker:
         """After a dense sync: this rank's snapshot, and the groups the generator holds as sent."""
         reason = self.dense_reason(woke, target)
         self.syncs += 1
+        if getattr(target, "dense_reason", None):  # it never takes patches: nothing to keep, nothing it shows
+            sent = sum(full_numel(p) * p.element_size() for p in unique_params(model) if id(p) in sent_names(model))
+            return {"mode": "dense", "dense_reason": reason, "bytes_sent": sent, "dense_bytes": sent,
+                    "changed_share": None, "groups_verified": 0, "groups_unverified": []}
         self.snapshot = None if self.lora else {id(param): own_slice(param)[1].to(self.dtype, copy=True).cpu()
                                                 for param in unique_params(model)}
         expected = self._expected(model)
@@ -193,8 +198,12 @@ def bit_sums(tensor: Any) -> tuple[int, int]:
     import torch
 
     views = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    bits = tensor.detach().contiguous().flatten().view(views[tensor.element_size()]).to(torch.int64)
-    return int(bits.sum()), int((bits * bits).sum())
+    flat = tensor.detach().contiguous().flatten().view(views[tensor.element_size()])
+    first = second = 0
+    for start in range(0, flat.numel(), CHECKSUM_CHUNK):  # int64 copies of a chunk at a time, not of the tensor
+        bits = flat[start:start + CHECKSUM_CHUNK].to(torch.int64)
+        first, second = first + int(bits.sum()), second + int((bits * bits).sum())
+    return _wrap(first), _wrap(second)
 
 
 def _bits(tensor: Any) -> Any:
