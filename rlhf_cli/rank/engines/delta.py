@@ -58,6 +58,7 @@ class Tracker:
         self.snapshot: dict[int, Any] | None = None  # by the parameter's id
         self.unverified: set[str] = set()  # groups the generator transforms at load
         self.refused: str | None = None  # why the generator cannot take patches, once it said so
+        self.lora = False  # the policy carries adapters: its merged layers go whole
         self.syncs = 0
 
     @classmethod
@@ -119,13 +120,13 @@ class Tracker:
                     raise PatchesRefused(self.refused) from refused
                 patched.update(patch.name for patch in patches)
         self.syncs += 1
-        self.check(model, target, patched)
+        verified = self.check(model, target, patched)
         sent, changed, total = (int(value) for value in _all_reduce(sizes))
         return {"mode": "sparse", "dense_reason": None, "bytes_sent": sent,
                 "dense_bytes": _dense_bytes(model, self.dtype), "changed_share": changed / total if total else 0.0,
                 "buckets": len(packed), "limit_numel": limit.numel, "peak_bytes": 0,
                 "full_bytes": sum(full_numel(p) * p.element_size() for p in unique_params(model)),
-                "merged_lora_layers": 0, "groups_verified": len(_group(self._expected(model))) - len(self.unverified)}
+                "merged_lora_layers": 0, "groups_verified": verified}
 
     def _diff(self, param: Any, name: str, sizes: Any) -> tuple[str, int, Any, Any] | None:
         """(name, start, flat indices or None for the whole slice, values) of this rank's changed elements of
@@ -166,8 +167,9 @@ class Tracker:
             return self.snapshot[id(param)]
         return own_slice(param)[1].to(self.dtype)
 
-    def check(self, model: Any, target: WeightTarget, patched: set[str]) -> None:
-        """SyncMismatch, naming the parameter, when a verified group differs from what was sent."""
+    def check(self, model: Any, target: WeightTarget, patched: set[str]) -> int:
+        """How many groups of the generator's weights equal what was sent; SyncMismatch, naming the parameter,
+        when one of them differs."""
         expected, held = _group(self._expected(model)), _group(target.checksums())
         for group, sums in expected.items():
             if group not in self.unverified and held.get(group, {}).get("sum") != sums["sum"]:
@@ -176,6 +178,7 @@ class Tracker:
                     f"after weight sync {self.syncs}, the generator's {suspects} differs from the policy's (bit "
                     "checksums of the patched weights): a patch was lost or misapplied. Run with --vllm server or "
                     "without --vllm until this is fixed, and report it with the model's config.json")
+        return len(expected) - len(self.unverified & set(expected))
 
 
 def own_slice(param: Any) -> tuple[int, Any]:
