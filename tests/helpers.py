@@ -22,6 +22,7 @@ FIXTURES = REPO / "tests" / "fixtures"
 MODEL_CONFIGS = FIXTURES / "models"  # real models' config.json
 # ZeRO-3's buckets and live-parameter limit sized for the tiny smoke models, so that 2 CPU ranks really fetch and
 # release parameters module by module (the defaults would hold a whole tiny model at once).
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # a 1 GiB KV cache: enough for the smoke runs, little for a shared CPU
 SMALL_BUCKETS = ("stage3_prefetch_bucket_size=2000", "stage3_param_persistence_threshold=0",
                  "stage3_max_live_parameters=20000")
 # What rlhf's PPO logs at every update: TRL 1.12's PPOTrainer's metrics.
@@ -260,3 +261,26 @@ def hold_output_dir(directory: Path) -> subprocess.Popen:
                                "flush=True); time.sleep(600)", str(directory)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     return holder
+
+
+def served_and_saved_logprobs(url: str, saved: Path, prompt: tuple[int, ...] = (1, 40, 41, 42, 43),
+                              tokens: int = 6) -> tuple[list[float], list[float], list[float]]:
+    """The log-probs of the server's greedy completion of `prompt`, by the server, by the policy saved in `saved`
+    and by the smoke policy the run started from."""
+    import requests
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model_name = requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    choice = requests.post(f"{url}/v1/completions", timeout=120, json={
+        "model": model_name, "prompt": list(prompt), "max_tokens": tokens, "temperature": 0, "logprobs": 0,
+        "ignore_eos": True, "return_token_ids": True}).json()["choices"][0]
+    ids = choice["token_ids"]
+
+    def greedy(path: Path) -> list[float]:
+        with torch.no_grad():
+            logits = AutoModelForCausalLM.from_pretrained(path)(torch.tensor([[*prompt, *ids]])).logits
+        scored = logits[0, len(prompt) - 1:-1].float().log_softmax(-1)
+        return scored.gather(1, torch.tensor(ids).unsqueeze(1)).squeeze(1).tolist()
+
+    return choice["logprobs"]["token_logprobs"], greedy(saved), greedy(RECIPES / "smoke" / "policy")

@@ -3,6 +3,8 @@ torch. Seconds, no launch: an upgrade that moves one fails here, not in a run on
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from helpers import needs_vllm
@@ -30,39 +32,86 @@ def test_vllm_internal_is_where_rlhf_expects_it(internal: compat.Internal) -> No
     assert internal.why and internal.until
 
 
-def test_trls_colocated_vllm_syncs_through_rlhf_and_server_mode_through_trl(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_trls_vllm_syncs_through_rlhf_colocated_and_served(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Colocated, the weights go into the rank's vLLM; served, into the run's weight directory, with the client TRL
+    built (rank 0's), and TRL's NCCL communicator is never set up."""
+    import torch
     from trl.experimental.online_dpo import OnlineDPOTrainer
+    from trl.generation.vllm_client import VLLMClient
     from trl.generation.vllm_generation import VLLMGeneration
 
     from rlhf_cli.generation.choice import Gather
     from rlhf_cli.generation.sync_buckets import PER_UNIT
     from rlhf_cli.rank.engines.vllm import sync as vllm_sync
 
-    originals = VLLMGeneration.sync_weights, OnlineDPOTrainer._move_model_to_vllm
-    monkeypatch.setattr(VLLMGeneration, "sync_weights", originals[0])  # restored after the test
-    monkeypatch.setattr(OnlineDPOTrainer, "_move_model_to_vllm", originals[1])
+    originals = (VLLMGeneration.sync_weights, OnlineDPOTrainer._move_model_to_vllm, VLLMClient.init_communicator,
+                 VLLMClient.generate, VLLMClient.chat)
+    for owner, name, original in ((VLLMGeneration, "sync_weights", originals[0]),
+                                  (OnlineDPOTrainer, "_move_model_to_vllm", originals[1]),
+                                  (VLLMClient, "init_communicator", originals[2]),
+                                  (VLLMClient, "generate", originals[3]), (VLLMClient, "chat", originals[4])):
+        monkeypatch.setattr(owner, name, original)  # restored after the test
     monkeypatch.setattr(vllm_compat, "replace_trl_vllm_engine", lambda factory: None)  # TRL imports LLM only with vLLM
-    synced, served = [], []
+    synced = []
     monkeypatch.setattr(vllm_sync.ColocatedVLLM, "of", lambda llm, check: (llm, check))
-    monkeypatch.setattr(vllm_sync, "sync_weights",
-                        lambda model, target, limit, woke: synced.append((model, *target, limit)))
-    vllm_sync.install_vllm(Gather.shards, dtype="float32", seed=0, check="the check")
+    monkeypatch.setattr(vllm_sync, "sync_weights", lambda model, target, limit, woke=False: synced.append(
+        (model, target, limit)))
+    vllm_sync.install_vllm(Gather.shards, dtype="float32", seed=0, check="the check", output_dir=str(tmp_path))
     assert VLLMGeneration.sync_weights.__wrapped__ is originals[0]
     assert OnlineDPOTrainer._move_model_to_vllm.__wrapped__ is originals[1]
-    monkeypatch.setattr(VLLMGeneration.sync_weights, "__wrapped__", served.append)
+    assert VLLMClient.init_communicator.__wrapped__ is originals[2]
+    assert VLLMClient.init_communicator(object(), device="cpu") is None  # no NCCL group, no server call
 
     class Generation:
-        mode, enable_sleep_mode, model, llm = "colocate", False, object(), object()
+        mode, enable_sleep_mode, model, llm = "colocate", False, torch.nn.Linear(2, 2), object()
 
+    VLLMGeneration.sync_weights(Generation())
+    assert synced[0][1] == (Generation.llm, "the check") and synced[0][2].numel == PER_UNIT
+    served = Generation()
+    served.mode, served.vllm_client = "server", object.__new__(VLLMClient)
+    VLLMGeneration.sync_weights(served)
+    target = synced[1][1]
+    assert isinstance(target, vllm_sync.ServerTarget) and target.client is served.vllm_client
+    assert target.weight_dir == tmp_path / "vllm-weights" and served.vllm_client.rlhf_server_target is target
+    VLLMGeneration.sync_weights(served)
+    assert synced[2][1] is target  # one target a generator: it counts the syncs it sent
+
+
+def test_a_server_holding_other_weights_is_refused_before_the_first_generation() -> None:
+    """The server's workers say which weights they hold (the version the last reload carried): a run generates only
+    once the server holds the weights this run last sent."""
+    from rlhf_cli.rank.engines.vllm.server import ServerTarget
+    from rlhf_cli.rank.engines.vllm.worker_extension import ReloadWithTiedLayers
+
+    worker = ReloadWithTiedLayers()
+    worker.model_runner = type("Runner", (), {"reload_weights": lambda self, **kwargs: None,
+                                              "get_model": lambda self: torch_module()})()
+
+    class Session:
+        def post(self, url: str, json: dict) -> object:
+            method = getattr(worker, json["method"]) if json else None
+            result = method(**json.get("kwargs", {})) if method else None
+            body = b"" if json is None or json["method"] != "rlhf_weight_version" else b"x"
+            return type("Response", (), {"status_code": 200, "text": "", "content": body,
+                                         "json": lambda self: {"results": [result]}})()
+
+    client = type("Client", (), {"base_url": "http://server", "session": Session()})()
+    accelerator = type("Accelerator", (), {"wait_for_everyone": lambda self: None})()
+    earlier, run = (ServerTarget(client, accelerator, Path("weights")) for _ in range(2))
+    earlier.reset()  # an earlier run's sync: the server holds its weights
+    with pytest.raises(RuntimeError, match=r"holds weights this run did not send \(version .*:1, this run's none"):
+        run.check_version()
+    run.reset()
+    run.check_version()  # this run's weights: it may generate
+    earlier.checked = False
+    with pytest.raises(RuntimeError, match="holds weights this run did not send"):
+        earlier.check_version()
+
+
+def torch_module() -> object:
     import torch
 
-    Generation.model = torch.nn.Linear(2, 2)
-    VLLMGeneration.sync_weights(Generation())
-    assert synced and synced[0][1] is Generation.llm and synced[0][3].numel == PER_UNIT
-    assert synced[0][2] == "the check"
-    Generation.mode = "server"
-    VLLMGeneration.sync_weights(Generation())
-    assert len(synced) == 1 and len(served) == 1  # the server's own transport, as TRL does it
+    return torch.nn.Linear(1, 1)
 
 
 def test_a_moved_internal_is_reported_with_the_tested_versions() -> None:

@@ -59,5 +59,5 @@ def test_a_closed_port_is_a_warning_that_says_how_long_the_ranks_wait(cli, nothi
         assert result.exit_code == 0, result.output
         said = " ".join(result.output.split())
         assert f"nothing listens at http://127.0.0.1:{port} yet; the ranks will wait up to 30 s" in said
-        assert "grpo syncs the server through TRL's own weight transfer" in said  # not rlhf vllm-serve's
+        assert "weights reach the server through a shared directory" in said and "rlhf vllm-serve grpo" in said
     assert len(nothing_launches) == 1

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from helpers import RECIPES
 from rlhf_cli.rank.engines.vllm.ppo_rollouts import padded, prompt_ids, sampled_logprobs, sampling_settings
+from rlhf_cli.cli.vllm_serve import WORKER_EXTENSION
 from rlhf_cli.rank.engines.vllm.server import write_weight_files
 
 PAD = 0
@@ -86,18 +87,15 @@ def test_vllm_serve_starts_the_runs_model_on_loopback_with_its_settings() -> Non
 
 
 @pytest.mark.parametrize("command", ["rloo", "grpo", "online-dpo"])
-def test_vllm_serve_for_trls_trainers_refuses_and_gives_trls_server_line(command: str) -> None:
-    """TRL's trainers sync a server through vLLM's weight transfer, which only TRL's own server sets up: a server
-    rlhf started would make their trainer fail at its start (init_communicator)."""
+def test_vllm_serve_serves_trls_trainers_as_it_serves_ppo(command: str) -> None:
+    """RLOO, GRPO and online DPO sync the server through rlhf's directory sync, as PPO does: the same server, with
+    the worker extension that reloads the directory."""
     name = command.replace("-", "_")
     done = subprocess.run([sys.executable, "-m", "rlhf_cli", "vllm-serve", command, "-r", f"{name}/smoke",
                            "--dry-run", "--set", "vllm_server_port=8123"], capture_output=True, text=True, timeout=120)
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and len(lines) == 1 and not done.stdout, done.stderr
-    line = " ".join(lines[0].split())
-    assert f"rlhf vllm-serve {command}: " in line and "TRL's own weight transfer" in line
-    trl_line = shlex.split(line.split("start TRL's: ", 1)[1])
-    assert trl_line[:2] == ["trl", "vllm-serve"]
-    options = dict(zip(trl_line[2::2], trl_line[3::2], strict=True))
+    assert done.returncode == 0, done.stderr
+    argv = shlex.split(done.stdout.strip().splitlines()[-1])
+    options = dict(zip(argv[3::2], argv[4::2], strict=False))
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert options["--model"] == str(RECIPES / "smoke" / "policy") and options["--port"] == "8123"
-    assert options["--dtype"] == "float32"
+    assert options["--worker-extension-cls"] == WORKER_EXTENSION

@@ -3,8 +3,9 @@
 It resolves the recipe as the training command does (same flags and `--set`) and starts vLLM's OpenAI-compatible
 server on the run's policy, dtype, context length, tensor parallelism and port. The server listens on loopback
 (127.0.0.1) unless `--host` says otherwise, with vLLM's development endpoints on (VLLM_SERVER_DEV_MODE=1): the
-run refreshes the server's weights through `/collective_rpc` (rlhf_cli/rank/engines/vllm/server.py). TRL's own
-`trl vllm-serve` needs CUDA (and the package named `vllm`); this needs neither.
+run refreshes the server's weights through `/collective_rpc` (rlhf_cli/rank/engines/vllm/server.py), whichever
+algorithm it trains (PPO, RLOO, GRPO, online DPO). TRL's own `trl vllm-serve` needs CUDA (and the package named
+`vllm`); this needs neither.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Annotated, Any, Optional
 import typer
 
 from rlhf_cli.cli.flags import TABLE, given_once
-from rlhf_cli.errors import RlhfError
 from rlhf_cli.models.dtype import training_dtype
 
 EXAMPLE = "rlhf vllm-serve ppo -r ppo/smoke --port 8000"
@@ -49,11 +49,20 @@ def server_command(run: Any, host: str, port: int | None, dtype: str) -> list[st
             "--gpu-memory-utilization", str(run.value("vllm_gpu_memory_utilization")),
             "--seed", str(run.value("seed")),
             "--worker-extension-cls", WORKER_EXTENSION]
-    if run.value("vllm_max_model_length") is not None:
-        argv += ["--max-model-len", str(run.value("vllm_max_model_length"))]
+    length = _optional_value(run, "vllm_max_model_length")  # online DPO's config has no such key
+    if length is not None:
+        argv += ["--max-model-len", str(length)]
     if run.value("trust_remote_code"):
         argv.append("--trust-remote-code")
     return argv
+
+
+def _optional_value(run: Any, name: str) -> Any:
+    """The run's value of `name`, None where its algorithm's config has no such key."""
+    try:
+        return run.value(name)
+    except KeyError:
+        return None
 
 
 def vllm_serve(
@@ -67,7 +76,7 @@ def vllm_serve(
 ) -> None:
     """Start the vLLM server for a `vllm_mode: server` run of this recipe; Ctrl-C stops it."""
     from rlhf_cli.config.resolve import RunRequest, resolve
-    from rlhf_cli.config.engines.vllm import INSTALL, installed_vllm, trl_server_command
+    from rlhf_cli.config.engines.vllm import INSTALL, installed_vllm
 
     given, problems = given_once({"recipe": recipe, "model": model, "set_": set_, "dry_run": dry_run})
     recipe, model, dry_run = given["recipe"], given["model"], given["dry_run"]
@@ -78,10 +87,6 @@ def vllm_serve(
                              planning=True, problems=tuple(problems)))
     dtype = training_dtype(run.value("bf16"), run.value("fp16"), (run.value("model_init_kwargs") or {}).get("dtype"),
                            run.value("model_name_or_path"))
-    if run.algorithm != "ppo":
-        raise RlhfError(f"rlhf vllm-serve {ctx.info_name}: {ctx.info_name} syncs its server through TRL's own weight "
-                        "transfer (NCCL: CUDA on both sides), which this server does not set up; start TRL's: "
-                        f"{shlex.join(trl_server_command(run.value, host, port, dtype))}")
     argv = server_command(run, host, port, dtype)
     if dry_run:
         print(shlex.join(argv))

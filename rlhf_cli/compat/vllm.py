@@ -56,6 +56,15 @@ TRL_VLLM_INTERNALS = (
              "TRL's sync gathers by buckets and merges LoRA a layer at a time"),
     Internal("trl.experimental.online_dpo:OnlineDPOTrainer._move_model_to_vllm",
              "online DPO's colocated sync, replaced the same way", "as above"),
+    Internal("trl.generation.vllm_client:VLLMClient.init_communicator",
+             "RLOO, GRPO and online DPO set up TRL's NCCL weight transfer to a server when they start (CUDA on both "
+             "sides, and a server started by `trl vllm-serve`): rlhf syncs the server through a directory instead "
+             "(rlhf_cli/rank/engines/vllm/server.py), so the communicator is not set up",
+             "TRL's trainers take a weight transfer of the caller's", ("self", "device")),
+    Internal("trl.generation.vllm_client:VLLMClient.generate",
+             "before a run's first generation from a server, rlhf checks the server holds the weights the run last "
+             "sent it (a server serving one run after another)", "as above"),
+    Internal("trl.generation.vllm_client:VLLMClient.chat", "as above, for conversational online DPO", "as above"),
 )
 
 
@@ -219,3 +228,31 @@ def replace_trl_vllm_sync(sync_weights: Callable[[Any], None], move_model_to_vll
         original = getattr(owner, name)
         replacement.__wrapped__ = getattr(original, "__wrapped__", original)  # type: ignore[attr-defined]
         setattr(owner, name, replacement)
+
+
+def replace_trl_vllm_server_transport(before_generation: Callable[[Any], None]) -> None:
+    """Make TRL's `VLLMClient` skip its NCCL communicator (rlhf's sync replaces it) and call `before_generation`
+    with the client before each generation (`generate`, `chat`). The originals stay reachable as `__wrapped__`."""
+    from trl.generation.vllm_client import VLLMClient
+
+    def init_communicator(self: Any, device: Any = 0) -> None:
+        """rlhf's sync reaches the server through a directory (rlhf_cli/rank/engines/vllm/server.py)."""
+
+    for name in ("generate", "chat"):
+        original = getattr(VLLMClient.__dict__[name], "__wrapped__", VLLMClient.__dict__[name])
+        setattr(VLLMClient, name, _checked_first(original, before_generation))
+    original = VLLMClient.__dict__["init_communicator"]
+    init_communicator.__wrapped__ = getattr(original, "__wrapped__", original)  # type: ignore[attr-defined]
+    VLLMClient.init_communicator = init_communicator
+
+
+def _checked_first(method: Callable[..., Any], before: Callable[[Any], None]) -> Callable[..., Any]:
+    """`method` (its original as `__wrapped__`), calling `before` with the instance first."""
+    import functools
+
+    @functools.wraps(method)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        before(self)
+        return method(self, *args, **kwargs)
+
+    return checked

@@ -247,9 +247,10 @@ def check_vllm_server(draft: Draft) -> None:
     draft.problems += problems
     draft.notes += warnings
     command = draft.request.algorithm.replace("_", "-")
-    if command != "ppo":  # PPO's sync is rlhf's own, through a directory (rlhf_cli/rank/engines/vllm/server.py)
-        draft.notes.append(f"--vllm server: {command} syncs the server through TRL's own weight transfer (NCCL: CUDA "
-                           f"on both sides); start TRL's server, the line `rlhf vllm-serve {command}` prints")
+    draft.notes.append(f"--vllm server: weights reach the server through a shared directory (OUTPUT_DIR/vllm-weights, "
+                       "reloaded over HTTP): the transport that works on CPU and GPU alike (TRL's NCCL transfer needs "
+                       f"CUDA on both sides); start the server with `rlhf vllm-serve {command}`, on the same "
+                       "filesystem")
 
 
 def check_deepspeed_field(draft: Draft, accelerate: dict[str, Any]) -> None:

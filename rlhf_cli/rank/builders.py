@@ -28,7 +28,8 @@ def _config(config_class: type, inputs: RankInputs, **extra: Any) -> Any:
 
 
 def _install_vllm(config: Any, inputs: RankInputs) -> None:
-    """TRL's colocated vLLM in the policy's training dtype, synced within the run's gather choice."""
+    """TRL's colocated vLLM in the policy's training dtype, synced within the run's gather choice; a server synced
+    the same way, through the run's directory."""
     from rlhf_cli.models.dtype import training_dtype
     from rlhf_cli.rank.engines.vllm.self_check import SyncCheck
     from rlhf_cli.rank.engines.vllm.sync import install_vllm
@@ -36,7 +37,7 @@ def _install_vllm(config: Any, inputs: RankInputs) -> None:
     dtype = training_dtype(config.bf16, config.fp16, (config.model_init_kwargs or {}).get("dtype"),
                            inputs.model_value("model_name_or_path"))
     install_vllm(inputs.generation().gather, dtype=dtype, seed=config.seed,
-                 check=SyncCheck(inputs.launch_value("vllm_sync_check_steps")))
+                 check=SyncCheck(inputs.launch_value("vllm_sync_check_steps")), output_dir=config.output_dir)
 
 
 def _note_causal_lm_reward(inputs: RankInputs) -> None:

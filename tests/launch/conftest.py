@@ -5,15 +5,23 @@ a launch whose values another already passed skips TRL's import in a process of 
 does; tests/test_prelaunch.py checks the check itself from an empty cache.
 
 A launch is the suite's unit of cost (one 2-step run is 15-20 s on 2 cores, most of it start-up), so tests whose
-needs overlap read one run: `shared_runs` starts each run once per session, whichever test asks first."""
+needs overlap read one run: `shared_runs` starts each run once per session, whichever test asks first. Likewise
+one `rlhf vllm-serve` (`vllm_server`) serves every `--vllm server` run of the session, one run after another."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+
+from helpers import RECIPES, VLLM_ENV, free_port
 
 HERE = Path(__file__).parent
 
@@ -63,3 +71,35 @@ class SharedRuns:
 @pytest.fixture(scope="session")
 def shared_runs(tmp_path_factory: pytest.TempPathFactory) -> SharedRuns:
     return SharedRuns(tmp_path_factory.mktemp("shared-runs"))
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The URL of one `rlhf vllm-serve` on the smoke policy (every smoke recipe's), for the whole session."""
+    port, log = free_port(), tmp_path_factory.mktemp("vllm-server") / "server.log"
+    url = f"http://127.0.0.1:{port}"
+    with log.open("w") as sink:
+        server = subprocess.Popen([sys.executable, "-m", "rlhf_cli", "vllm-serve", "ppo", "-r",
+                                   str(RECIPES / "ppo" / "smoke.yaml"), "--port", str(port)], stdout=sink,
+                                  stderr=subprocess.STDOUT, env={**os.environ, **VLLM_ENV}, start_new_session=True)
+    try:
+        wait_for_server(url, server, log)
+        yield url
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+
+
+def wait_for_server(url: str, server: subprocess.Popen, log: Path, timeout: float = 600) -> None:
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert server.poll() is None, log.read_text()[-4000:]
+        try:
+            if requests.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(2)
+    raise AssertionError(f"no vLLM server at {url} after {timeout} s:\n{log.read_text()[-4000:]}")

@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from helpers import FIXTURES, PPO_METRICS, RECIPES, SMALL_BUCKETS, free_port, launch_rlhf, needs_vllm, sets
+from helpers import (FIXTURES, PPO_METRICS, RECIPES, SMALL_BUCKETS, VLLM_ENV, launch_rlhf, needs_vllm,
+                     served_and_saved_logprobs, sets)
 
 LEARNABLE = ("reward_model_name_or_path=null", f"reward_funcs=[{FIXTURES}/rewards.py:letter_e]",
              "total_episodes=160", "learning_rate=1e-2", "temperature=1.0", "missing_eos_penalty=null",
@@ -181,9 +177,6 @@ def test_ppo_with_lora_checkpoints_adapters_and_resumes(lora_learning_run: Path,
 
 # -- vLLM rollouts (rlhf_cli/rank/engines/vllm/ppo_rollouts.py) ----------------------------------------------------
 
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
-
-
 @needs_vllm
 @pytest.mark.parametrize("gather", [("--gather-budget", "0.5"), ("--no-gather", "--lora")],
                          ids=["budget", "no-gather-lora-tied"])
@@ -229,67 +222,22 @@ def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path
                 assert 0 < share < 0.4 and sync["buckets"] == 4
 
 
-def _wait_for_server(url: str, server: subprocess.Popen, log: Path, timeout: float = 600) -> None:
-    import requests
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert server.poll() is None, log.read_text()[-4000:]
-        try:
-            if requests.get(f"{url}/health", timeout=5).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        time.sleep(2)
-    raise AssertionError(f"no vLLM server at {url} after {timeout} s:\n{log.read_text()[-4000:]}")
-
-
-def _greedy_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> list[float]:
-    import torch
-
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
-    return logits.log_softmax(-1).gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1).tolist()
-
-
 @needs_vllm
-@pytest.mark.timeout(1500)  # a server start and a launched run, one after the other
-def test_vllm_server_rollouts_and_the_trained_weights_reach_the_server(tmp_path: Path) -> None:
-    """`rlhf vllm-serve` starts the run's server; PPO samples through it and, after every update, refreshes its
-    weights through a directory (the CPU transport). After the run the server's greedy log-probs are the saved
-    policy's (fp32) and not the starting policy's."""
-    import requests
-    from transformers import AutoModelForCausalLM
-
-    port, log = free_port(), tmp_path / "server.log"
-    url = f"http://127.0.0.1:{port}"
-    recipe = str(RECIPES / "ppo" / "smoke.yaml")
-    with log.open("w") as sink:
-        server = subprocess.Popen([sys.executable, "-m", "rlhf_cli", "vllm-serve", "ppo", "-r", recipe,
-                                   "--port", str(port)], stdout=sink, stderr=subprocess.STDOUT,
-                                  env={**os.environ, **VLLM_ENV}, start_new_session=True)
-    try:
-        _wait_for_server(url, server, log)
-        out = tmp_path / "run"
-        ppo(out, "--max-steps", "2", "--vllm", "server", "--set", f"vllm_server_base_url={url}",
-            "--set", "learning_rate=1e-2", timeout=900)
-        for rank in (0, 1):
-            record = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())
-            assert len(record["vllm_generation_seconds"]) == 2 and len(record["vllm_sync"]) == 2
-            # The smoke recipe gathers: each sync sends the whole policy in one bucket.
-            assert all(sync["buckets"] == 1 and sync["peak_bytes"] == sync["full_bytes"]
-                       for sync in record["vllm_sync"])
-        model_name = requests.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
-        prompt = [1, 40, 41, 42, 43]
-        choice = requests.post(f"{url}/v1/completions", timeout=120, json={
-            "model": model_name, "prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 0,
-            "ignore_eos": True, "return_token_ids": True}).json()["choices"][0]
-        served = choice["logprobs"]["token_logprobs"]
-        trained = _greedy_logprobs(AutoModelForCausalLM.from_pretrained(out), prompt, choice["token_ids"])
-        initial = _greedy_logprobs(AutoModelForCausalLM.from_pretrained(RECIPES / "smoke" / "policy"), prompt,
-                                   choice["token_ids"])
-        assert served == pytest.approx(trained, abs=1e-3)
-        assert max(abs(a - b) for a, b in zip(served, initial, strict=True)) > 1e-2
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
+@pytest.mark.timeout(1500)  # a server start (the session's) and a launched run
+def test_vllm_server_rollouts_and_the_trained_weights_reach_the_server(tmp_path: Path, vllm_server: str) -> None:
+    """`rlhf vllm-serve` starts the run's server; PPO samples through it and refreshes its weights through a
+    directory (the CPU transport): before its first rollout (the server may hold an earlier run's weights) and after
+    every update. After the run the server's greedy log-probs are the saved policy's (fp32) and not the starting
+    policy's."""
+    out = tmp_path / "run"
+    ppo(out, "--max-steps", "2", "--vllm", "server", "--set", f"vllm_server_base_url={vllm_server}",
+        "--set", "learning_rate=1e-2", timeout=900)
+    for rank in (0, 1):
+        record = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())
+        assert len(record["vllm_generation_seconds"]) == 2 and len(record["vllm_sync"]) == 3
+        # The smoke recipe gathers: each sync sends the whole policy in one bucket.
+        assert all(sync["buckets"] == 1 and sync["peak_bytes"] == sync["full_bytes"]
+                   for sync in record["vllm_sync"])
+    served, trained, initial = served_and_saved_logprobs(vllm_server, out)
+    assert served == pytest.approx(trained, abs=1e-3)
+    assert max(abs(a - b) for a, b in zip(served, initial, strict=True)) > 1e-2

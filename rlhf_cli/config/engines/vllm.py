@@ -158,15 +158,3 @@ def longest_prompt(model_path: Path, prompt_file: Path, column: str) -> tuple[in
                     longest = (tokens, line)
     return longest
 
-
-def trl_server_command(values: Values, host: str, port: int | None, dtype: str) -> list[str]:
-    """TRL's own server (`trl vllm-serve`) for a run of RLOO, GRPO or online DPO in server mode: TRL syncs it through
-    vLLM's weight transfer (NCCL), which `rlhf vllm-serve` (PPO's directory sync) does not set up."""
-    argv = ["trl", "vllm-serve", "--model", str(values("model_name_or_path")), "--host", host,
-            "--port", str(port or values("vllm_server_port")), "--dtype", dtype,
-            "--tensor_parallel_size", str(values("vllm_tensor_parallel_size")),
-            "--gpu_memory_utilization", str(values("vllm_gpu_memory_utilization"))]
-    length = values("vllm_max_model_length") if _has(values, "vllm_max_model_length") else None
-    if length is not None:  # online DPO's config has no such key
-        argv += ["--max_model_len", str(length)]
-    return argv + (["--trust_remote_code"] if values("trust_remote_code") else [])

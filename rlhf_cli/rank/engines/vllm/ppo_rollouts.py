@@ -72,7 +72,8 @@ class VLLMRollouts:
         self.limit = SyncLimit.of(generation.gather, policy)
         self.settings = sampling_settings(args.response_length, args.temperature, stop_token_id)
         self.generation_seconds: list[float] = []  # of every call, for the rank record
-        self.server = ServerTarget(args, accelerator) if generation.engine == Engine.server else None
+        self.server = ServerTarget.of_args(args, accelerator) if generation.engine == Engine.server else None
+        self.synced = False  # a server may hold an earlier run's weights until this run's first sync
         self.generation = self._colocated(tokenizer) if self.server is None else None
 
     def _colocated(self, tokenizer: Any) -> Any:
@@ -93,6 +94,8 @@ class VLLMRollouts:
     def generate(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Responses to left-padded `queries`, right-padded with the pad token, and the log-probability vLLM
         sampled each response token with (at the rollout temperature; 0 past a response's end)."""
+        if self.server is not None and not self.synced:
+            self.sync()
         started = time.perf_counter()
         prompts = prompt_ids(queries, self.pad_token_id)
         if self.generation is not None:
@@ -112,6 +115,7 @@ class VLLMRollouts:
             return {}
         target = ColocatedVLLM.of(self.generation.llm, self.check) if self.generation is not None else self.server
         measured = sync_weights(self.policy, target, self.limit)
+        self.synced = True
         checked = {"vllm/sync_check_logp_difference": measured["check_logp_difference"]} \
             if "check_logp_difference" in measured else {}
         return {"vllm/sync_seconds": measured["seconds"], "vllm/sync_peak_bytes": float(measured["peak_bytes"]),

@@ -5,20 +5,26 @@ in one request and each rank gets its share back. Weights reach the server throu
 rank 0 writes them as each bucket is gathered (rlhf_cli/rank/engines/vllm/sync.py), then asks the server to reload from
 the directory (`POST /collective_rpc` `rlhf_reload_weights`, rlhf_cli/rank/engines/vllm/worker_extension.py, through a
 development endpoint: `rlhf vllm-serve` starts the server with VLLM_SERVER_DEV_MODE=1 and that extension) and to
-drop its prefix cache. TRL's NCCL weight transfer needs CUDA on both sides: it is the GPU transport; the directory
-is the one that works everywhere (and the one tested on CPU).
+drop its prefix cache. RLOO, GRPO and online DPO sync a server the same way (rlhf_cli/rank/engines/vllm/sync.py):
+TRL's NCCL weight transfer needs CUDA on both sides, the directory works everywhere (and is the one tested on CPU).
+
+Each reload carries a weight version (this run's, and the count of its syncs) that the server keeps: before its
+first generation a run checks that the server holds the version it last sent, so that a server serving one run
+after another never samples from an earlier run's weights.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+WEIGHT_DIR = "vllm-weights"  # under the run's output directory: the trainer writes, the server reads
 FLUSH_BYTES = 512 * 2**20  # rank 0 writes a weight file whenever it holds this much: its host memory stays bounded
 
 
@@ -57,16 +63,42 @@ class ServerTarget:
 
     dense_reason = "the vLLM server reloads whole weight files"
 
-    def __init__(self, args: Any, accelerator: Any) -> None:
+    def __init__(self, client: Any | None, accelerator: Any, weight_dir: Path) -> None:
+        """`client`: TRL's `VLLMClient` on rank 0, None on the other ranks."""
         self.accelerator = accelerator
-        self.weight_dir = Path(args.output_dir, "vllm-weights")
-        self.client = None
+        self.weight_dir = weight_dir
+        self.client = client
         self.dtype = None  # the server's: every sync into it is dense
+        self.run_id = uuid.uuid4().hex  # rank 0's is the one the server is told
+        self.syncs = 0
+        self.checked = False
+
+    @classmethod
+    def of_args(cls, args: Any, accelerator: Any) -> ServerTarget:
+        """The target of a run's training arguments (`vllm_server_*`, `output_dir`)."""
+        client = None
         if accelerator.is_main_process:
             from trl.generation.vllm_client import VLLMClient
 
-            self.client = VLLMClient(base_url=server_url(args), connection_timeout=args.vllm_server_timeout)
+            client = VLLMClient(base_url=server_url(args), connection_timeout=args.vllm_server_timeout)
         accelerator.wait_for_everyone()
+        return cls(client, accelerator, Path(args.output_dir, WEIGHT_DIR))
+
+    @property
+    def version(self) -> str:
+        """The version of the weights this run last sent the server."""
+        return f"{self.run_id}:{self.syncs}"
+
+    def check_version(self) -> None:
+        """Before the first generation (rank 0): the server must hold the weights this run last sent it."""
+        if self.client is None or self.checked:
+            return
+        held = server_weight_version(self.client.base_url, self.client.session)
+        if self.syncs == 0 or set(held) != {self.version}:
+            raise RuntimeError(f"the vLLM server at {self.client.base_url} holds weights this run did not send "
+                               f"(version {', '.join(map(str, held))}, this run's {self.version if self.syncs else 'none yet'}); "
+                               "a run syncs its server before it generates: is another run using it?")
+        self.checked = True
 
     def generate(self, prompts: list[list[int]], settings: dict[str, Any]) -> tuple[list[list[int]], list[Any]]:
         """Completions of this rank's `prompts` and the log-probability of each sampled token (TRL's nesting: one
@@ -76,6 +108,7 @@ class ServerTarget:
         everyone = gather_object([prompts])  # one list per rank, in rank order
         completions: list[Any] = [None]
         if self.client is not None:
+            self.check_version()
             flat = [ids for rank_prompts in everyone for ids in rank_prompts]
             out = self.client.generate(prompts=flat, n=1, temperature=settings["temperature"],
                                        top_p=settings["top_p"], top_k=settings["top_k"], min_p=settings["min_p"],
@@ -100,9 +133,9 @@ class ServerTarget:
     def reset(self) -> None:
         """The server reloads the weight files, then forgets the prompts it cached under the old weights."""
         if self.client is not None:
-            reload_server_weights(self.client.base_url, self.client.session, self.weight_dir)
+            self.syncs += 1
+            reload_server_weights(self.client.base_url, self.client.session, self.weight_dir, self.version)
         self.accelerator.wait_for_everyone()
-
 
     def patch(self, patches: list[Any]) -> None:
         raise NotImplementedError(self.dense_reason)
@@ -114,14 +147,26 @@ class ServerTarget:
         return {}
 
 
-def reload_server_weights(base_url: str, session: Any, weight_dir: Path) -> None:
+def reload_server_weights(base_url: str, session: Any, weight_dir: Path, version: str) -> None:
+    """The server reloads every weight from `weight_dir` and keeps `version`, then drops its prefix cache."""
     from rlhf_cli.rank.engines.vllm.worker_extension import RELOAD_METHOD
 
-    for path, body in (("collective_rpc", {"method": RELOAD_METHOD,
-                                           "kwargs": {"weights_path": os.fspath(weight_dir.resolve())}}),
-                       ("reset_prefix_cache", None)):
-        response = session.post(f"{base_url}/{path}", json=body)
-        if response.status_code != 200:
-            raise RuntimeError(f"the vLLM server at {base_url} refused /{path} ({response.status_code}): "
-                               f"{response.text[:300]}; start it with `rlhf vllm-serve`, which turns on the "
-                               "development endpoints the weight refresh uses")
+    _post(base_url, session, "collective_rpc", {"method": RELOAD_METHOD, "kwargs": {
+        "weights_path": os.fspath(weight_dir.resolve()), "version": version}})
+    _post(base_url, session, "reset_prefix_cache", None)
+
+
+def server_weight_version(base_url: str, session: Any) -> list[str | None]:
+    """The weight version each of the server's workers holds (None: none since it started)."""
+    from rlhf_cli.rank.engines.vllm.worker_extension import VERSION_METHOD
+
+    return _post(base_url, session, "collective_rpc", {"method": VERSION_METHOD})["results"]
+
+
+def _post(base_url: str, session: Any, path: str, body: dict[str, Any] | None) -> Any:
+    response = session.post(f"{base_url}/{path}", json=body)
+    if response.status_code != 200:
+        raise RuntimeError(f"the vLLM server at {base_url} refused /{path} ({response.status_code}): "
+                           f"{response.text[:300]}; start it with `rlhf vllm-serve`, which turns on the "
+                           "development endpoints the weight refresh uses")
+    return response.json() if response.content else None

@@ -1,23 +1,29 @@
 """TRL's colocated vLLM (RLOO, GRPO, online DPO; PPO's rollouts) synced through rlhf's weight sync
 (rlhf_cli/rank/engines/weights.py): bucketed by the run's gather choice, a shard-local delta after the first sync
-(rlhf_cli/rank/engines/delta.py), checked by the logprob self-check (rlhf_cli/rank/engines/vllm/self_check.py)."""
+(rlhf_cli/rank/engines/delta.py), checked by the logprob self-check (rlhf_cli/rank/engines/vllm/self_check.py).
+Their `--vllm server` too: the weights go to `rlhf vllm-serve` through the run's directory
+(rlhf_cli/rank/engines/vllm/server.ServerTarget), never through TRL's NCCL communicator (CUDA on both sides)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rlhf_cli.compat import vllm as vllm_compat
 from rlhf_cli.generation.choice import Gather
 from rlhf_cli.rank.engines.sync import sync_weights
 from rlhf_cli.rank.engines.weights import SyncLimit
+from rlhf_cli.rank.engines.vllm.server import WEIGHT_DIR, ServerTarget
 from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
 
 
-def install_vllm(gather: Gather, dtype: str, seed: int, check: Any) -> None:
+def install_vllm(gather: Gather, dtype: str, seed: int, check: Any, output_dir: str) -> None:
     """Make TRL's colocated vLLM hold the policy in `dtype`, the one the trainer holds it in (vLLM would downcast a
     float32 model to bfloat16), sample from the recipe's `seed` (plus TRL's per-rank offset), and sync through
     `sync_weights`, bucketed by the run's gather choice and checked by `check` (a
-    rlhf_cli/rank/engines/vllm/self_check.SyncCheck). Server mode keeps TRL's own sync (NCCL to the server)."""
+    rlhf_cli/rank/engines/vllm/self_check.SyncCheck). A server is synced through `output_dir`'s weight directory
+    (`server_target`); TRL's NCCL communicator is never set up, and the server's weight version is checked before
+    TRL's first generation from it."""
 
     def engine(*args: Any, **kwargs: Any) -> Any:  # trl's `LLM(...)`
         kwargs.setdefault("dtype", dtype)
@@ -25,8 +31,10 @@ def install_vllm(gather: Gather, dtype: str, seed: int, check: Any) -> None:
         return engine.__wrapped__(*args, **kwargs)
 
     def sync_generation(generation: Any) -> None:  # trl VLLMGeneration.sync_weights
-        if generation.mode != "colocate":
-            return sync_generation.__wrapped__(generation)
+        if generation.mode == "server":
+            sync_weights(generation.model, server_target(generation, "vllm_client", output_dir),
+                         SyncLimit.of(gather, generation.model))
+            return None
         if generation.enable_sleep_mode:  # as TRL: the weights must be mapped before they are written
             from trl.generation.vllm_generation import empty_cache
 
@@ -37,10 +45,36 @@ def install_vllm(gather: Gather, dtype: str, seed: int, check: Any) -> None:
                      SyncLimit.of(gather, generation.model), woke=generation.enable_sleep_mode)
 
     def sync_online_dpo(trainer: Any) -> None:  # trl OnlineDPOTrainer._move_model_to_vllm
-        if trainer.vllm_mode != "colocate":
-            return sync_online_dpo.__wrapped__(trainer)
+        if trainer.vllm_mode == "server":
+            sync_weights(trainer.model, server_target(trainer, "vllm_client", trainer.args.output_dir),
+                         SyncLimit.of(gather, trainer.model))
+            return None
         sync_weights(trainer.model, ColocatedVLLM.of(trainer.llm, check), SyncLimit.of(gather, trainer.model),
                      woke=bool(trainer.args.vllm_enable_sleep_mode))
 
     vllm_compat.replace_trl_vllm_engine(engine)
     vllm_compat.replace_trl_vllm_sync(sync_generation, sync_online_dpo)
+    vllm_compat.replace_trl_vllm_server_transport(check_server_version)
+
+
+def server_target(owner: Any, client_attribute: str, output_dir: str) -> ServerTarget:
+    """The server target of a TRL generator or trainer (one per owner: it counts the syncs it sent), with the
+    `VLLMClient` TRL built on rank 0 (None elsewhere)."""
+    target = getattr(owner, "rlhf_server_target", None)
+    if target is None:
+        from accelerate import PartialState
+
+        client = getattr(owner, client_attribute, None)
+        target = owner.rlhf_server_target = ServerTarget(client, PartialState(), Path(output_dir, WEIGHT_DIR))
+        if client is not None:
+            client.rlhf_server_target = target
+    return target
+
+
+def check_server_version(client: Any) -> None:
+    """Before a TRL `VLLMClient` generates: the server holds this run's last weights (ServerTarget.check_version);
+    a client no sync went through has sent none."""
+    target = getattr(client, "rlhf_server_target", None)
+    if target is None:
+        target = ServerTarget(client, None, Path())
+    target.check_version()

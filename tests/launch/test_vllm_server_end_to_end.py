@@ -1,0 +1,45 @@
+"""`--vllm server` for TRL's trainers (RLOO, GRPO, online DPO) against one `rlhf vllm-serve` (the session's, which
+PPO's server test uses too), one run after another: their weights reach the server through rlhf's sync over the
+run's directory (rlhf_cli/rank/engines/vllm/sync.py), never TRL's NCCL communicator, on the CPU.
+
+Skipped where vLLM is not installed; run them with the Python that has it (README: Tests).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import SMALL_BUCKETS, launch_rlhf, needs_vllm, served_and_saved_logprobs, sets
+
+pytestmark = [needs_vllm]
+
+
+@pytest.mark.timeout(1500)  # the session's server start, then a launched run
+@pytest.mark.parametrize("command", ["rloo", "grpo", "online-dpo"])
+def test_trls_trainers_train_against_the_server_through_rlhfs_sync(command: str, tmp_path: Path,
+                                                                   vllm_server: str) -> None:
+    """2 steps against a server an earlier run left its weights in: the run syncs before each step's generation
+    (the first before any: the server's weight version is checked before it generates), so GRPO's vLLM log-probs
+    are its policy's (TRL's mismatch metric), and the server ends holding the run's weights after its first update
+    (its greedy log-probs are not the starting policy's; TRL syncs before generating, so not the saved ones)."""
+    out = tmp_path / "run"
+    done = launch_rlhf(command, out, "--vllm", "server", "--gather", "--max-steps", "2",
+                       "--set", f"vllm_server_base_url={vllm_server}", "--set", "learning_rate=1e-2",
+                       *sets(*SMALL_BUCKETS), timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+    if command == "grpo":  # not the earlier run's weights: vLLM's log-probs are the policy's at every step
+        differences = [entry["sampling/sampling_logp_difference/mean"] for entry in state["log_history"]
+                       if "loss" in entry]
+        assert len(differences) == 2 and max(differences) < 0.05, differences
+    for rank in (0, 1):
+        syncs = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())["vllm_sync"]
+        assert len(syncs) == 2  # before each step's generation: the first before any, the second after the update
+        assert all(sync["buckets"] == 1 and sync["peak_bytes"] == sync["full_bytes"] for sync in syncs)
+    assert (out / "vllm-weights").is_dir()  # the transport: a directory, not NCCL
+    served, _, initial = served_and_saved_logprobs(vllm_server, out)
+    assert max(abs(a - b) for a, b in zip(served, initial, strict=True)) > 1e-2
