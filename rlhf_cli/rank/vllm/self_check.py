@@ -113,9 +113,23 @@ def _logits(model: Any, ids: Any) -> Any:
     with gathered(list(head.parameters())):
         logits = head.forward(hidden)  # the module's own hooks bypassed, as TRL's fused head does
     config = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
-    logits = logits * (getattr(config, "logit_scale", None) or 1.0)
+    logits = logits * logit_multiplier(config)
     cap = getattr(config, "final_logit_softcapping", None)
     return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def logit_multiplier(config: Any) -> float:
+    """What the model's own forward multiplies the LM head's output by before any softcap, read from its text
+    config as TRL 1.16's fused LM head reads it (trl/trainer/utils.py `add_fused_lm_head`): Cohere's `logit_scale`,
+    Muse Glimmer's `output_multiplier`, Falcon-H1's `lm_head_multiplier`, and `logits_scaling`, which Granite and
+    MiniCPM3 divide by and HyperCLOVA X multiplies by. None is unscaled; a real 0.0 is kept."""
+    for name in ("logit_scale", "output_multiplier", "lm_head_multiplier"):
+        if getattr(config, name, None) is not None:
+            return getattr(config, name)
+    scaling = getattr(config, "logits_scaling", None)
+    if scaling is None:
+        return 1.0
+    return scaling if getattr(config, "model_type", None) == "hyperclovax" else 1 / scaling
 
 
 @contextlib.contextmanager
