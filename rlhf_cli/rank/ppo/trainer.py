@@ -231,8 +231,8 @@ class PPOTrainer(Trainer):
                                                            for steps in (args.logging_steps, args.save_steps))
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         batches = self._batches(loader, skip=self.state.global_step)
-        if self.vllm is not None and self.state.global_step:  # vLLM loaded the starting weights, not the checkpoint's
-            self.vllm.sync()
+        if self.vllm is not None:
+            self.vllm.start(resumed=self.state.global_step > 0)
         started = time.time()
         while self.state.global_step < self.num_updates:
             queries = next(batches)["input_ids"]
