@@ -64,7 +64,8 @@ def importance_sampling_problems(values: Values) -> list[str]:
         return [f"`vllm_importance_sampling_clip_min` ({low}) must be less than `vllm_importance_sampling_clip_max` "
                 f"({high})"]
     mode = values("vllm_importance_sampling_mode")
-    if values("vllm_importance_sampling_correction") and str(mode).endswith("_truncate") and low is None and high is None:
+    unbounded = low is None and high is None
+    if values("vllm_importance_sampling_correction") and str(mode).endswith("_truncate") and unbounded:
         return [f"`vllm_importance_sampling_mode: {mode}` clips the importance-sampling ratios and neither "
                 "`vllm_importance_sampling_clip_min` nor `vllm_importance_sampling_clip_max` is set: set one"]
     return []
