@@ -41,6 +41,18 @@ def test_the_gather_choice_is_the_bucket_limit() -> None:
     assert SyncLimit.of(Gather.of(Budget(fraction=0)), model).numel == PER_UNIT
 
 
+def test_the_self_check_is_due_after_the_first_two_syncs_every_wake_and_every_nth() -> None:
+    """The first sync sends the starting weights vLLM already holds; the second, the first update's: a 3-step run
+    with a broken sync is checked where it shows."""
+    from rlhf_cli.rank.vllm.self_check import SyncCheck
+
+    every_tenth = SyncCheck(10)
+    assert [sync for sync in range(1, 21) if every_tenth.due(woke=False)] == [1, 2, 10, 20]
+    assert every_tenth.due(woke=True)  # the 21st: after a wake from sleep
+    never = SyncCheck(0)
+    assert not any(never.due(woke=True) for _ in range(3))
+
+
 def test_vllm_names_are_checkpoint_names() -> None:
     assert vllm_name("model.layers.0.self_attn.q_proj.weight") == "model.layers.0.self_attn.q_proj.weight"
     assert vllm_name("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight") == \

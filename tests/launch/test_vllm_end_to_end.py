@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
 
-from helpers import SMALL_BUCKETS, launch_rlhf, needs_vllm, sets
+from helpers import SMALL_BUCKETS, launch_rlhf, needs_vllm, sets, write
 
 pytestmark = [needs_vllm]
 
@@ -70,3 +71,29 @@ def _model_bytes(path: Path) -> int:
 
     with safe_open(str(path / "model.safetensors"), "pt") as saved:
         return sum(math.prod(saved.get_slice(name).get_shape()) * 4 for name in saved.keys())
+
+
+# Loaded by every Python process of the run (sitecustomize): the weight sync drops every MLP down-projection, so
+# vLLM keeps the starting ones; the sync itself succeeds.
+DROPPED_GROUP = '''import rlhf_cli.compat.vllm as vllm_compat
+
+reload = vllm_compat.vllm_reload_weights
+
+
+def without_down_projections(llm, weights):
+    return reload(llm, ((name, tensor) for name, tensor in weights if ".down_proj." not in name))
+
+
+vllm_compat.vllm_reload_weights = without_down_projections
+'''
+
+
+def test_a_short_run_with_a_broken_sync_stops(tmp_path: Path) -> None:
+    """3 GRPO steps whose sync drops a parameter group: the first sync sends the starting weights vLLM already
+    holds and passes; the self-check after the second (the first update's weights) stops the run naming it."""
+    site = write(tmp_path / "site" / "sitecustomize.py", DROPPED_GROUP).parent
+    path = os.pathsep.join(part for part in (str(site), os.environ.get("PYTHONPATH", "")) if part)
+    done = launch_rlhf("grpo", tmp_path / "run", "--vllm", "colocate", "--gather", "--max-steps", "3",
+                       *sets("learning_rate=0.3", *SMALL_BUCKETS), env={"PYTHONPATH": path}, timeout=900)
+    assert done.returncode != 0
+    assert "after weight sync 2, vLLM's logprobs differ from the policy's" in done.stderr, done.stderr[-3000:]

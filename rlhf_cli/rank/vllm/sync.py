@@ -116,8 +116,10 @@ def sync_weights(model: Any, llm: Any, limit: SyncLimit, reload: Callable[[Any, 
         record = {"seconds": time.perf_counter() - started, "peak_bytes": measure.peak, "buckets": len(packed),
                   "limit_numel": limit.numel, "full_bytes": measure.full, "merged_lora_layers": measure.merged}
         if check is not None and check.due(woke):
+            checked = time.perf_counter()
             difference = check.run(model, llm, woke)
-            record.update(check_logp_difference=difference["mean"], check_logp_difference_max=difference["max"])
+            record.update(check_logp_difference=difference["mean"], check_logp_difference_max=difference["max"],
+                          check_seconds=time.perf_counter() - checked)
         SyncLog.add(record)
         return record
 
