@@ -30,7 +30,7 @@ from rlhf_cli import compat
 from rlhf_cli.compat import vllm as vllm_compat
 from rlhf_cli.generation.choice import Gather
 from rlhf_cli.generation.sync_buckets import bucket_limit, buckets
-from rlhf_cli.rank.phases import SYNC, StepPhases
+from rlhf_cli.rank.phases import SYNC, PeakMeter, StepPhases
 from rlhf_cli.rank.zero3 import ModuleUnit, policy_units
 
 PEFT_PREFIXES = ("base_model.model.",)
@@ -111,10 +111,12 @@ def sync_weights(model: Any, llm: Any, limit: SyncLimit, reload: Callable[[Any, 
         units = policy_units(model)
         packed = buckets([unit.unit.numel for unit in units], limit.numel)
         measure = GatheredBytes(model)
-        (reload or vllm_compat.vllm_reload_weights)(llm, _bucket_weights(model, units, packed, measure))
-        (reset or vllm_compat.vllm_reset_prefix_cache)(llm)
+        with PeakMeter.current().added(SYNC) as memory:  # the sync's own: buckets, merges, copies vLLM holds
+            (reload or vllm_compat.vllm_reload_weights)(llm, _bucket_weights(model, units, packed, measure))
+            (reset or vllm_compat.vllm_reset_prefix_cache)(llm)
         record = {"seconds": time.perf_counter() - started, "peak_bytes": measure.peak, "buckets": len(packed),
-                  "limit_numel": limit.numel, "full_bytes": measure.full, "merged_lora_layers": measure.merged}
+                  "limit_numel": limit.numel, "full_bytes": measure.full, "merged_lora_layers": measure.merged,
+                  **memory}
         if check is not None and check.due(woke):
             checked = time.perf_counter()
             difference = check.run(model, llm, woke)
