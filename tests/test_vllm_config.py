@@ -107,7 +107,7 @@ def test_the_transformers_backend_table_is_vllms_registry() -> None:
     pytest.importorskip("vllm")
     from vllm.model_executor.models.registry import _TRANSFORMERS_SUPPORTED_MODELS
 
-    from rlhf_cli.config.vllm import TRANSFORMERS_BACKEND
+    from rlhf_cli.config.engines.vllm import TRANSFORMERS_BACKEND
 
     causal = {name for name, (_, implementation) in _TRANSFORMERS_SUPPORTED_MODELS.items()
               if implementation in ("TransformersForCausalLM", "TransformersMoEForCausalLM")}

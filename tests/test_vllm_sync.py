@@ -1,4 +1,4 @@
-"""The weight sync into a colocated vLLM (rlhf_cli/rank/vllm/sync.py): how the gather choice becomes buckets, the
+"""The weight sync into a colocated vLLM (rlhf_cli/rank/engines/vllm/sync.py): how the gather choice becomes buckets, the
 names vLLM loads, and, where vLLM is installed, that vLLM generates with the trained policy's logprobs after a
 sync with every bucket size, LoRA merged a layer at a time."""
 
@@ -17,7 +17,7 @@ from rlhf_cli.generation.budget import Budget
 from rlhf_cli.generation.choice import Gather
 from rlhf_cli.generation.sync_buckets import PER_UNIT, WHOLE, buckets
 from rlhf_cli.models.dtype import training_dtype
-from rlhf_cli.rank.vllm.sync import SyncLimit, vllm_name
+from rlhf_cli.rank.engines.vllm.sync import SyncLimit, vllm_name
 
 
 
@@ -44,7 +44,7 @@ def test_the_gather_choice_is_the_bucket_limit() -> None:
 def test_the_self_check_is_due_after_the_first_two_syncs_every_wake_and_every_nth() -> None:
     """The first sync sends the starting weights vLLM already holds; the second, the first update's: a 3-step run
     with a broken sync is checked where it shows."""
-    from rlhf_cli.rank.vllm.self_check import SyncCheck
+    from rlhf_cli.rank.engines.vllm.self_check import SyncCheck
 
     every_tenth = SyncCheck(10)
     assert [sync for sync in range(1, 21) if every_tenth.due(woke=False)] == [1, 2, 10, 20]
@@ -137,7 +137,7 @@ def test_the_probe_scores_with_the_models_own_logits(family: str, tmp_path: Path
     from transformers import AutoModelForCausalLM
 
     from families.build import build_family
-    from rlhf_cli.rank.vllm.self_check import _logits, probe_prompts
+    from rlhf_cli.rank.engines.vllm.self_check import _logits, probe_prompts
 
     model = AutoModelForCausalLM.from_pretrained(build_family(family, tmp_path / family)).eval()
     ids = torch.tensor(probe_prompts(model.config.vocab_size))
@@ -149,7 +149,7 @@ def test_the_probe_scores_with_the_models_own_logits(family: str, tmp_path: Path
 def test_the_logit_multiplier_is_read_as_trl_reads_it() -> None:
     from types import SimpleNamespace as Config
 
-    from rlhf_cli.rank.vllm.self_check import logit_multiplier
+    from rlhf_cli.rank.engines.vllm.self_check import logit_multiplier
 
     assert logit_multiplier(Config(model_type="granite", logits_scaling=8.0)) == 1 / 8
     assert logit_multiplier(Config(model_type="hyperclovax", logits_scaling=8.0)) == 8.0
