@@ -1,7 +1,7 @@
 """Where every run's optimizer steps go: seconds per step and peak memory in each phase, measured on every rank.
 
 Phases (STEP_PHASES): `generation` inside TRL's generation context (rlhf_cli/rank/zero3.py), `sync` a weight sync
-into vLLM (rlhf_cli/rank/engines/vllm/sync.py), `saving` a checkpoint's save (from the step that asks for it to
+into vLLM (rlhf_cli/rank/engines/sync.py), `saving` a checkpoint's save (from the step that asks for it to
 transformers' on_save, rlhf_cli/rank/lifecycle.py), and `train` the rest of the step. Phases nest: a sync inside
 generation counts as sync, not twice. Loading before training and the final save after it are no step's.
 
@@ -112,15 +112,16 @@ class PeakMeter:
 
     @contextlib.contextmanager
     def added(self, consumer: str) -> Iterator[dict[str, int | None]]:
-        """Memory the block adds at its most, above what was held when it began (`added_peak_bytes`), filled in
-        when the block ends; None where the peak cannot be restarted (it would be an earlier one's) or the level
-        cannot be read."""
+        """The block's peak (`peak_memory_bytes`) and how far it rose above what was held when the block began
+        (`added_peak_bytes`), filled in when the block ends; None where the peak cannot be restarted (it would be an
+        earlier one's) or the level cannot be read."""
         self.take(consumer)  # the peak restarts here: what the block's own reading shows is the block's
         start = self.level()
         found: dict[str, int | None] = {}
         yield found
         peak = self.take(consumer).get(PEAK_KEY)
         usable = self.per_phase and start is not None and peak is not None
+        found["peak_memory_bytes"] = peak if self.per_phase else None
         found["added_peak_bytes"] = max(0, peak - start) if usable else None
 
 
