@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import RECIPES
-from rlhf_cli.config.engines.vllm import installed_vllm
+from rlhf_cli.generation.engines import VLLM_COLOCATE, installed
 
 LONG = "x" * 300  # longer than any file name the system allows (255)
 SMOKE = f"""model_name_or_path: {RECIPES}/smoke/policy
@@ -743,8 +743,8 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(case: Bad, cli, nothing
         (tmp_path / name).symlink_to(target)
     for name, value in case.env.items():
         monkeypatch.setenv(name, value)
-    if case.vllm == ABSENT and installed_vllm() is not None:
-        pytest.skip(f"{installed_vllm()[0]} is installed here: this case needs a Python without vLLM")
+    if case.vllm == ABSENT and installed(VLLM_COLOCATE) is not None:
+        pytest.skip(f"{installed(VLLM_COLOCATE)[0]} is installed here: this case needs a Python without vLLM")
     if case.vllm not in (None, ABSENT):  # package metadata as pip writes it; vLLM itself is never imported
         metadata = tmp_path / "site" / f"vllm-{case.vllm}.dist-info" / "METADATA"
         metadata.parent.mkdir(parents=True)

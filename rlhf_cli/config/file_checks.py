@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlhf_cli.config.paths import path_state
+from rlhf_cli.generation.engines import ENGINES
 from rlhf_cli.output.checkpoints import deepspeed_shards, deepspeed_tag, saved_by
 from rlhf_cli.output.run_dir import TRAINER_STATE
 
@@ -23,8 +24,8 @@ RANK_TOOLS = ("ninja", "c++")
 PRIVILEGED_PORTS = 1024
 # Directories, made if missing: the caches, and where torch builds DeepSpeed's ops.
 CACHE_VARIABLES = ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR")
-# Whole numbers of GiB a library reads with int() on every rank, and dies of otherwise.
-COUNT_VARIABLES = ("VLLM_CPU_KVCACHE_SPACE",)
+# Whole numbers of GiB a library reads with int() on every rank, and dies of otherwise: the engines' CPU settings.
+COUNT_VARIABLES = tuple(name for spec in ENGINES.values() for name in spec.cpu_environment)
 # A model's sizes that a checkpoint of it shares (config.json, GPT-2's names second).
 SHAPE = (("hidden_size", "n_embd"), ("num_hidden_layers", "n_layer"), ("vocab_size",), ("intermediate_size",))
 TIED_HEAD = "lm_head.weight"  # absent from a save where it is tied to the input embedding

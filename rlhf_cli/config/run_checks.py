@@ -239,7 +239,7 @@ def check_vllm_server(draft: Draft) -> None:
     names = ("use_vllm", "vllm_mode", "vllm_server_base_url", "vllm_server_host", "vllm_server_port",
              "vllm_server_timeout")
     values = {name: draft.value(name) for name in names if name in draft.fields and draft.value(name) is not None}
-    if draft.request.planning or set(names) & draft.refused or Engine.from_values(values.get) != Engine.server:
+    if draft.request.planning or set(names) & draft.refused or not Engine.from_values(values.get).spec.is_server:
         return
     named = "vllm_server_base_url" if values.get("vllm_server_base_url") else "vllm_server_host"
     url, where = server_url(values, draft.layers.get(named, ("", "the default"))[1])

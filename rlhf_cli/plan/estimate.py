@@ -20,6 +20,7 @@ from rlhf_cli.config.fields import catalogue
 from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.config.run_checks import VLLM_SYNC_DEFAULT
 from rlhf_cli.generation.choice import GATHER_KEY, USE_VLLM_KEY, Engine, Gather, Generation
+from rlhf_cli.generation.engines import installed
 from rlhf_cli.errors import PlanError
 from rlhf_cli.generation.budget import Budget, ranked
 from rlhf_cli.plan import memory, time
@@ -281,7 +282,8 @@ def plan_run(run: ResolvedRun) -> Plan:
 def _vllm_open(run: ResolvedRun) -> bool:
     """`gather: auto` may choose vLLM where no source chose the engine, the algorithm's trainer can use vLLM, and
     vLLM is installed here (a launch must not switch to an engine it cannot import)."""
-    return USE_VLLM_KEY in catalogue(run.algorithm) and USE_VLLM_KEY not in run.settings and vllm.installed()
+    return (USE_VLLM_KEY in catalogue(run.algorithm) and USE_VLLM_KEY not in run.settings
+            and installed(Engine.colocate.spec) is not None)
 
 
 def _auto_choice(inputs: Inputs, gathered: Candidate, open_vllm: VllmSettings | None, vllm_engine: Engine) -> Candidate:

@@ -14,8 +14,6 @@ from typing import Any
 from rlhf_cli.rank.inputs import RankInputs
 from rlhf_cli.output.run_dir import EXIT_PREEMPTED
 
-VLLM_CPU_KVCACHE_GIB = "1"  # a colocated vLLM's KV cache on CPU, unless VLLM_CPU_KVCACHE_SPACE says otherwise
-
 
 def main(argv: list[str]) -> int:
     started = time.monotonic()
@@ -59,8 +57,8 @@ def main(argv: list[str]) -> int:
         generation = inputs.generation()
         install_generation_context(required=generation.gather.through_shards, budget=generation.gather.budget)
         terminal.PHASES.show("loading the models")
-        if generation.engine.vllm:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KVCACHE_GIB)  # vLLM's CPU default: 4 GiB a rank
+        for variable, value in generation.engine.spec.cpu_environment.items():  # unless the run set it
+            os.environ.setdefault(variable, value)
         trainer = load_object(algorithm(name).builder)(inputs)
         use_progress(trainer, name)
         terminal.PHASES.show("building the DeepSpeed engine")  # in train(), until its first callback
