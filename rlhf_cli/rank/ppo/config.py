@@ -60,7 +60,6 @@ class PPOConfig(TrainingArguments):
     vllm_server_port: int = field(default=8000, metadata={"help": "Port of the vLLM server."})
     vllm_server_timeout: float = field(default=240.0, metadata={
         "help": "Seconds to wait for the vLLM server to be up."})
-    vllm_group_port: int = field(default=51216, metadata={"help": "Port of the weight-update group with the server."})
     vllm_importance_sampling_correction: bool = field(default=True, metadata={
         "help": "Weight each token's policy loss by min(pi_policy / pi_vLLM, vllm_importance_sampling_cap): TRL's "
                 "truncated importance sampling for the mismatch between vLLM's and the policy's log-probs."})
