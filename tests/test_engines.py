@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+import tomllib
 from packaging.requirements import Requirement
 from packaging.version import Version
+from typer.testing import CliRunner
 
 from helpers import REPO
 from rlhf_cli.algorithms import ALGORITHMS

@@ -1,6 +1,6 @@
-"""The weight sync into a colocated vLLM (rlhf_cli/rank/engines/vllm/sync.py): how the gather choice becomes buckets, the
-names vLLM loads, and, where vLLM is installed, that vLLM generates with the trained policy's logprobs after a
-sync with every bucket size, LoRA merged a layer at a time."""
+"""The weight sync into a colocated vLLM (rlhf_cli/rank/engines/vllm/sync.py): how the gather choice becomes
+buckets, the names vLLM loads, and, where vLLM is installed, that vLLM generates with the trained policy's logprobs
+after a sync with every bucket size, LoRA merged a layer at a time."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from rlhf_cli.generation.choice import Gather
 from rlhf_cli.generation.sync_buckets import PER_UNIT, WHOLE, buckets
 from rlhf_cli.models.dtype import training_dtype
 from rlhf_cli.rank.engines.vllm.sync import SyncLimit, vllm_name
-
 
 
 def test_buckets_pack_whole_units_in_order_within_the_limit() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from rlhf_cli.output.run_dir import FAILED, STALLED, RunDir
 from rlhf_cli.rank.watch import (
     GONE,
     LOADING,
@@ -25,7 +26,6 @@ from rlhf_cli.rank.watch import (
     judge,
     process_alive,
 )
-from rlhf_cli.output.run_dir import FAILED, STALLED, RunDir
 
 NOW, TIMEOUT = 1000.0, 120.0
 HERE = "boot-a/pid:[1]"  # the pids that the judging rank sees: those of host a's ranks

@@ -15,7 +15,6 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-
 LAUNCH = "Launch and ZeRO-3"
 LORA = "LoRA"
 SHORTCUTS = "Shortcuts for recipe keys"

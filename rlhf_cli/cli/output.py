@@ -16,9 +16,9 @@ from rich.text import Text
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.launch.runner import Outcome
-from rlhf_cli.plan.summary import time_lines
 from rlhf_cli.plan.measured import phase_rows, usable_memory, verdict
 from rlhf_cli.plan.memory import MARGIN
+from rlhf_cli.plan.summary import time_lines
 from rlhf_cli.plan.time import PHASES
 from rlhf_cli.sizes import readable
 

@@ -20,8 +20,14 @@ EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 def train(ctx: typer.Context, **options: Any) -> None:
     """`rlhf ppo|rloo|online-dpo|...`: the command name picks the algorithm."""
-    from rlhf_cli.cli.output import print_header, print_notes, print_outcome, print_plan_compact, print_run_human, \
-        print_run_json
+    from rlhf_cli.cli.output import (
+        print_header,
+        print_notes,
+        print_outcome,
+        print_plan_compact,
+        print_run_human,
+        print_run_json,
+    )
     from rlhf_cli.launch.faults import PlanNeeds, space_warning
     from rlhf_cli.plan.estimate import planned
 

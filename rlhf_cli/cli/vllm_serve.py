@@ -66,8 +66,8 @@ def vllm_serve(
     dry_run: DryRunOpt = 0,
 ) -> None:
     """Start the vLLM server for a `vllm_mode: server` run of this recipe; Ctrl-C stops it."""
-    from rlhf_cli.config.resolve import RunRequest, resolve
     from rlhf_cli.config.engines.vllm import trl_server_command
+    from rlhf_cli.config.resolve import RunRequest, resolve
     from rlhf_cli.generation.engines import VLLM_SERVER, installed
 
     given, problems = given_once({"recipe": recipe, "model": model, "set_": set_, "dry_run": dry_run})

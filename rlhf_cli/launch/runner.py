@@ -21,9 +21,9 @@ from rlhf_cli.launch.faults import Failure, PlanNeeds, explain
 from rlhf_cli.launch.prelaunch import PendingCheck
 from rlhf_cli.launch.versions import installed_versions
 from rlhf_cli.machine.probe import free_space
+from rlhf_cli.output.files import read_json, try_write_json, write_atomic
 from rlhf_cli.output.lock import LockHeld, acquire, release
 from rlhf_cli.output.ownership import holdings, listing, record_end, record_start, remove_owned
-from rlhf_cli.output.files import read_json, try_write_json, write_atomic
 from rlhf_cli.output.run_dir import EXIT_PREEMPTED, RECIPE_HEADER, START_GATE, START_GATE_ENV, RunDir
 from rlhf_cli.sizes import readable
 

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlhf_cli.rank.inputs import RankInputs
 from rlhf_cli.output.run_dir import EXIT_PREEMPTED
+from rlhf_cli.rank.inputs import RankInputs
 
 
 def main(argv: list[str]) -> int:
@@ -20,8 +20,8 @@ def main(argv: list[str]) -> int:
     name, recipe_path = argv
     inputs = RankInputs.read(name, Path(recipe_path))
     output_dir = Path(inputs.trainer["output_dir"])
-    from rlhf_cli.rank import terminal
     from rlhf_cli.output.run_dir import RunDir
+    from rlhf_cli.rank import terminal
 
     rank = int(os.environ.get("RANK", "0"))
     # Before torch, DeepSpeed and datasets are imported: what they print goes to the rank's log file.

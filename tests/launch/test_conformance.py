@@ -29,8 +29,8 @@ import math
 from pathlib import Path
 
 import pytest
-
 from families.build import FAMILIES
+
 from helpers import FIXTURES, RECIPES, SMALL_BUCKETS, launch_rlhf, sets
 from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.algorithms.spec import Algorithm

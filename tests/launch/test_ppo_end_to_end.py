@@ -168,7 +168,7 @@ def test_ppo_with_lora_checkpoints_adapters_and_resumes(tmp_path: Path) -> None:
     assert [e["objective/kl"] for e in resumed[2:]] == pytest.approx([e["objective/kl"] for e in full[2:]])
 
 
-# -- vLLM rollouts (rlhf_cli/rank/engines/vllm/ppo_rollouts.py) ----------------------------------------------------------
+# -- vLLM rollouts (rlhf_cli/rank/engines/vllm/ppo_rollouts.py) ------------------------------------------------
 
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
