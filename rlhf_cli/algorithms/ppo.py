@@ -8,6 +8,7 @@ from typing import Any
 
 from rlhf_cli.algorithms.legacy import COMMON_RENAMED, COMMON_RETIRED
 from rlhf_cli.algorithms.spec import Algorithm, Batches, LogitsModel, StarterEntry, StepWork, Values
+from rlhf_cli.generation.choice import Engine
 
 
 def _batches(values: Values, num_processes: int) -> Batches:
@@ -89,7 +90,7 @@ def _checks(values: Values, num_processes: int) -> list[str]:
     stop = values("stop_token_id")
     if stop is not None and vocab_size is not None and not 0 <= stop < vocab_size:
         problems.append(f"`stop_token_id` {stop} is not in the vocabulary of {policy} (0..{vocab_size - 1})")
-    resized = resized_for_pad(Path(policy)) if values("use_vllm") else None
+    resized = resized_for_pad(Path(policy)) if Engine.from_values(values).vllm else None
     if resized:
         problems.append(f"`use_vllm`: {policy} has no pad token of its own and no spare embedding row, so PPO adds "
                         f"one and resizes the embedding from {resized[0]} to {resized[1]} rows, while vLLM loads the "

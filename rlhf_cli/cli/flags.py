@@ -90,7 +90,8 @@ TABLE: tuple[Flag, ...] = (
          show_default=False,
          help="Between the two: gather this share of the policy (0.5) or this much of it per GPU (2GiB) once per "
               "generation call, as whole layers, and fetch the rest per token. --gather is 1, --no-gather 0."),
-    Flag("vllm", ("--vllm",), panel=LAUNCH, metavar="colocate|server", show_default=False, switch="use_vllm",
+    Flag("vllm", ("--vllm",), key="vllm_mode", panel=LAUNCH, metavar="colocate|server", show_default=False,
+         switch="use_vllm",
          help="Generate with vLLM (use_vllm, vllm_mode): colocate runs it in every training process, refreshed from "
               "the policy after each update within the gather choice's memory; server talks to a vLLM server."),
     Flag("no_vllm", ("--no-vllm",), panel=LAUNCH, kind=bool, default=False, show_default=False, switch="use_vllm",

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from rlhf_cli.cli.flags import FLAGS, command_signature, contradiction, given_once, switch_settings
+from rlhf_cli.generation.choice import GATHER_KEY
 
 if TYPE_CHECKING:
     from rlhf_cli.config.run import ResolvedRun
@@ -97,8 +98,6 @@ def _resolve(ctx: typer.Context, options: dict[str, Any], repeated: list[str], p
     problems += contradictions
     flags.update(switches)
     _gather_auto(flags, options, extra, problems)
-    if flags.get("use_vllm") == ("--vllm", True):
-        flags["vllm_mode"] = ("--vllm", options["vllm"])
     if options["merge_adapter"]:
         flags["merge_adapter"] = ("--merge-adapter", True)
     return resolve(RunRequest(algorithm, recipe, flags, tuple(options["set_"] or ()),
@@ -168,8 +167,8 @@ def _gather_auto(flags: dict[str, Any], options: dict[str, Any], extra: list[str
     if not extra or (gather and options["no_gather"]):  # the pair's contradiction is the problem to report
         return
     if gather and extra == ["auto"]:
-        flags["ds3_gather_for_generation"] = ("--gather auto", "auto")
+        flags[GATHER_KEY] = ("--gather auto", "auto")
         return
     hint = "; did you mean --gather auto?" if "auto" in extra and not gather else ""
     problems.append(f"unexpected argument {' '.join(extra)!r}{hint}")
-    flags.pop("ds3_gather_for_generation", None)
+    flags.pop(GATHER_KEY, None)
