@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from rlhf_cli.algorithms.legacy import COMMON_RENAMED, COMMON_RETIRED
 from rlhf_cli.algorithms.spec import Algorithm, Batches, LogitsModel, StarterEntry, StepWork, Values
 from rlhf_cli.generation.choice import Engine
+from rlhf_cli.output.files import read_json
 
 
 def _batches(values: Values, num_processes: int) -> Batches:
@@ -28,10 +28,8 @@ def _step_work(values: Values) -> StepWork:
 
 
 def _json(path: Path) -> dict[str, Any]:
-    try:
-        loaded = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+    """A JSON object from a model's files; {} where there is none."""
+    loaded = read_json(path)
     return loaded if isinstance(loaded, dict) else {}
 
 
