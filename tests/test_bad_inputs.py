@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import RECIPES
-from rlhf_cli.config.engines.vllm import installed_vllm
+from rlhf_cli.generation.engines import VLLM_COLOCATE, installed
 
 LONG = "x" * 300  # longer than any file name the system allows (255)
 SMOKE = f"""model_name_or_path: {RECIPES}/smoke/policy
@@ -322,7 +322,8 @@ CASES = [
     sets("range", "beta=[0.1, -0.1]", "`beta`: must be at least 0, got -0.1", command="online-dpo"),
     sets("range", "loss_type=hinge", "`loss_type`: expected one of sigmoid, ipo, got 'hinge'", command="online-dpo"),
     recipe("cross-field", "bf16: true\nfp16: true\n", "`bf16` and `fp16` are both true; keep one"),
-    recipe("environment", "use_peft: true\nload_in_4bit: true\n", "r.yaml:12): QLoRA quantizes with bitsandbytes, which "
+    recipe("environment", "use_peft: true\nload_in_4bit: true\n", "r.yaml:12): QLoRA quantizes with bitsandbytes, "
+        "which "
            "needs CUDA, and this machine has none; set load_in_4bit: false"),
     sets("environment", "load_in_8bit=true", "`load_in_8bit: true` (--set load_in_8bit): QLoRA quantizes with "
          "bitsandbytes, which needs CUDA", command="ppo"),
@@ -403,8 +404,10 @@ CASES = [
            {"pkg.py/__init__.py": ""}),
     reward("bad file: reward function", "[nul.py:score]", "null bytes",
            {"nul.py": b"def score(**kw):\n    return [0]\x00\n"}),
-    sets("message", "tools=[calc.py:calculate]", "`tools` is a grpo key, not one of rloo; remove it or run `rlhf grpo`"),
-    sets("message", "rollout_func=calc.py:calculate", "`rollout_func` is a grpo key, not one of online-dpo; remove it or run `rlhf grpo`",
+    sets("message", "tools=[calc.py:calculate]", "`tools` is a grpo key, not one of rloo; remove it or run `rlhf "
+        "grpo`"),
+    sets("message", "rollout_func=calc.py:calculate", "`rollout_func` is a grpo key, not one of online-dpo; remove it "
+        "or run `rlhf grpo`",
          command="online-dpo"),
     sets("bad file: tool", "tools=[missing.py:calculate]", "`tools`: file missing.py not found", command="grpo"),
     sets("bad file: tool", "tools=[calc.py:calc]", "`tools`: {tmp}/calc.py defines no `calc` (it defines: calculate); "
@@ -476,10 +479,12 @@ CASES = [
         "\".[vllm]\" on a GPU machine", command=("vllm-serve", "ppo"), vllm=ABSENT),
     vllm("environment", ("--vllm", "colocate"), "--vllm colocate: vllm 0.35.1 is installed and TRL 1.16 runs vLLM "
          "0.22.0 to 0.31.0 only", version="0.35.1", command="rloo"),
-    vllm("environment", ("--set", "use_vllm=true"), "`use_vllm: true` (--set use_vllm): vllm 0.21.0 is installed and TRL "
+    vllm("environment", ("--set", "use_vllm=true"), "`use_vllm: true` (--set use_vllm): vllm 0.21.0 is installed and "
+        "TRL "
          "1.16 runs vLLM 0.22.0 to 0.31.0 only", version="0.21.0", command="online-dpo"),
     vllm("environment", ("--vllm", "colocate", "--set", "vllm_enable_sleep_mode=true"), "`vllm_enable_sleep_mode: "
-         "true` (--set vllm_enable_sleep_mode): vLLM sleeps only on CUDA, ROCm or XPU GPUs (its CPU build refuses sleep mode) and this "
+         "true` (--set vllm_enable_sleep_mode): vLLM sleeps only on CUDA, ROCm or XPU GPUs (its CPU build refuses "
+             "sleep mode) and this "
          "machine has none; set it to false"),
     vllm("range", ("--vllm", "colocte"), "--vllm: `vllm_mode`: expected one of server, colocate, got 'colocte'; did "
          "you mean colocate?"),
@@ -490,12 +495,14 @@ CASES = [
     vllm("range", ("--vllm", "colocate", "--set", "vllm_gpu_memory_utilization=1.2"),
          "`vllm_gpu_memory_utilization`: must be above 0 and at most 1, got 1.2", command="online-dpo"),
     vllm("cross-field", ("--vllm", "colocate", "--set", "vllm_tensor_parallel_size=3"), "`vllm_tensor_parallel_size: "
-         "3` (--set vllm_tensor_parallel_size): colocated vLLM groups the 2 processes by its tensor parallelism, which must divide them: use "
+         "3` (--set vllm_tensor_parallel_size): colocated vLLM groups the 2 processes by its tensor parallelism, which "
+             "must divide them: use "
          "one of 1, 2"),
     vllm("cross-field", ("--vllm", "colocate", "--set", "vllm_max_model_length=12"), "`vllm_max_model_length` is "
          "12, no longer than max_completion_length (12): nothing is left for the prompt"),
     vllm("cross-field", ("--vllm", "colocate", "--set", "vllm_max_model_length=20"), "prompts.jsonl:9: a prompt of "
-         "20 tokens + max_completion_length 12 is longer than `vllm_max_model_length` 20; vLLM refuses it mid-run", command="rloo"),
+         "20 tokens + max_completion_length 12 is longer than `vllm_max_model_length` 20; vLLM refuses it "
+             "mid-run", command="rloo"),
     vllm("cross-field", ("--vllm", "colocate", "--model", "{tmp}/m"), "`use_vllm`: {tmp}/m has no pad token of its "
          "own and no spare embedding row, so PPO adds one and resizes the embedding from 500 to 501 rows, while vLLM "
          "loads the checkpoint's rows", command="ppo", files=PADLESS_FULL_VOCAB),
@@ -708,7 +715,8 @@ CASES = [
           files={"ck/trainer_state.json": "{}", "ck/model.safetensors": ONE_KV_HEAD}),
     flags("bad path: resume", "--resume", "{tmp}/ck", message="{tmp}/ck has no DeepSpeed state (no `latest` naming its "
           "global_stepN/ shards)", files={"ck/trainer_state.json": "{}"}),
-    flags("bad path: resume", "--resume", "{tmp}/ck", message="{tmp}/ck/global_step4 lacks the DeepSpeed optim shards of "
+    flags("bad path: resume", "--resume", "{tmp}/ck", message="{tmp}/ck/global_step4 lacks the DeepSpeed optim shards "
+        "of "
           "rank 1 (of 2)", files={**ZERO3_SHARDS, "ck/global_step4/zero_pp_rank_1_mp_rank_00_optim_states.pt": None}),
     flags("bad path: resume", "--resume", "{tmp}/run/checkpoint-2", message="checkpoint-2: no rlhf-manifest.json (the "
           "save did not finish); pass an earlier checkpoint", files={"run/checkpoint-2/trainer_state.json": "{}",
@@ -743,8 +751,8 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(case: Bad, cli, nothing
         (tmp_path / name).symlink_to(target)
     for name, value in case.env.items():
         monkeypatch.setenv(name, value)
-    if case.vllm == ABSENT and installed_vllm() is not None:
-        pytest.skip(f"{installed_vllm()[0]} is installed here: this case needs a Python without vLLM")
+    if case.vllm == ABSENT and installed(VLLM_COLOCATE) is not None:
+        pytest.skip(f"{installed(VLLM_COLOCATE)[0]} is installed here: this case needs a Python without vLLM")
     if case.vllm not in (None, ABSENT):  # package metadata as pip writes it; vLLM itself is never imported
         metadata = tmp_path / "site" / f"vllm-{case.vllm}.dist-info" / "METADATA"
         metadata.parent.mkdir(parents=True)

@@ -181,7 +181,8 @@ def test_tools_environments_and_rollouts_are_found_like_reward_functions(tmp_pat
     value keeps its source for --dry-run."""
     write(tmp_path / "agent" / "tools.py", "def add(a: int) -> int:\n    return a\nclass Sandbox:\n    pass\n")
     write(tmp_path / "my_pkg" / "rollouts.py", "def rollout(prompts, trainer):\n    return {}\n")
-    write(tmp_path / "agent" / "rows.jsonl", '{"prompt": [{"role": "user", "content": "1 + 1"}], "environment": "math"}\n')
+    write(tmp_path / "agent" / "rows.jsonl",
+          '{"prompt": [{"role": "user", "content": "1 + 1"}], "environment": "math"}\n')
     models = SMOKE_MODELS.replace(f"{RECIPES}/smoke/prompts.jsonl", "rows.jsonl")
     path = write(tmp_path / "agent" / "r.yaml", models + "tools: [tools.py:add, my_pkg.rollouts:rollout]\n"
                  "environment_factory: {math: tools.py:Sandbox}\n")
@@ -282,7 +283,8 @@ def test_bare_reward_names_must_be_trls(tmp_path: Path) -> None:
     path = recipe(tmp_path, "reward_funcs: [think_format_reward, lenght]\n")
     assert problems(RunRequest("rloo", path), tmp_path) == [
         f"{path}:5: `reward_funcs`: 'lenght' is not one of TRL's (accuracy_reward, "
-        "get_soft_overlong_punishment, reasoning_accuracy_reward, think_format_reward); write module:function or file.py:function"]
+        "get_soft_overlong_punishment, reasoning_accuracy_reward, think_format_reward); write module:function or "
+        "file.py:function"]
 
 
 def ppo_problems(tmp_path: Path, *sets: str) -> list[str]:

@@ -22,7 +22,6 @@ from rlhf_cli.rank.engines.weights import SyncLimit
 from rlhf_cli.rank.engines.weights import checkpoint_name as vllm_name
 
 
-
 def test_buckets_pack_whole_units_in_order_within_the_limit() -> None:
     assert buckets([5, 5, 5, 5], WHOLE) == [[0, 1, 2, 3]]
     assert buckets([5, 5, 5, 5], PER_UNIT) == [[0], [1], [2], [3]]
@@ -136,9 +135,9 @@ def test_the_probe_scores_with_the_models_own_logits(family: str, tmp_path: Path
     """The self-check's probe reads the LM head as TRL's fused head does, with the multiplier the model's forward
     applies after it (Granite divides by `logits_scaling`: 8): its logits are the model's own."""
     import torch
+    from families.build import build_family
     from transformers import AutoModelForCausalLM
 
-    from families.build import build_family
     from rlhf_cli.rank.engines.vllm.self_check import _logits, probe_prompts
 
     model = AutoModelForCausalLM.from_pretrained(build_family(family, tmp_path / family)).eval()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from rlhf_cli.algorithms.legacy import COMMON_RENAMED, COMMON_RETIRED
 from rlhf_cli.algorithms.spec import Algorithm, Batches, LogitsModel, StarterEntry, StepWork, Values
+from rlhf_cli.generation.choice import Engine
+from rlhf_cli.output.files import read_json
 
 
 def _batches(values: Values, num_processes: int) -> Batches:
@@ -27,10 +28,8 @@ def _step_work(values: Values) -> StepWork:
 
 
 def _json(path: Path) -> dict[str, Any]:
-    try:
-        loaded = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+    """A JSON object from a model's files; {} where there is none."""
+    loaded = read_json(path)
     return loaded if isinstance(loaded, dict) else {}
 
 
@@ -105,7 +104,7 @@ def _checks(values: Values, num_processes: int) -> list[str]:
     stop = values("stop_token_id")
     if stop is not None and vocab_size is not None and not 0 <= stop < vocab_size:
         problems.append(f"`stop_token_id` {stop} is not in the vocabulary of {policy} (0..{vocab_size - 1})")
-    resized = resized_for_pad(Path(policy)) if values("use_vllm") else None
+    resized = resized_for_pad(Path(policy)) if Engine.from_values(values).vllm else None
     if resized:
         problems.append(f"`use_vllm`: {policy} has no pad token of its own and no spare embedding row, so PPO adds "
                         f"one and resizes the embedding from {resized[0]} to {resized[1]} rows, while vLLM loads the "

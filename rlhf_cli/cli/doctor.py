@@ -21,8 +21,8 @@ def doctor(
     from rich.table import Table
     from rich.text import Text
 
-    from rlhf_cli.machine import readiness as checks
     from rlhf_cli.cli.output import print_json, stdout
+    from rlhf_cli.machine import readiness as checks
 
     found = checks.run_checks()
     problems = [check for check in found if check.status == checks.PROBLEM]

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from rlhf_cli.cli.flags import FLAGS, command_signature, given_once
+from rlhf_cli.cli.flags import FLAGS, command_signature, contradiction, given_once, switch_settings
+from rlhf_cli.generation.choice import GATHER_KEY
 
 if TYPE_CHECKING:
     from rlhf_cli.config.run import ResolvedRun
@@ -20,8 +21,14 @@ EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 def train(ctx: typer.Context, **options: Any) -> None:
     """`rlhf ppo|rloo|online-dpo|...`: the command name picks the algorithm."""
-    from rlhf_cli.cli.output import print_header, print_notes, print_outcome, print_plan_compact, print_run_human, \
-        print_run_json
+    from rlhf_cli.cli.output import (
+        print_header,
+        print_notes,
+        print_outcome,
+        print_plan_compact,
+        print_run_human,
+        print_run_json,
+    )
     from rlhf_cli.launch.faults import PlanNeeds, space_warning
     from rlhf_cli.plan.estimate import planned
 
@@ -87,20 +94,10 @@ def _resolve(ctx: typer.Context, options: dict[str, Any], repeated: list[str], p
     fields = catalogue(algorithm)
     trl_flags, extra = trl_style_flags(ctx.args, lambda key: key in fields and "list" in fields[key].kinds)
     recipe, trl_flags = _trl_config(options["recipe"], trl_flags, problems)
-    gather = _gather_flag(options["gather"], options["no_gather"], extra, problems)
-    if gather is not None:
-        flags["ds3_gather_for_generation"] = gather
-    if options["vllm"] is not None and options["no_vllm"]:
-        problems.append("--vllm and --no-vllm contradict each other; keep one")
-    elif options["vllm"] is not None:
-        flags["use_vllm"] = ("--vllm", True)
-        flags["vllm_mode"] = ("--vllm", options["vllm"])
-    elif options["no_vllm"]:
-        flags["use_vllm"] = ("--no-vllm", False)
-    if options["lora"] and options["no_lora"]:
-        problems.append("--lora and --no-lora contradict each other; keep one")
-    elif options["lora"] or options["no_lora"]:
-        flags["use_peft"] = ("--lora", True) if options["lora"] else ("--no-lora", False)
+    switches, contradictions = switch_settings(options)
+    problems += contradictions
+    flags.update(switches)
+    _gather_auto(flags, options, extra, problems)
     if options["merge_adapter"]:
         flags["merge_adapter"] = ("--merge-adapter", True)
     return resolve(RunRequest(algorithm, recipe, flags, tuple(options["set_"] or ()),
@@ -159,21 +156,19 @@ def _flag_problems(options: dict[str, Any], planning: bool) -> list[str]:
     if options["rehearse"] and options["dry_run"] and not planning:  # rlhf plan plans the run itself
         problems.append("--rehearse runs one step; it does not go with --dry-run")
     if options["quiet"] and options["verbose"]:
-        problems.append("--quiet and --verbose contradict each other; keep one")
+        problems.append(contradiction("--quiet", "--verbose"))
     return problems
 
 
-def _gather_flag(gather: bool, no_gather: bool, extra: list[str], problems: list[str]) -> tuple[str, Any] | None:
-    """The flag as typed and its value: --gather, --no-gather, or --gather auto; any other word is a problem."""
-    if gather and no_gather:
-        problems.append("--gather and --no-gather contradict each other; keep one")
-        return None
+def _gather_auto(flags: dict[str, Any], options: dict[str, Any], extra: list[str], problems: list[str]) -> None:
+    """`--gather auto` (Typer's flags take no value: `auto` arrives as an extra argument); any other word, or one
+    without `--gather`, is a problem."""
+    gather = options["gather"]
+    if not extra or (gather and options["no_gather"]):  # the pair's contradiction is the problem to report
+        return
     if gather and extra == ["auto"]:
-        return ("--gather auto", "auto")
-    if extra:
-        hint = "; did you mean --gather auto?" if "auto" in extra and not gather else ""
-        problems.append(f"unexpected argument {' '.join(extra)!r}{hint}")
-        return None
-    if gather or no_gather:
-        return ("--gather", True) if gather else ("--no-gather", False)
-    return None
+        flags[GATHER_KEY] = ("--gather auto", "auto")
+        return
+    hint = "; did you mean --gather auto?" if "auto" in extra and not gather else ""
+    problems.append(f"unexpected argument {' '.join(extra)!r}{hint}")
+    flags.pop(GATHER_KEY, None)

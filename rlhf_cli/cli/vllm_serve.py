@@ -67,14 +67,15 @@ def vllm_serve(
     dry_run: DryRunOpt = 0,
 ) -> None:
     """Start the vLLM server for a `vllm_mode: server` run of this recipe; Ctrl-C stops it."""
+    from rlhf_cli.config.engines.vllm import trl_server_command
     from rlhf_cli.config.resolve import RunRequest, resolve
-    from rlhf_cli.config.engines.vllm import INSTALL, installed_vllm, trl_server_command
+    from rlhf_cli.generation.engines import VLLM_SERVER, installed
 
     given, problems = given_once({"recipe": recipe, "model": model, "set_": set_, "dry_run": dry_run})
     recipe, model, dry_run = given["recipe"], given["model"], given["dry_run"]
     flags = {"model_name_or_path": ("--model", model)} if model else {}
-    if not (installed_vllm() or dry_run):
-        problems.append(f"rlhf vllm-serve: vLLM is not installed; install it with {INSTALL}")
+    if not (installed(VLLM_SERVER) or dry_run):
+        problems.append(f"rlhf vllm-serve: vLLM is not installed; install it with {VLLM_SERVER.install}")
     run = resolve(RunRequest(ctx.info_name.replace("-", "_"), recipe, flags, tuple(set_ or ()), False,
                              planning=True, problems=tuple(problems)))
     dtype = training_dtype(run.value("bf16"), run.value("fp16"), (run.value("model_init_kwargs") or {}).get("dtype"),

@@ -167,8 +167,10 @@ def vllm_apply_patches(model: Any, patches: list[tuple[str, tuple[int, ...], Any
     checkpoint-coordinate loader, then re-process every layer that took one (and the layers sharing a weight: a
     tied head) as a load does; returns the names of vLLM's parameters written. Layers whose weight vLLM dropped
     after repacking it get their kept weight back for the patches (`vllm_keep_unpacked_weights`)."""
-    from vllm.model_executor.model_loader.checkpoint_weight_patch import (CheckpointWeightPatch,
-                                                                          load_checkpoint_weight_patches)
+    from vllm.model_executor.model_loader.checkpoint_weight_patch import (
+        CheckpointWeightPatch,
+        load_checkpoint_weight_patches,
+    )
 
     dropped = {layer: layer._parameters["weight"] for layer in kept}
     for layer, weight in kept.items():

@@ -14,13 +14,12 @@ from typing import Any
 
 from rlhf_cli.config.bundled import bundled_dir
 from rlhf_cli.config.draft import suggest
-from rlhf_cli.config.fields import FieldTypeError, accelerate_keys, coerce, own_field
+from rlhf_cli.config.fields import OFFLOAD_DEVICES, FieldTypeError, accelerate_keys, coerce, own_field
 from rlhf_cli.config.yaml_file import read_yaml
 from rlhf_cli.errors import ConfigError
 
 BUNDLED_CONFIG = "deepspeed_zero3.yaml"
 LAYOUT_KEYS = ("num_processes", "num_machines", "machine_rank", "main_process_port")
-OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
 ZERO_STAGES = (0, 1, 2, 3)
 

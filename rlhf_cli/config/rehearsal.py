@@ -130,7 +130,7 @@ def _full_length(run: ResolvedRun) -> tuple[dict[str, Setting], str]:
     if not _has(run, "generation_kwargs"):  # our PPO: no generation_kwargs to force a length with
         return {}, "completions: this trainer takes no generation_kwargs; they stop where the model stops"
     length = run.value("max_completion_length")
-    key = "min_tokens" if run.generation.engine.vllm else "min_new_tokens"
+    key = run.generation.engine.spec.forced_length_key
     kwargs = {**(run.value("generation_kwargs") or {}), key: length}
     return {"generation_kwargs": Setting(kwargs, SOURCE)}, f"completions: {key}={length}, every one full length"
 

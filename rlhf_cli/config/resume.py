@@ -19,8 +19,13 @@ from rlhf_cli.config.draft import Draft
 from rlhf_cli.config.file_checks import checkpoint_problem
 from rlhf_cli.config.paths import path_state
 from rlhf_cli.config.run import RESUME_AUTO, Setting
-from rlhf_cli.output.checkpoints import (deepspeed_tag, incomplete_reason, newest_complete_checkpoint, saved_by,
-                                         saved_processes)
+from rlhf_cli.output.checkpoints import (
+    deepspeed_tag,
+    incomplete_reason,
+    newest_complete_checkpoint,
+    saved_by,
+    saved_processes,
+)
 from rlhf_cli.output.run_dir import MANIFEST, RunDir
 
 MOST_PROCESSES_NAMED = 8  # process counts a refusal suggests

@@ -19,11 +19,19 @@ from typing import Any
 
 from rlhf_cli.launch.faults import machine_memory
 from rlhf_cli.output.files import claim, try_write_json
-from rlhf_cli.output.run_dir import FAILED, OUTPUT_MODE_ENV, RUN_DIR_ENV, START_GATE, START_GATE_ENV, RunDir
+from rlhf_cli.output.run_dir import (
+    FAILED,
+    OUTPUT_MODE_ENV,
+    RUN_DIR_ENV,
+    START_GATE,
+    START_GATE_ENV,
+    RunDir,
+    signal_exit_code,
+)
 
 
 def _exit_code(code: int) -> int:
-    return 128 - code if code < 0 else code  # a rank killed by signal N: 128+N, as a shell reports it
+    return signal_exit_code(-code) if code < 0 else code  # a rank killed by signal N
 
 
 def record_exits(machine_rank: int, exits: list[dict[str, Any]]) -> None:
@@ -68,7 +76,7 @@ def main(argv: list[str]) -> int:
         record_exits(int(args.machine_rank or 0), compat.rank_exits(failed))
         return 1  # a rank failed, whether it raised or was killed; the launcher says which and how
     except signal_stopped as stopped:
-        return 128 + int(stopped.sigval)
+        return signal_exit_code(int(stopped.sigval))
     except subprocess.CalledProcessError as failed:
         return _exit_code(failed.returncode) or 1
     return 0

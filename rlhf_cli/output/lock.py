@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlhf_cli.machine.probe import process_stat
+
 LOCK = "rlhf.lock"
 
 
@@ -108,9 +110,5 @@ def release(lock: Path) -> None:
 
 def _process_start(pid: int) -> str | None:
     """The kernel's start time of `pid` (Linux), which a reused pid does not share."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()
-    return fields[19] if len(fields) > 19 else None
+    found = process_stat(pid)
+    return str(found[1]) if found else None

@@ -116,8 +116,12 @@ def _rollout_problems(spec: str) -> list[str]:
 
 def template_problems(processing_class: Any, model: str) -> list[str]:
     """The chat template renders tool calls, keeps prefixes (or TRL can swap it), and has a response parser."""
-    from trl.chat_template_utils import (add_response_schema, get_training_chat_template,
-                                         is_chat_template_prefix_preserving, supports_tool_calling)
+    from trl.chat_template_utils import (
+        add_response_schema,
+        get_training_chat_template,
+        is_chat_template_prefix_preserving,
+        supports_tool_calling,
+    )
 
     where = f"`model_name_or_path` ({model})"
     if not supports_tool_calling(processing_class):

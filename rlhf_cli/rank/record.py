@@ -8,10 +8,10 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from rlhf_cli.output.run_dir import RunDir, checkpoint_step
 from rlhf_cli.rank.engines.sync_log import SYNC_LOG
 from rlhf_cli.rank.phases import merged
 from rlhf_cli.rank.probes import GenerationProbe, PhaseMemory
-from rlhf_cli.output.run_dir import RunDir, checkpoint_step
 
 
 def write_rank_record(trainer: Any, phases: dict[str, Any] | None = None) -> Path:

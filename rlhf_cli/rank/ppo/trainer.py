@@ -21,6 +21,7 @@ from trl.models import prepare_deepspeed, unwrap_model_for_generation
 
 from rlhf_cli import compat
 from rlhf_cli.generation.choice import Generation
+from rlhf_cli.output.run_dir import TRAINER_STATE
 from rlhf_cli.rank.ppo import core, saving
 from rlhf_cli.rank.ppo.config import PPOConfig
 from rlhf_cli.rank.ppo.modules import (
@@ -31,7 +32,6 @@ from rlhf_cli.rank.ppo.modules import (
     rollout_generation_config,
     sequence_scores,
 )
-from rlhf_cli.output.run_dir import TRAINER_STATE
 
 RANK_SEED_STRIDE = 100003  # rank r samples with seed + r x this prime, as TRL's PPOTrainer did
 GENERATE = Generation()  # `generate` inside the trainer, gathering the whole policy: TRL's default

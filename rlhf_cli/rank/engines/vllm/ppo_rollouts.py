@@ -22,10 +22,10 @@ from torch import nn
 
 from rlhf_cli.generation.choice import Engine, Generation
 from rlhf_cli.rank.engines.sync import sync_weights
-from rlhf_cli.rank.engines.weights import SyncLimit
 from rlhf_cli.rank.engines.vllm.self_check import SyncCheck
 from rlhf_cli.rank.engines.vllm.server import ServerTarget
 from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
+from rlhf_cli.rank.engines.weights import SyncLimit
 from rlhf_cli.rank.zero3 import GenerationClock
 
 
