@@ -61,6 +61,11 @@ def main(argv: list[str]) -> int:
         terminal.PHASES.show("loading the models")
         if generation.engine.vllm:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KVCACHE_GIB)  # vLLM's CPU default: 4 GiB a rank
+        if generation.engine.mode == "server":
+            from rlhf_cli.compat.vllm import replace_trl_server_wait
+            from rlhf_cli.rank.vllm.server import wait_for_server
+
+            replace_trl_server_wait(wait_for_server)  # TRL's own wait never ends while a wrong server answers
         trainer = load_object(algorithm(name).builder)(inputs)
         use_progress(trainer, name)
         terminal.PHASES.show("building the DeepSpeed engine")  # in train(), until its first callback
