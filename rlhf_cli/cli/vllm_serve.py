@@ -18,6 +18,7 @@ import typer
 
 from rlhf_cli.cli.flags import TABLE, given_once
 from rlhf_cli.errors import RlhfError
+from rlhf_cli.launch.module_start import module_argv
 from rlhf_cli.models.dtype import training_dtype
 
 EXAMPLE = "rlhf vllm-serve ppo -r ppo/smoke --port 8000"
@@ -42,7 +43,8 @@ PortOpt = Annotated[Optional[int], typer.Option(
 
 def server_command(run: Any, host: str, port: int | None, dtype: str) -> list[str]:
     """vLLM's server on the run's policy, lengths, dtype, tensor parallelism, memory share and seed."""
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(run.value("model_name_or_path")),
+    argv = [*module_argv(sys.executable, "vllm.entrypoints.openai.api_server"),
+            "--model", str(run.value("model_name_or_path")),
             "--host", host, "--port", str(port or run.value("vllm_server_port")),
             "--dtype", dtype,
             "--tensor-parallel-size", str(run.value("vllm_tensor_parallel_size")),
