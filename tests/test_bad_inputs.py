@@ -568,6 +568,16 @@ CASES = [
     flags("bad path: resume", "--lora", "--resume", "{tmp}/ck", message="{tmp}/ck holds a fully fine-tuned model and "
           "this run trains LoRA adapters; drop --lora", files={"ck/trainer_state.json": "{}",
                                                                "ck/config.json": json.dumps(LLAMA)}),
+    flags("bad path: resume", "--lora", "--resume", "{tmp}/ck", message="{tmp}/ck was trained with r 8 and this run "
+          "sets `lora_r` 16; set `lora_r: 8` to resume it", files={
+              "ck/trainer_state.json": "{}", "ck/adapter_config.json": json.dumps({"r": 8, "lora_alpha": 32})}),
+    flags("bad path: resume", "--lora", "--set", "lora_target_modules=[q_proj]", "--resume", "{tmp}/ck",
+          message="{tmp}/ck was trained with target_modules ['v_proj', 'q_proj', 'o_proj'] and this run sets "
+          "`lora_target_modules` ['q_proj']", files={"ck/trainer_state.json": "{}", "ck/adapter_config.json": json.dumps(
+              {"r": 16, "lora_alpha": 32, "target_modules": ["v_proj", "q_proj", "o_proj"]})}),
+    flags("bad path: resume", "--lora", "--set", "lora_alpha=8", "--resume", "{tmp}/ck",
+          message="{tmp}/ck was trained with lora_alpha 32 and this run sets `lora_alpha` 8",
+          files={"ck/trainer_state.json": "{}", "ck/adapter_config.json": json.dumps({"r": 16, "lora_alpha": 32})}),
     flags("bad path: resume", "--resume", "{tmp}/run/checkpoint-2", message="is a checkpoint of an `rlhf ppo` run, not "
           "of rloo; resume it with `rlhf ppo`", files={"run/checkpoint-2/trainer_state.json": "{}",
                                                        "run/recipe.yaml": "# Resolved by rlhf from flags; a valid "
