@@ -711,6 +711,17 @@ CASES = [
           "it was saved (its checksum differs); pass an earlier checkpoint",
           files={"ck/trainer_state.json": "{}", "ck/rlhf-manifest.json": manifest(
               {"trainer_state.json": {"size": 2, "blake2b": "0" * 32}})}),
+    flags("traceback: hand-edited manifest", "--resume", "{tmp}/ck", message="--resume {tmp}/ck: rlhf-manifest.json is "
+          "damaged (its entry for 'trainer_state.json' is not one rlhf writes)",
+          files={"ck/trainer_state.json": "{}", "ck/rlhf-manifest.json": manifest({"trainer_state.json": "2"})}),
+    flags("traceback: hand-edited manifest", "--resume", "{tmp}/ck", message="rlhf-manifest.json is damaged (its entry "
+          "for '../x' is not one rlhf writes)", files={"ck/trainer_state.json": "{}", "ck/rlhf-manifest.json":
+                                                       manifest({"../x": {"size": 2}})}),
+    flags("traceback: hand-edited manifest", "--resume", "{tmp}/ck", message="rlhf-manifest.json is damaged (its "
+          "saved_by is not a record rlhf writes)", files={"ck/trainer_state.json": "{}", "ck/rlhf-manifest.json":
+                                                          manifest({}, processes=0)}),
+    flags("traceback: hand-edited manifest", "--resume", "{tmp}/ck", message="rlhf-manifest.json is damaged (its "
+          "saved_by", files={"ck/trainer_state.json": "{}", "ck/rlhf-manifest.json": manifest({}, algorithm=5)}),
     flags("bad path: resume", "--resume", "{tmp}/ck", message="{tmp}/ck/trainer_state.json is not valid JSON (damaged)",
           files={"ck/trainer_state.json": "{x"}),
     flags("bad path: resume", "--resume", "{tmp}/ck", message="{tmp}/ck is of another model: model.layers.0.self_attn."

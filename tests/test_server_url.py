@@ -58,7 +58,7 @@ def test_only_what_answers_as_a_vllm_server_passes(listener) -> None:
 
 def test_an_address_that_is_no_server_address_is_one_line() -> None:
     for url, said in (("http://[::1", "is not a valid URL"), ("http://127.0.0.1:0", "has port 0"),
-                      ("http://127.0.0.1:99999", "is not a valid URL"), ("ftp://h", "is not an http://")):
+                      ("http://127.0.0.1:99999", "has no valid port"), ("ftp://h", "is not an http://")):
         problems, warnings = server_problems(url, "w", 240)
         assert problems == [problems[0]] and said in problems[0] and "\n" not in problems[0] and warnings == []
 

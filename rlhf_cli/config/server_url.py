@@ -58,10 +58,13 @@ def _parsed(url: str, where: str) -> tuple[SplitResult, str]:
     """The URL's parts, or the line that says why it is no server address."""
     try:
         parts = urlsplit(url)
-        port = parts.port
-    except ValueError as error:  # `http://[::1`, a port past 65535 or not a number
+    except ValueError as error:  # `http://[::1`
         return SplitResult("", "", "", "", ""), f"{where}: {url!r} is not a valid URL ({error}); give one like " \
             "http://10.0.0.5:8000"
+    try:
+        port = parts.port
+    except ValueError:
+        return parts, f"{where}: {url!r} has no valid port (1 to 65535)"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return parts, f"{where}: {url!r} is not an http:// or https:// URL with a host; give one like " \
             "http://10.0.0.5:8000"
