@@ -711,6 +711,11 @@ CASES = [
           "it was saved (its checksum differs); pass an earlier checkpoint",
           files={"ck/trainer_state.json": "{}", "ck/rlhf-manifest.json": manifest(
               {"trainer_state.json": {"size": 2, "blake2b": "0" * 32}})}),
+    *(flags("traceback: hardware file", "--hardware", "{tmp}/gpu.yaml", message=f"--hardware {{tmp}}/gpu.yaml: "
+            f"`bf16_tflops` is {said}; give a positive number", files={"gpu.yaml": "name: X\nbf16_tflops: " + value +
+                                                                        "\nmemory_bandwidth_gbs: 3000\ninterconnect: "
+                                                                        "pcie\ninterconnect_gbs: 50\nhost_gbs: 25\n"})
+      for value, said in (("0", "0"), (".nan", "nan"))),
     flags("traceback: hand-edited manifest", "--resume", "{tmp}/ck", message="--resume {tmp}/ck: rlhf-manifest.json is "
           "damaged (its entry for 'trainer_state.json' is not one rlhf writes)",
           files={"ck/trainer_state.json": "{}", "ck/rlhf-manifest.json": manifest({"trainer_state.json": "2"})}),
