@@ -672,6 +672,8 @@ CASES = [
     # -- accepted before, then every rank died or trained nonsense (this round's probe) ---------------------------
     sets("range", "reward_weights=[.nan]", "`reward_weights`: must be a finite number, got nan", command="grpo"),
     sets("range", "reward_weights=[1.0, .inf]", "`reward_weights`: must be a finite number, got inf", command="grpo"),
+    sets("range", "vllm_importance_sampling_cap=-1", "`vllm_importance_sampling_cap`: must be above 0, got -1",
+         command="grpo"),
     sets("range", "vllm_server_timeout=-1", "`vllm_server_timeout`: must be above 0, got -1", command="grpo"),
     sets("range", "max_tool_calling_iterations=-1", "`max_tool_calling_iterations`: must be at least 0, got -1",
          command="grpo"),
