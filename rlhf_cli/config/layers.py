@@ -109,6 +109,7 @@ def apply_recipe(draft: Draft, recipe: Recipe) -> None:
     draft.recipe_path = recipe.path
     bases = (recipe.path.parent, draft.cwd)
     draft.problems.extend(recipe.problems)
+    draft.notes.extend(recipe.notes)
     for key, value in recipe.values.items():
         put(draft, key, value, "recipe", recipe.where(key), bases)
 
