@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RECIPES
+from helpers import RECIPES, REPO
 from rlhf_cli.config.vllm import installed_vllm
 
 LONG = "x" * 300  # longer than any file name the system allows (255)
@@ -645,9 +645,16 @@ CASES = [
            "TRL 1.16's trainers do not truncate prompts (the memory plan's prompt length is `plan_prompt_length`)"),
     recipe("message", "overwrite_output_dir: true\n", "`overwrite_output_dir` has no counterpart in today's rloo: "
            "remove it; transformers 5 dropped it: pass --overwrite to reuse an output dir"),
-    recipe("message", "mixed_precision: bf16\n", "`mixed_precision` is an option of `accelerate launch` (`trl rloo "
-           "--config` passes it on); rlhf takes it from the accelerate config"),
-    recipe("message", "gpu_ids: 0,1\n", "`gpu_ids` is an option of `accelerate launch`"),
+    recipe("message", "mixed_precision: bf16\n", "`mixed_precision` (the autocast dtype; the recipe's bf16/fp16 keys "
+           "set the trainer's) is an option of `accelerate launch`, which rlhf starts from an accelerate config file: "
+           "write `mixed_precision: VALUE` in a copy of accelerate_configs/deepspeed_zero3.yaml"),
+    flags("message", "--rdzv_backend", "c10d", message="--rdzv_backend: `rdzv_backend` (how the machines of a job "
+          "meet: static, c10d or etcd) is an option of `accelerate launch`"),
+    flags("message", "--config_file", "{tmp}/a.yaml", "--accelerate-config", "{tmp}/a.yaml", message="--config_file "
+          "(accelerate's config file flag) names one accelerate config, the same as --accelerate-config; give one",
+          files={"a.yaml": (REPO / "accelerate_configs" / "deepspeed_zero3.yaml").read_text()}),
+    recipe("message", "gpu_ids: 0,1\n", "`gpu_ids` (which GPUs the processes use; CUDA_VISIBLE_DEVICES does the same) "
+           "is an option of `accelerate launch`"),
     recipe("message", "env: [A=1]\n", "`env`: expected a mapping, got ['A=1']"),
     recipe("message", "env:\n  PATHS: [a, b]\n", "`env.PATHS`: give the variable one value (text or a number)"),
     recipe("message", "env:\n  NOT-A-NAME: 1\n", "`env`: 'NOT-A-NAME' is not a variable name"),
