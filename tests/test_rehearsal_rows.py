@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from helpers import RECIPES
-from rlhf_cli.config.rehearsal import PROMPTS_FILE, rehearsal_run
+from rlhf_cli.config.rehearsal import rehearsal_run
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
 
@@ -42,6 +42,6 @@ def test_a_long_field_is_read_and_the_run_s_prompt_column_is_measured(tmp_path: 
     data = tmp_path / "questions.jsonl"
     data.write_text(GOOD_ROWS)
     rehearsal = _rehearsed(tmp_path, data, "dataset_prompt_column=question")
-    kept = [json.loads(line) for line in (tmp_path / "questions.rehearsal" / PROMPTS_FILE).read_text().splitlines()]
+    kept = [json.loads(line) for line in Path(rehearsal.value("dataset_name")).read_text().splitlines()]
     assert any("the longest 39 characters" in note for note in rehearsal.notes), rehearsal.notes
     assert len(kept[0]["question"]) == 39
