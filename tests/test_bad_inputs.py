@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import RECIPES, REPO
-from rlhf_cli.config.vllm import installed_vllm
+from rlhf_cli.config.engines.vllm import installed_vllm
 
 LONG = "x" * 300  # longer than any file name the system allows (255)
 SMOKE = f"""model_name_or_path: {RECIPES}/smoke/policy
@@ -573,7 +573,8 @@ CASES = [
               "ck/trainer_state.json": "{}", "ck/adapter_config.json": json.dumps({"r": 8, "lora_alpha": 32})}),
     flags("bad path: resume", "--lora", "--set", "lora_target_modules=[q_proj]", "--resume", "{tmp}/ck",
           message="{tmp}/ck was trained with target_modules ['v_proj', 'q_proj', 'o_proj'] and this run sets "
-          "`lora_target_modules` ['q_proj']", files={"ck/trainer_state.json": "{}", "ck/adapter_config.json": json.dumps(
+          "`lora_target_modules` ['q_proj']",
+          files={"ck/trainer_state.json": "{}", "ck/adapter_config.json": json.dumps(
               {"r": 16, "lora_alpha": 32, "target_modules": ["v_proj", "q_proj", "o_proj"]})}),
     flags("bad path: resume", "--lora", "--set", "lora_alpha=8", "--resume", "{tmp}/ck",
           message="{tmp}/ck was trained with lora_alpha 32 and this run sets `lora_alpha` 8",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from helpers import free_port
-from rlhf_cli.config.server_url import server_problems
+from rlhf_cli.config.engines.vllm_server import server_problems
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def test_the_ranks_wait_for_a_server_answering_other_than_200_ends_at_its_timeou
     from trl.generation.vllm_client import VLLMClient
 
     from rlhf_cli.compat.vllm import replace_trl_server_wait
-    from rlhf_cli.rank.vllm.server import wait_for_server
+    from rlhf_cli.rank.engines.vllm.server import wait_for_server
 
     port, replies = listener
     replies["reply"] = _http(404)

@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KVCACHE_GIB)  # vLLM's CPU default: 4 GiB a rank
         if generation.engine.mode == "server":
             from rlhf_cli.compat.vllm import replace_trl_server_wait
-            from rlhf_cli.rank.vllm.server import wait_for_server
+            from rlhf_cli.rank.engines.vllm.server import wait_for_server
 
             replace_trl_server_wait(wait_for_server)  # TRL's own wait never ends while a wrong server answers
         trainer = load_object(algorithm(name).builder)(inputs)
