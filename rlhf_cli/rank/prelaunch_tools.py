@@ -58,6 +58,7 @@ def tool_problems(specs: list[str]) -> list[str]:
             continue
         if problem := schema_problem(tool) or _keyword_problem(tool):
             problems.append(f"`tools`: {spec}: {problem}")
+            continue  # one problem a tool: its name matters once it is callable
         name = getattr(tool, "__name__", spec)
         if name in named:
             problems.append(f"`tools`: {named[name]} and {spec} are both named `{name}`: the model calls tools by "
