@@ -80,9 +80,9 @@ def test_the_ranks_wait_for_a_server_answering_other_than_200_ends_at_its_timeou
     monkeypatch.setattr(VLLMClient, "check_server", VLLMClient.check_server)  # put back after the test
     replace_trl_server_wait(wait_for_server)
     started = time.monotonic()
-    with pytest.raises(ConnectionError, match=r"within 1\.5 s .*last: HTTP 404"):
-        VLLMClient(base_url=f"http://127.0.0.1:{port}", connection_timeout=1.5)
-    assert time.monotonic() - started < 10
+    with pytest.raises(ConnectionError, match=r"within 3 s .*last: HTTP 404"):
+        VLLMClient(base_url=f"http://127.0.0.1:{port}", connection_timeout=3)
+    assert time.monotonic() - started < 30  # TRL's own wait would never end
 
 
 def test_a_closed_port_is_a_warning_that_says_how_long_the_ranks_wait(cli, nothing_launches, tmp_path: Path,
