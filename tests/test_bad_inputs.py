@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RECIPES
+from helpers import RECIPES, REPO
 from rlhf_cli.generation.engines import VLLM_COLOCATE, installed
 
 LONG = "x" * 300  # longer than any file name the system allows (255)
@@ -575,6 +575,17 @@ CASES = [
     flags("bad path: resume", "--lora", "--resume", "{tmp}/ck", message="{tmp}/ck holds a fully fine-tuned model and "
           "this run trains LoRA adapters; drop --lora", files={"ck/trainer_state.json": "{}",
                                                                "ck/config.json": json.dumps(LLAMA)}),
+    flags("bad path: resume", "--lora", "--resume", "{tmp}/ck", message="{tmp}/ck was trained with r 8 and this run "
+          "sets `lora_r` 16; set `lora_r: 8` to resume it", files={
+              "ck/trainer_state.json": "{}", "ck/adapter_config.json": json.dumps({"r": 8, "lora_alpha": 32})}),
+    flags("bad path: resume", "--lora", "--set", "lora_target_modules=[q_proj]", "--resume", "{tmp}/ck",
+          message="{tmp}/ck was trained with target_modules ['v_proj', 'q_proj', 'o_proj'] and this run sets "
+          "`lora_target_modules` ['q_proj']",
+          files={"ck/trainer_state.json": "{}", "ck/adapter_config.json": json.dumps(
+              {"r": 16, "lora_alpha": 32, "target_modules": ["v_proj", "q_proj", "o_proj"]})}),
+    flags("bad path: resume", "--lora", "--set", "lora_alpha=8", "--resume", "{tmp}/ck",
+          message="{tmp}/ck was trained with lora_alpha 32 and this run sets `lora_alpha` 8",
+          files={"ck/trainer_state.json": "{}", "ck/adapter_config.json": json.dumps({"r": 16, "lora_alpha": 32})}),
     flags("bad path: resume", "--resume", "{tmp}/run/checkpoint-2", message="is a checkpoint of an `rlhf ppo` run, not "
           "of rloo; resume it with `rlhf ppo`", files={"run/checkpoint-2/trainer_state.json": "{}",
                                                        "run/recipe.yaml": "# Resolved by rlhf from flags; a valid "
@@ -642,9 +653,16 @@ CASES = [
            "TRL 1.16's trainers do not truncate prompts (the memory plan's prompt length is `plan_prompt_length`)"),
     recipe("message", "overwrite_output_dir: true\n", "`overwrite_output_dir` has no counterpart in today's rloo: "
            "remove it; transformers 5 dropped it: pass --overwrite to reuse an output dir"),
-    recipe("message", "mixed_precision: bf16\n", "`mixed_precision` is an option of `accelerate launch` (`trl rloo "
-           "--config` passes it on); rlhf takes it from the accelerate config"),
-    recipe("message", "gpu_ids: 0,1\n", "`gpu_ids` is an option of `accelerate launch`"),
+    recipe("message", "mixed_precision: bf16\n", "`mixed_precision` (the autocast dtype; the recipe's bf16/fp16 keys "
+           "set the trainer's) is an option of `accelerate launch`, which rlhf starts from an accelerate config file: "
+           "write `mixed_precision: VALUE` in a copy of accelerate_configs/deepspeed_zero3.yaml"),
+    flags("message", "--rdzv_backend", "c10d", message="--rdzv_backend: `rdzv_backend` (how the machines of a job "
+          "meet: static, c10d or etcd) is an option of `accelerate launch`"),
+    flags("message", "--config_file", "{tmp}/a.yaml", "--accelerate-config", "{tmp}/a.yaml", message="--config_file "
+          "(accelerate's config file flag) names one accelerate config, the same as --accelerate-config; give one",
+          files={"a.yaml": (REPO / "accelerate_configs" / "deepspeed_zero3.yaml").read_text()}),
+    recipe("message", "gpu_ids: 0,1\n", "`gpu_ids` (which GPUs the processes use; CUDA_VISIBLE_DEVICES does the same) "
+           "is an option of `accelerate launch`"),
     recipe("message", "env: [A=1]\n", "`env`: expected a mapping, got ['A=1']"),
     recipe("message", "env:\n  PATHS: [a, b]\n", "`env.PATHS`: give the variable one value (text or a number)"),
     recipe("message", "env:\n  NOT-A-NAME: 1\n", "`env`: 'NOT-A-NAME' is not a variable name"),
@@ -669,6 +687,8 @@ CASES = [
     # -- accepted before, then every rank died or trained nonsense (this round's probe) ---------------------------
     sets("range", "reward_weights=[.nan]", "`reward_weights`: must be a finite number, got nan", command="grpo"),
     sets("range", "reward_weights=[1.0, .inf]", "`reward_weights`: must be a finite number, got inf", command="grpo"),
+    sets("range", "vllm_importance_sampling_cap=-1", "`vllm_importance_sampling_cap`: must be above 0, got -1",
+         command="grpo"),
     sets("range", "vllm_server_timeout=-1", "`vllm_server_timeout`: must be above 0, got -1", command="grpo"),
     sets("range", "max_tool_calling_iterations=-1", "`max_tool_calling_iterations`: must be at least 0, got -1",
          command="grpo"),
@@ -708,6 +728,22 @@ CASES = [
           "it was saved (its checksum differs); pass an earlier checkpoint",
           files={"ck/trainer_state.json": "{}", "ck/rlhf-manifest.json": manifest(
               {"trainer_state.json": {"size": 2, "blake2b": "0" * 32}})}),
+    *(flags("traceback: hardware file", "--hardware", "{tmp}/gpu.yaml", message=f"--hardware {{tmp}}/gpu.yaml: "
+            f"`bf16_tflops` is {said}; give a positive number", files={"gpu.yaml": "name: X\nbf16_tflops: " + value +
+                                                                        "\nmemory_bandwidth_gbs: 3000\ninterconnect: "
+                                                                        "pcie\ninterconnect_gbs: 50\nhost_gbs: 25\n"})
+      for value, said in (("0", "0"), (".nan", "nan"))),
+    flags("traceback: hand-edited manifest", "--resume", "{tmp}/ck", message="--resume {tmp}/ck: rlhf-manifest.json is "
+          "damaged (its entry for 'trainer_state.json' is not one rlhf writes)",
+          files={"ck/trainer_state.json": "{}", "ck/rlhf-manifest.json": manifest({"trainer_state.json": "2"})}),
+    flags("traceback: hand-edited manifest", "--resume", "{tmp}/ck", message="rlhf-manifest.json is damaged (its entry "
+          "for '../x' is not one rlhf writes)", files={"ck/trainer_state.json": "{}", "ck/rlhf-manifest.json":
+                                                       manifest({"../x": {"size": 2}})}),
+    flags("traceback: hand-edited manifest", "--resume", "{tmp}/ck", message="rlhf-manifest.json is damaged (its "
+          "saved_by is not a record rlhf writes)", files={"ck/trainer_state.json": "{}", "ck/rlhf-manifest.json":
+                                                          manifest({}, processes=0)}),
+    flags("traceback: hand-edited manifest", "--resume", "{tmp}/ck", message="rlhf-manifest.json is damaged (its "
+          "saved_by", files={"ck/trainer_state.json": "{}", "ck/rlhf-manifest.json": manifest({}, algorithm=5)}),
     flags("bad path: resume", "--resume", "{tmp}/ck", message="{tmp}/ck/trainer_state.json is not valid JSON (damaged)",
           files={"ck/trainer_state.json": "{x"}),
     flags("bad path: resume", "--resume", "{tmp}/ck", message="{tmp}/ck is of another model: model.layers.0.self_attn."

@@ -47,7 +47,7 @@ def test_done_when_dry_run_json(cli, nothing_launches) -> None:
     assert {"trainer", "accelerate", "launch"} <= plan.keys()
     assert plan["trainer"]["ds3_gather_for_generation"] is False
     assert plan["accelerate"]["deepspeed_config"]["offload_optimizer_device"] == "cpu"
-    assert plan["launch"]["argv"][1:4] == ["-m", "rlhf_cli.launch.supervisor", "--config_file"]
+    assert plan["launch"]["argv"][2:4] == ["rlhf_cli.launch.supervisor", "--config_file"]
     assert plan["sources"]["ds3_gather_for_generation"] == "flag --no-gather"
     assert nothing_launches == []
     assert not Path(plan["trainer"]["output_dir"]).exists()  # a dry run writes nothing

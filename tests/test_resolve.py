@@ -412,12 +412,12 @@ def test_resume_from_checkpoint_true_is_resume_auto(tmp_path: Path) -> None:
 
 
 def test_a_key_given_twice_is_reported_with_the_files_other_problems(tmp_path: Path) -> None:
-    path = recipe(tmp_path, "seed: 1\nseed: 1\nmax_steps: many\n")
+    path = recipe(tmp_path, "seed: 1\nseed: 2\nmax_steps: many\n")  # one value twice is a warning
     assert problems(RunRequest("rloo", path, sets=("bogus=1",)), tmp_path) == [
         f"{path}:6: `seed` is given again (first on line 5); YAML would keep only the last: keep one",
         f"{path}:7: `max_steps`: expected an integer, got 'many' (str)",
         "--set bogus: unknown key `bogus`"]
-    accelerate = write(tmp_path / "accelerate.yaml", "num_processes: 2\nnum_processes: 2\nnum_machines: -1\n")
+    accelerate = write(tmp_path / "accelerate.yaml", "num_processes: 2\nnum_processes: 4\nnum_machines: -1\n")
     found = problems(RunRequest("rloo", recipe(tmp_path, "", "plain.yaml"),
                                 flags={"accelerate_config": ("--accelerate-config", str(accelerate))}), tmp_path)
     assert f"{accelerate}:2: `num_processes` is given again (first on line 1); YAML would keep only the last: " \

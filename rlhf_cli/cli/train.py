@@ -94,6 +94,8 @@ def _resolve(ctx: typer.Context, options: dict[str, Any], repeated: list[str], p
     fields = catalogue(algorithm)
     trl_flags, extra = trl_style_flags(ctx.args, lambda key: key in fields and "list" in fields[key].kinds)
     recipe, trl_flags = _trl_config(options["recipe"], trl_flags, problems)
+    trl_flags = _accelerate_config_file(flags, trl_flags, problems)
+    extra = _pasted_launcher(ctx.info_name, extra, flags, trl_flags, _recipe_keys(recipe))
     switches, contradictions = switch_settings(options)
     problems += contradictions
     flags.update(switches)
@@ -141,6 +143,56 @@ def _trl_config(recipe: str | None, trl_flags: tuple[tuple[str, tuple[str, ...]]
         problems.append("--config (TRL's recipe flag) names one recipe, the same as -r; give one of them, once")
         return recipe, rest
     return configs[0][0], rest
+
+
+ACCELERATE_CONFIG_FLAGS = ("--config_file", "--config-file")  # accelerate launch's own spelling of its config
+
+
+def _accelerate_config_file(flags: dict[str, tuple[str, Any]], trl_flags: tuple[tuple[str, tuple[str, ...]], ...],
+                            problems: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """accelerate's `--config_file FILE` (`accelerate launch --config_file zero3.yaml grpo.py ...` pasted) is the
+    accelerate config, as --accelerate-config."""
+    given = [(flag, words) for flag, words in trl_flags if flag in ACCELERATE_CONFIG_FLAGS]
+    rest = tuple((flag, words) for flag, words in trl_flags if flag not in ACCELERATE_CONFIG_FLAGS)
+    if not given:
+        return rest
+    if "accelerate_config" in flags or len(given) > 1 or len(given[0][1]) != 1:
+        problems.append(f"{given[0][0]} (accelerate's config file flag) names one accelerate config, the same as "
+                        "--accelerate-config; give one of them, once, with its file")
+        return rest
+    flags["accelerate_config"] = (given[0][0], given[0][1][0])
+    return rest
+
+
+def _recipe_keys(recipe: str | None) -> set[str]:
+    """The keys the recipe sets; none when it cannot be read (resolution says why)."""
+    from rlhf_cli.config.recipe import load_recipe
+    from rlhf_cli.errors import RlhfError
+
+    try:
+        return set(load_recipe(recipe).values) if recipe else set()
+    except RlhfError:
+        return set()
+
+
+def _pasted_launcher(command: str, extra: list[str], flags: dict[str, tuple[str, Any]],
+                     trl_flags: tuple[tuple[str, tuple[str, ...]], ...], recipe_keys: set[str]) -> list[str]:
+    """The launcher words of a pasted line, taken off the extra arguments: `accelerate launch [SCRIPT.py]`,
+    `trl ALGO`, `python SCRIPT.py`. Python starts one process where rlhf's default is one per GPU: a `python` line
+    runs one unless its processes are given (--num-processes, or the recipe's num_processes)."""
+    words = list(extra)
+    if words[:2] == ["accelerate", "launch"] or words[:2] == ["trl", command]:
+        del words[:2]
+        if words[:1] and words[0].endswith(".py"):
+            del words[0]
+        return words
+    if words[:1] and words[0] in ("python", "python3") and words[1:2] and words[1].endswith(".py"):
+        given = "num_processes" in flags or "num_processes" in recipe_keys or any(
+            flag.lstrip("-").replace("-", "_") == "num_processes" for flag, _ in trl_flags)
+        if not given:
+            flags["num_processes"] = (f"{words[0]} {words[1]}", 1)
+        return words[2:]
+    return words
 
 
 def _is_option(token: str) -> bool:

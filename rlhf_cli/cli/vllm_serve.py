@@ -9,8 +9,10 @@ run refreshes the server's weights through `/collective_rpc` (rlhf_cli/rank/engi
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
+import socket
 import sys
 from typing import Annotated, Any, Optional
 
@@ -19,6 +21,7 @@ import typer
 from rlhf_cli.cli.flags import TABLE, given_once
 from rlhf_cli.config.engines.vllm import LOGPROBS_MODE
 from rlhf_cli.errors import RlhfError
+from rlhf_cli.launch.module_start import module_argv
 from rlhf_cli.models.dtype import training_dtype
 
 EXAMPLE = "rlhf vllm-serve ppo -r ppo/smoke --port 8000"
@@ -42,8 +45,9 @@ PortOpt = Annotated[Optional[int], typer.Option(
 
 def server_command(run: Any, host: str, port: int | None, dtype: str) -> list[str]:
     """vLLM's server on the run's policy, lengths, dtype, tensor parallelism, memory share and seed."""
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(run.value("model_name_or_path")),
-            "--host", host, "--port", str(port or run.value("vllm_server_port")),
+    argv = [*module_argv(sys.executable, "vllm.entrypoints.openai.api_server"),
+            "--model", str(run.value("model_name_or_path")),
+            "--host", host, "--port", str(port if port is not None else run.value("vllm_server_port")),
             "--dtype", dtype,
             "--tensor-parallel-size", str(run.value("vllm_tensor_parallel_size")),
             "--gpu-memory-utilization", str(run.value("vllm_gpu_memory_utilization")),
@@ -55,6 +59,31 @@ def server_command(run: Any, host: str, port: int | None, dtype: str) -> list[st
     if run.value("trust_remote_code"):
         argv.append("--trust-remote-code")
     return argv
+
+
+def listen_problem(host: str, port: int, said: str, in_use: bool) -> str | None:
+    """Why vLLM could not listen at `host`:`port` (uvicorn would fail after the model loaded, or, for port 0,
+    listen on a port nobody is told), or None; `in_use`: also try the port, as the server will bind it."""
+    from rlhf_cli.config.fields import is_host
+
+    if not 1 <= port <= 65535:
+        return f"{said} {port}: give the port the run's ranks will use (1 to 65535)"
+    if not is_host(host):
+        return f"--host {host!r} is neither an IP address nor a host name"
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (OSError, UnicodeError) as error:
+        return f"--host {host} does not resolve ({error.strerror or error})"
+    if not in_use:
+        return None
+    with socket.socket(family, kind) as trial:
+        trial.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            trial.bind(address)
+        except OSError as error:
+            reason = "is in use" if error.errno == errno.EADDRINUSE else f"cannot be bound ({error.strerror})"
+            return f"{host}:{port} {reason}; stop what listens there, or pass another {said.split()[0]}"
+    return None
 
 
 def vllm_serve(
@@ -84,6 +113,10 @@ def vllm_serve(
         raise RlhfError(f"rlhf vllm-serve {ctx.info_name}: {ctx.info_name} syncs its server through TRL's own weight "
                         "transfer (NCCL: CUDA on both sides), which this server does not set up; start TRL's: "
                         f"{shlex.join(trl_server_command(run.value, host, port, dtype))}")
+    problem = listen_problem(host, port if port is not None else int(run.value("vllm_server_port")),
+                             "--port" if port is not None else "`vllm_server_port`", in_use=not dry_run)
+    if problem:
+        raise RlhfError(f"rlhf vllm-serve: {problem}")
     argv = server_command(run, host, port, dtype)
     if dry_run:
         print(shlex.join(argv))

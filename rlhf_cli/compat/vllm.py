@@ -56,6 +56,11 @@ TRL_VLLM_INTERNALS = (
              "TRL's sync gathers by buckets and merges LoRA a layer at a time"),
     Internal("trl.experimental.online_dpo:OnlineDPOTrainer._move_model_to_vllm",
              "online DPO's colocated sync, replaced the same way", "as above"),
+    Internal("trl.generation.vllm_client:VLLMClient.check_server",
+             "TRL's client, built in its constructor, polls the server's /health without end while it answers "
+             "anything but 200 (a wrong address serving 404 hangs every rank); rlhf's wait stops at "
+             "`vllm_server_timeout` whatever answers (rlhf_cli/rank/engines/vllm/server.py)",
+             "TRL's check_server stops at its timeout on every reply", ("total_timeout", "retry_interval")),
 )
 
 
@@ -221,3 +226,19 @@ def replace_trl_vllm_sync(sync_weights: Callable[[Any], None], move_model_to_vll
         original = getattr(owner, name)
         replacement.__wrapped__ = getattr(original, "__wrapped__", original)  # type: ignore[attr-defined]
         setattr(owner, name, replacement)
+
+
+def replace_trl_server_wait(wait: Callable[[str, float, float], Any]) -> None:
+    """Make TRL's VLLMClient wait for its server through `wait(health_url, total_timeout, retry_interval)`, which
+    returns the 200 reply or raises; the host the server reports behind a proxy is kept, as TRL's own wait does."""
+    from trl.generation.vllm_client import VLLMClient
+
+    original = getattr(VLLMClient.check_server, "__wrapped__", VLLMClient.check_server)
+
+    def check_server(client: Any, total_timeout: float = 0.0, retry_interval: float = 2.0) -> None:
+        reply = wait(f"{client.base_url}/health", total_timeout, retry_interval)
+        if "X-Forwarded-For" in reply.headers:
+            client.host = reply.headers["X-Forwarded-For"]
+
+    check_server.__wrapped__ = original  # type: ignore[attr-defined]
+    VLLMClient.check_server = check_server

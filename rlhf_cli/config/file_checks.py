@@ -162,6 +162,32 @@ def checkpoint_problem(checkpoint: Path, use_peft: bool, model: Any, algorithm: 
     return _shape_problem(checkpoint, model) or _deepspeed_problem(checkpoint, deepspeed)
 
 
+LORA_KEYS = {"lora_r": "r", "lora_alpha": "lora_alpha", "lora_target_modules": "target_modules"}  # ours: PEFT's
+
+
+def adapter_problem(checkpoint: Path, lora: dict[str, Any]) -> str | None:
+    """A LoRA checkpoint resumed with another rank, alpha or target modules than it was trained with (its
+    `adapter_config.json`): its tensors would not fit this run's adapters (the ranks die on a shape mismatch after
+    loading), or would fit and train another model than the one asked for. `lora`: this run's keys (ours); a key
+    left to PEFT's default (targets unset, `all-linear`) is not compared."""
+    path = checkpoint / "adapter_config.json"
+    if path_state(path).kind != "file":
+        return None
+    saved = read_json(path)
+    if not isinstance(saved, dict):
+        return f"{path} is not a JSON object (damaged); pass an earlier checkpoint"
+    for key, peft_key in LORA_KEYS.items():
+        ours, theirs = lora.get(key), saved.get(peft_key)
+        if ours is None or ours == "all-linear" or theirs is None:
+            continue
+        same = sorted(map(str, ours)) == sorted(map(str, theirs)) if isinstance(ours, list) and \
+            isinstance(theirs, list) else ours == theirs
+        if not same:
+            return f"{checkpoint} was trained with {peft_key} {theirs!r} and this run sets `{key}` {ours!r}; set " \
+                   f"`{key}: {json.dumps(theirs)}` to resume it, or start a new run"
+    return None
+
+
 def _saving_algorithm(checkpoint: Path) -> str | None:
     """The algorithm of the run that saved `checkpoint`: its manifest says (a copy out of its run dir too), else
     the resolved recipe of the run dir it is in."""

@@ -68,6 +68,7 @@ def main(argv: list[str]) -> int:
     # torch's agent passes the signals it handles on to the ranks, which checkpoint on SIGTERM and SIGUSR1;
     # any other signal kills the supervisor itself.
     compat.forward_signals_to_ranks(args, "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+    compat.keep_working_directory_off_rank_path()  # a user's logging.py there must not replace the stdlib's
     if not gate_opens():
         return 0
     try:

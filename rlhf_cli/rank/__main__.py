@@ -59,6 +59,11 @@ def main(argv: list[str]) -> int:
         terminal.PHASES.show("loading the models")
         for variable, value in generation.engine.spec.cpu_environment.items():  # unless the run set it
             os.environ.setdefault(variable, value)
+        if generation.engine.spec.is_server:
+            from rlhf_cli.compat.vllm import replace_trl_server_wait
+            from rlhf_cli.rank.engines.vllm.server import wait_for_server
+
+            replace_trl_server_wait(wait_for_server)  # TRL's own wait never ends while a wrong server answers
         trainer = load_object(algorithm(name).builder)(inputs)
         use_progress(trainer, name)
         terminal.PHASES.show("building the DeepSpeed engine")  # in train(), until its first callback

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,27 @@ FLUSH_BYTES = 512 * 2**20  # rank 0 writes a weight file whenever it holds this 
 
 def server_url(args: Any) -> str:
     return args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
+
+
+def wait_for_server(health_url: str, total_timeout: float, retry_interval: float = 2.0) -> Any:
+    """The server's 200 reply to `health_url`, polled every `retry_interval` s; after `total_timeout` s without
+    one (`vllm_server_timeout`), whatever answered, a ConnectionError that says what did."""
+    import requests
+
+    deadline = time.monotonic() + total_timeout
+    while True:
+        try:
+            reply = requests.get(health_url, timeout=max(1.0, min(30.0, deadline - time.monotonic())))
+            if reply.status_code == 200:
+                return reply
+            last = f"HTTP {reply.status_code}"
+        except requests.RequestException as error:
+            last = f"no answer ({type(error).__name__})"
+        if time.monotonic() >= deadline:
+            raise ConnectionError(f"the vLLM server did not answer 200 at {health_url} within {total_timeout:g} s "
+                                  f"(`vllm_server_timeout`; last: {last}); start it with `rlhf vllm-serve`, or fix "
+                                  "the run's server address")
+        time.sleep(max(0.0, min(retry_interval, deadline - time.monotonic())))
 
 
 def write_weight_files(directory: Path, weights: Iterable[tuple[str, torch.Tensor]],
