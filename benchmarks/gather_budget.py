@@ -27,8 +27,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import (MIB, RESULTS, WORK, build_model, markdown_table, print_table, probe_calls, rank_generations,
-                     write_markdown)
+from _common import (
+    MIB,
+    RESULTS,
+    WORK,
+    build_model,
+    markdown_table,
+    print_table,
+    probe_calls,
+    rank_generations,
+    write_markdown,
+)
 from generation import RECIPE, plan_prediction, run_rloo
 
 FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)

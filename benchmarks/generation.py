@@ -27,9 +27,22 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import (MIB, RECIPES, CommandFailed, RankGeneration, bar_charts, benchmark_model, benchmark_parser,
-                     json_output, markdown_table, print_table, python_module, rank_generations, run_timed,
-                     write_markdown)
+from _common import (
+    MIB,
+    RECIPES,
+    CommandFailed,
+    RankGeneration,
+    bar_charts,
+    benchmark_model,
+    benchmark_parser,
+    json_output,
+    markdown_table,
+    print_table,
+    python_module,
+    rank_generations,
+    run_timed,
+    write_markdown,
+)
 
 RECIPE = RECIPES / "rloo" / "smoke.yaml"
 

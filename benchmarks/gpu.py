@@ -34,8 +34,19 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from _common import (RECIPES, REPO, RESULTS, WORK, CommandFailed, json_output, markdown_table,
-                     print_table, python_module, run_timed, write_markdown)
+from _common import (
+    RECIPES,
+    REPO,
+    RESULTS,
+    WORK,
+    CommandFailed,
+    json_output,
+    markdown_table,
+    print_table,
+    python_module,
+    run_timed,
+    write_markdown,
+)
 
 sys.path.insert(0, str(REPO))  # this checkout's rlhf_cli, as the commands run it
 from rlhf_cli.machine.probe import nvidia_gpu_memory, nvidia_smi  # noqa: E402 (imports no torch)
@@ -433,7 +444,6 @@ def memory_row(measured: Measured) -> list[str]:
 def requirement_lines() -> list[str]:
     """rlhf's declared requirements against what is installed: `name version` and whether it is in range."""
     import tomllib
-
     from packaging.requirements import Requirement
 
     lines = []

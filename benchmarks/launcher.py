@@ -29,9 +29,20 @@ import tempfile
 from pathlib import Path
 
 import yaml
-
-from _common import (REPO, RECIPES, RESULTS, WORK, bar_charts, json_output, markdown_table, median_seconds,
-                     print_table, python_module, run_timed, write_markdown)
+from _common import (
+    RECIPES,
+    REPO,
+    RESULTS,
+    WORK,
+    bar_charts,
+    json_output,
+    markdown_table,
+    median_seconds,
+    print_table,
+    python_module,
+    run_timed,
+    write_markdown,
+)
 
 RECIPE = RECIPES / "rloo" / "smoke.yaml"
 CACHE_ENV = "RLHF_CACHE"  # rlhf_cli/launch/prelaunch.py: where passed pre-launch checks are remembered

@@ -32,8 +32,22 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import (MIB, RECIPES, REPO, RESULTS, WORK, CommandFailed, build_model, cache_model_configs, json_output,
-                     markdown_table, print_table, python_module, run_timed, write_markdown)
+from _common import (
+    MIB,
+    RECIPES,
+    REPO,
+    RESULTS,
+    WORK,
+    CommandFailed,
+    build_model,
+    cache_model_configs,
+    json_output,
+    markdown_table,
+    print_table,
+    python_module,
+    run_timed,
+    write_markdown,
+)
 
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.plan.columns import Column, Plan

@@ -28,11 +28,11 @@ from typing import Any
 import yaml
 from _common import RESULTS, cache_model_configs, markdown_table, print_table, write_markdown
 
+from rlhf_cli.algorithms.spec import LogitsModel
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.columns import Plan
 from rlhf_cli.plan.estimate import plan_run
-from rlhf_cli.algorithms.spec import LogitsModel
 from rlhf_cli.plan.memory import GIB
 
 HUB_MODELS = {  # hub id -> fixture; the reward and distillation models share their base model's dimensions
@@ -278,7 +278,8 @@ def main() -> None:
         os.environ["HF_HUB_CACHE"] = str(Path(scratch) / "hub")
         cache_model_configs(Path(scratch) / "hub", HUB_MODELS)
         replays = [replay(row, Path(scratch) / f"row-{index}.yaml") for index, row in enumerate(ROWS)]
-        from published_times import NOT_REPLAYED, replay as replay_times
+        from published_times import NOT_REPLAYED
+        from published_times import replay as replay_times
 
         time_columns, time_rows, orderings, time_summary = replay_times(Path(scratch))
     columns, rows = table(replays)

@@ -54,7 +54,6 @@ def trl_worker(out: Path, seed: int, updates: int, learning_rate: float) -> None
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
     from trl.experimental.ppo import PPOConfig, PPOTrainer
-
     from trl112_task import note_call, score
 
     class HandSetReward(nn.Module):

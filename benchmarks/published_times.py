@@ -22,9 +22,9 @@ from typing import Any
 from plan_published import GKD, MS_SWIFT, Published, plan_of
 
 from rlhf_cli.machine.gpus import GPUS
+from rlhf_cli.plan.engines.vllm_time import buckets_seconds
 from rlhf_cli.plan.rates import Rates
 from rlhf_cli.plan.time import GENERATION, OPTIMIZER_STEP, TRAINING
-from rlhf_cli.plan.engines.vllm_time import buckets_seconds
 
 SWIFT_GKD = f"ms-swift [GKD examples]({MS_SWIFT}/rlhf/gkd)"
 MEGATRON_BRIDGE = "Megatron-LM bridge (the issue's figures: Qwen3-30B-A3B weight sync)"

@@ -23,8 +23,18 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import (MIB, RECIPES, bar_charts, benchmark_model, benchmark_parser, markdown_table, print_table,
-                     python_module, run_timed, write_markdown)
+from _common import (
+    MIB,
+    RECIPES,
+    bar_charts,
+    benchmark_model,
+    benchmark_parser,
+    markdown_table,
+    print_table,
+    python_module,
+    run_timed,
+    write_markdown,
+)
 
 RECIPE = RECIPES / "ppo" / "smoke.yaml"
 

@@ -8,7 +8,6 @@ import pytest
 from click.testing import CliRunner
 
 
-
 @pytest.fixture(autouse=True)
 def isolated_environment(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """No test reads the user's caches or reaches a hub."""

@@ -132,3 +132,19 @@ def test_an_environments_tools_are_limited_and_reset_and_get_reward_are_not() ->
     assert environment.wait(seconds=0) == "waited"
     assert sorted(name for name, _ in inspect.getmembers(timed, predicate=inspect.isfunction)) == \
         ["get_reward", "reset", "wait"]  # the methods GRPOTrainer lists, as on the user's class
+
+
+def test_a_tool_the_model_could_never_call_as_meant_is_a_pre_launch_problem(tmp_path: Path) -> None:
+    """Two tools of one name (TRL keeps the last) and a tool taking *args (tool calls pass keywords) are refused;
+    tools of distinct names with named arguments pass."""
+    from rlhf_cli.rank.prelaunch_tools import tool_problems
+
+    first = write(tmp_path / "a" / "tools.py", SHARED)
+    second = write(tmp_path / "b" / "tools.py", SHARED)
+    starred = write(tmp_path / "starred.py", SHARED.replace("def lookup(key: str)", "def lookup(*key: str)"))
+    assert tool_problems([f"{first}:lookup"]) == []
+    assert tool_problems([f"{first}:lookup", f"{second}:lookup"]) == [
+        f"`tools`: {first}:lookup and {second}:lookup are both named `lookup`: the model calls tools by name, so the "
+        "second hides the first; rename one"]
+    problems = tool_problems([f"{starred}:lookup"])
+    assert len(problems) == 1 and problems[0].startswith(f"`tools`: {starred}:lookup: ") and "*args" in problems[0]

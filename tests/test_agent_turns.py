@@ -10,7 +10,6 @@ from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
-
 from helpers import free_port
 
 CALL, ANSWER = 1, 2  # the fake policy's tokens: a tool call, a final answer

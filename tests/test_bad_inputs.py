@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RECIPES
-from rlhf_cli.config.engines.vllm import installed_vllm
+from helpers import RECIPES, REPO
+from rlhf_cli.generation.engines import VLLM_COLOCATE, installed
 
 LONG = "x" * 300  # longer than any file name the system allows (255)
 SMOKE = f"""model_name_or_path: {RECIPES}/smoke/policy
@@ -322,7 +322,8 @@ CASES = [
     sets("range", "beta=[0.1, -0.1]", "`beta`: must be at least 0, got -0.1", command="online-dpo"),
     sets("range", "loss_type=hinge", "`loss_type`: expected one of sigmoid, ipo, got 'hinge'", command="online-dpo"),
     recipe("cross-field", "bf16: true\nfp16: true\n", "`bf16` and `fp16` are both true; keep one"),
-    recipe("environment", "use_peft: true\nload_in_4bit: true\n", "r.yaml:12): QLoRA quantizes with bitsandbytes, which "
+    recipe("environment", "use_peft: true\nload_in_4bit: true\n", "r.yaml:12): QLoRA quantizes with bitsandbytes, "
+        "which "
            "needs CUDA, and this machine has none; set load_in_4bit: false"),
     sets("environment", "load_in_8bit=true", "`load_in_8bit: true` (--set load_in_8bit): QLoRA quantizes with "
          "bitsandbytes, which needs CUDA", command="ppo"),
@@ -403,8 +404,10 @@ CASES = [
            {"pkg.py/__init__.py": ""}),
     reward("bad file: reward function", "[nul.py:score]", "null bytes",
            {"nul.py": b"def score(**kw):\n    return [0]\x00\n"}),
-    sets("message", "tools=[calc.py:calculate]", "`tools` is a grpo key, not one of rloo; remove it or run `rlhf grpo`"),
-    sets("message", "rollout_func=calc.py:calculate", "`rollout_func` is a grpo key, not one of online-dpo; remove it or run `rlhf grpo`",
+    sets("message", "tools=[calc.py:calculate]", "`tools` is a grpo key, not one of rloo; remove it or run `rlhf "
+        "grpo`"),
+    sets("message", "rollout_func=calc.py:calculate", "`rollout_func` is a grpo key, not one of online-dpo; remove it "
+        "or run `rlhf grpo`",
          command="online-dpo"),
     sets("bad file: tool", "tools=[missing.py:calculate]", "`tools`: file missing.py not found", command="grpo"),
     sets("bad file: tool", "tools=[calc.py:calc]", "`tools`: {tmp}/calc.py defines no `calc` (it defines: calculate); "
@@ -476,10 +479,12 @@ CASES = [
         "\".[vllm]\" on a GPU machine", command=("vllm-serve", "ppo"), vllm=ABSENT),
     vllm("environment", ("--vllm", "colocate"), "--vllm colocate: vllm 0.35.1 is installed and TRL 1.16 runs vLLM "
          "0.22.0 to 0.31.0 only", version="0.35.1", command="rloo"),
-    vllm("environment", ("--set", "use_vllm=true"), "`use_vllm: true` (--set use_vllm): vllm 0.21.0 is installed and TRL "
+    vllm("environment", ("--set", "use_vllm=true"), "`use_vllm: true` (--set use_vllm): vllm 0.21.0 is installed and "
+        "TRL "
          "1.16 runs vLLM 0.22.0 to 0.31.0 only", version="0.21.0", command="online-dpo"),
     vllm("environment", ("--vllm", "colocate", "--set", "vllm_enable_sleep_mode=true"), "`vllm_enable_sleep_mode: "
-         "true` (--set vllm_enable_sleep_mode): vLLM sleeps only on CUDA, ROCm or XPU GPUs (its CPU build refuses sleep mode) and this "
+         "true` (--set vllm_enable_sleep_mode): vLLM sleeps only on CUDA, ROCm or XPU GPUs (its CPU build refuses "
+             "sleep mode) and this "
          "machine has none; set it to false"),
     vllm("range", ("--vllm", "colocte"), "--vllm: `vllm_mode`: expected one of server, colocate, got 'colocte'; did "
          "you mean colocate?"),
@@ -490,12 +495,14 @@ CASES = [
     vllm("range", ("--vllm", "colocate", "--set", "vllm_gpu_memory_utilization=1.2"),
          "`vllm_gpu_memory_utilization`: must be above 0 and at most 1, got 1.2", command="online-dpo"),
     vllm("cross-field", ("--vllm", "colocate", "--set", "vllm_tensor_parallel_size=3"), "`vllm_tensor_parallel_size: "
-         "3` (--set vllm_tensor_parallel_size): colocated vLLM groups the 2 processes by its tensor parallelism, which must divide them: use "
+         "3` (--set vllm_tensor_parallel_size): colocated vLLM groups the 2 processes by its tensor parallelism, which "
+             "must divide them: use "
          "one of 1, 2"),
     vllm("cross-field", ("--vllm", "colocate", "--set", "vllm_max_model_length=12"), "`vllm_max_model_length` is "
          "12, no longer than max_completion_length (12): nothing is left for the prompt"),
     vllm("cross-field", ("--vllm", "colocate", "--set", "vllm_max_model_length=20"), "prompts.jsonl:9: a prompt of "
-         "20 tokens + max_completion_length 12 is longer than `vllm_max_model_length` 20; vLLM refuses it mid-run", command="rloo"),
+         "20 tokens + max_completion_length 12 is longer than `vllm_max_model_length` 20; vLLM refuses it "
+             "mid-run", command="rloo"),
     vllm("cross-field", ("--vllm", "colocate", "--model", "{tmp}/m"), "`use_vllm`: {tmp}/m has no pad token of its "
          "own and no spare embedding row, so PPO adds one and resizes the embedding from 500 to 501 rows, while vLLM "
          "loads the checkpoint's rows", command="ppo", files=PADLESS_FULL_VOCAB),
@@ -568,6 +575,17 @@ CASES = [
     flags("bad path: resume", "--lora", "--resume", "{tmp}/ck", message="{tmp}/ck holds a fully fine-tuned model and "
           "this run trains LoRA adapters; drop --lora", files={"ck/trainer_state.json": "{}",
                                                                "ck/config.json": json.dumps(LLAMA)}),
+    flags("bad path: resume", "--lora", "--resume", "{tmp}/ck", message="{tmp}/ck was trained with r 8 and this run "
+          "sets `lora_r` 16; set `lora_r: 8` to resume it", files={
+              "ck/trainer_state.json": "{}", "ck/adapter_config.json": json.dumps({"r": 8, "lora_alpha": 32})}),
+    flags("bad path: resume", "--lora", "--set", "lora_target_modules=[q_proj]", "--resume", "{tmp}/ck",
+          message="{tmp}/ck was trained with target_modules ['v_proj', 'q_proj', 'o_proj'] and this run sets "
+          "`lora_target_modules` ['q_proj']",
+          files={"ck/trainer_state.json": "{}", "ck/adapter_config.json": json.dumps(
+              {"r": 16, "lora_alpha": 32, "target_modules": ["v_proj", "q_proj", "o_proj"]})}),
+    flags("bad path: resume", "--lora", "--set", "lora_alpha=8", "--resume", "{tmp}/ck",
+          message="{tmp}/ck was trained with lora_alpha 32 and this run sets `lora_alpha` 8",
+          files={"ck/trainer_state.json": "{}", "ck/adapter_config.json": json.dumps({"r": 16, "lora_alpha": 32})}),
     flags("bad path: resume", "--resume", "{tmp}/run/checkpoint-2", message="is a checkpoint of an `rlhf ppo` run, not "
           "of rloo; resume it with `rlhf ppo`", files={"run/checkpoint-2/trainer_state.json": "{}",
                                                        "run/recipe.yaml": "# Resolved by rlhf from flags; a valid "
@@ -635,9 +653,16 @@ CASES = [
            "TRL 1.16's trainers do not truncate prompts (the memory plan's prompt length is `plan_prompt_length`)"),
     recipe("message", "overwrite_output_dir: true\n", "`overwrite_output_dir` has no counterpart in today's rloo: "
            "remove it; transformers 5 dropped it: pass --overwrite to reuse an output dir"),
-    recipe("message", "mixed_precision: bf16\n", "`mixed_precision` is an option of `accelerate launch` (`trl rloo "
-           "--config` passes it on); rlhf takes it from the accelerate config"),
-    recipe("message", "gpu_ids: 0,1\n", "`gpu_ids` is an option of `accelerate launch`"),
+    recipe("message", "mixed_precision: bf16\n", "`mixed_precision` (the autocast dtype; the recipe's bf16/fp16 keys "
+           "set the trainer's) is an option of `accelerate launch`, which rlhf starts from an accelerate config file: "
+           "write `mixed_precision: VALUE` in a copy of accelerate_configs/deepspeed_zero3.yaml"),
+    flags("message", "--rdzv_backend", "c10d", message="--rdzv_backend: `rdzv_backend` (how the machines of a job "
+          "meet: static, c10d or etcd) is an option of `accelerate launch`"),
+    flags("message", "--config_file", "{tmp}/a.yaml", "--accelerate-config", "{tmp}/a.yaml", message="--config_file "
+          "(accelerate's config file flag) names one accelerate config, the same as --accelerate-config; give one",
+          files={"a.yaml": (REPO / "accelerate_configs" / "deepspeed_zero3.yaml").read_text()}),
+    recipe("message", "gpu_ids: 0,1\n", "`gpu_ids` (which GPUs the processes use; CUDA_VISIBLE_DEVICES does the same) "
+           "is an option of `accelerate launch`"),
     recipe("message", "env: [A=1]\n", "`env`: expected a mapping, got ['A=1']"),
     recipe("message", "env:\n  PATHS: [a, b]\n", "`env.PATHS`: give the variable one value (text or a number)"),
     recipe("message", "env:\n  NOT-A-NAME: 1\n", "`env`: 'NOT-A-NAME' is not a variable name"),
@@ -662,6 +687,8 @@ CASES = [
     # -- accepted before, then every rank died or trained nonsense (this round's probe) ---------------------------
     sets("range", "reward_weights=[.nan]", "`reward_weights`: must be a finite number, got nan", command="grpo"),
     sets("range", "reward_weights=[1.0, .inf]", "`reward_weights`: must be a finite number, got inf", command="grpo"),
+    sets("range", "vllm_importance_sampling_cap=-1", "`vllm_importance_sampling_cap`: must be above 0, got -1",
+         command="grpo"),
     sets("range", "vllm_server_timeout=-1", "`vllm_server_timeout`: must be above 0, got -1", command="grpo"),
     sets("range", "max_tool_calling_iterations=-1", "`max_tool_calling_iterations`: must be at least 0, got -1",
          command="grpo"),
@@ -701,6 +728,22 @@ CASES = [
           "it was saved (its checksum differs); pass an earlier checkpoint",
           files={"ck/trainer_state.json": "{}", "ck/rlhf-manifest.json": manifest(
               {"trainer_state.json": {"size": 2, "blake2b": "0" * 32}})}),
+    *(flags("traceback: hardware file", "--hardware", "{tmp}/gpu.yaml", message=f"--hardware {{tmp}}/gpu.yaml: "
+            f"`bf16_tflops` is {said}; give a positive number", files={"gpu.yaml": "name: X\nbf16_tflops: " + value +
+                                                                        "\nmemory_bandwidth_gbs: 3000\ninterconnect: "
+                                                                        "pcie\ninterconnect_gbs: 50\nhost_gbs: 25\n"})
+      for value, said in (("0", "0"), (".nan", "nan"))),
+    flags("traceback: hand-edited manifest", "--resume", "{tmp}/ck", message="--resume {tmp}/ck: rlhf-manifest.json is "
+          "damaged (its entry for 'trainer_state.json' is not one rlhf writes)",
+          files={"ck/trainer_state.json": "{}", "ck/rlhf-manifest.json": manifest({"trainer_state.json": "2"})}),
+    flags("traceback: hand-edited manifest", "--resume", "{tmp}/ck", message="rlhf-manifest.json is damaged (its entry "
+          "for '../x' is not one rlhf writes)", files={"ck/trainer_state.json": "{}", "ck/rlhf-manifest.json":
+                                                       manifest({"../x": {"size": 2}})}),
+    flags("traceback: hand-edited manifest", "--resume", "{tmp}/ck", message="rlhf-manifest.json is damaged (its "
+          "saved_by is not a record rlhf writes)", files={"ck/trainer_state.json": "{}", "ck/rlhf-manifest.json":
+                                                          manifest({}, processes=0)}),
+    flags("traceback: hand-edited manifest", "--resume", "{tmp}/ck", message="rlhf-manifest.json is damaged (its "
+          "saved_by", files={"ck/trainer_state.json": "{}", "ck/rlhf-manifest.json": manifest({}, algorithm=5)}),
     flags("bad path: resume", "--resume", "{tmp}/ck", message="{tmp}/ck/trainer_state.json is not valid JSON (damaged)",
           files={"ck/trainer_state.json": "{x"}),
     flags("bad path: resume", "--resume", "{tmp}/ck", message="{tmp}/ck is of another model: model.layers.0.self_attn."
@@ -708,7 +751,8 @@ CASES = [
           files={"ck/trainer_state.json": "{}", "ck/model.safetensors": ONE_KV_HEAD}),
     flags("bad path: resume", "--resume", "{tmp}/ck", message="{tmp}/ck has no DeepSpeed state (no `latest` naming its "
           "global_stepN/ shards)", files={"ck/trainer_state.json": "{}"}),
-    flags("bad path: resume", "--resume", "{tmp}/ck", message="{tmp}/ck/global_step4 lacks the DeepSpeed optim shards of "
+    flags("bad path: resume", "--resume", "{tmp}/ck", message="{tmp}/ck/global_step4 lacks the DeepSpeed optim shards "
+        "of "
           "rank 1 (of 2)", files={**ZERO3_SHARDS, "ck/global_step4/zero_pp_rank_1_mp_rank_00_optim_states.pt": None}),
     flags("bad path: resume", "--resume", "{tmp}/run/checkpoint-2", message="checkpoint-2: no rlhf-manifest.json (the "
           "save did not finish); pass an earlier checkpoint", files={"run/checkpoint-2/trainer_state.json": "{}",
@@ -743,8 +787,8 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(case: Bad, cli, nothing
         (tmp_path / name).symlink_to(target)
     for name, value in case.env.items():
         monkeypatch.setenv(name, value)
-    if case.vllm == ABSENT and installed_vllm() is not None:
-        pytest.skip(f"{installed_vllm()[0]} is installed here: this case needs a Python without vLLM")
+    if case.vllm == ABSENT and installed(VLLM_COLOCATE) is not None:
+        pytest.skip(f"{installed(VLLM_COLOCATE)[0]} is installed here: this case needs a Python without vLLM")
     if case.vllm not in (None, ABSENT):  # package metadata as pip writes it; vLLM itself is never imported
         metadata = tmp_path / "site" / f"vllm-{case.vllm}.dist-info" / "METADATA"
         metadata.parent.mkdir(parents=True)

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from helpers import RECIPES, write
-from rlhf_cli.output import checkpoints
-from rlhf_cli.output.checkpoints import SavedBy, incomplete_reason, newest_complete_checkpoint, write_manifest
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
+from rlhf_cli.output import checkpoints
+from rlhf_cli.output.checkpoints import SavedBy, incomplete_reason, newest_complete_checkpoint, write_manifest
 from rlhf_cli.output.ownership import record_end
 from rlhf_cli.output.run_dir import MANIFEST, RunDir
 

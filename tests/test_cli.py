@@ -13,7 +13,7 @@ import pytest
 
 from helpers import RECIPES, REPO, write
 from rlhf_cli.algorithms import ALGORITHMS
-from rlhf_cli.cli.flags import TABLE
+from rlhf_cli.cli.flags import SWITCHES, TABLE
 
 TRAIN_COMMANDS = tuple(entry.command for entry in ALGORITHMS.values())
 pytestmark = pytest.mark.usefixtures("nothing_launches")  # no test here starts ranks
@@ -47,7 +47,7 @@ def test_done_when_dry_run_json(cli, nothing_launches) -> None:
     assert {"trainer", "accelerate", "launch"} <= plan.keys()
     assert plan["trainer"]["ds3_gather_for_generation"] is False
     assert plan["accelerate"]["deepspeed_config"]["offload_optimizer_device"] == "cpu"
-    assert plan["launch"]["argv"][1:4] == ["-m", "rlhf_cli.launch.supervisor", "--config_file"]
+    assert plan["launch"]["argv"][2:4] == ["rlhf_cli.launch.supervisor", "--config_file"]
     assert plan["sources"]["ds3_gather_for_generation"] == "flag --no-gather"
     assert nothing_launches == []
     assert not Path(plan["trainer"]["output_dir"]).exists()  # a dry run writes nothing
@@ -254,3 +254,19 @@ def test_bash_completion_completes_commands_and_choices(tmp_path: Path) -> None:
 def test_console_script_is_installed() -> None:
     done = subprocess.run(["rlhf", "--version"], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0 and done.stdout.startswith("rlhf ")
+
+
+def test_each_on_off_pair_is_one_on_and_one_off_flag() -> None:
+    """`--X` / `--no-X` for gather, vLLM and LoRA: one row each way in the flag table, for one recipe key."""
+    assert {key: (on.names[0], off.names[0]) for key, (on, off) in SWITCHES.items()} == {
+        "ds3_gather_for_generation": ("--gather", "--no-gather"), "use_vllm": ("--vllm", "--no-vllm"),
+        "use_peft": ("--lora", "--no-lora")}
+    assert sum(flag.switch is not None for flag in TABLE) == 2 * len(SWITCHES)
+
+
+@pytest.mark.parametrize("on", ["--gather", "--vllm colocate", "--lora"])
+def test_an_on_off_pair_given_both_ways_is_one_contradiction(cli, nothing_launches, on: str) -> None:
+    flag = on.split()[0]
+    result = cli("rloo", "-r", "rloo/smoke", *on.split(), f"--no-{flag[2:]}", "--dry-run")
+    assert result.exit_code == 2
+    assert f"{flag} and --no-{flag[2:]} contradict each other; keep one" in result.output

@@ -108,6 +108,7 @@ def test_dry_run_json_shows_the_slurm_layout(cli, monkeypatch: pytest.MonkeyPatc
 @pytest.mark.parametrize(("text", "valid"), [("10.0.0.1", True), ("fe80::1", True), ("gpu01", True),
                                              ("gpu-01.cluster.local", True), ("node_7", True), ("gpu01.", True),
                                              ("not an ip!!", False), ("-gpu01", False), ("gpu01-", False),
-                                             ("a..b", False), ("", False), ("x" * 64, False), ("10.0.0.1:29500", False)])
+                                             ("a..b", False), ("", False), ("x" * 64, False),
+                                             ("10.0.0.1:29500", False)])
 def test_a_host_is_an_ip_address_or_a_host_name(text: str, valid: bool) -> None:
     assert is_host(text) is valid

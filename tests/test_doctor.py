@@ -36,7 +36,7 @@ def test_the_real_doctor_reports_every_check_and_only_real_problems(cli) -> None
     result = cli("doctor", "--json")
     checks = {check["name"]: check for check in json.loads(result.stdout)}
     assert {"python", "torch", "transformers", "trl", "deepspeed", "accelerate", "datasets", "typer", "GPUs",
-            "C++ compiler", "ninja", "DeepSpeed accelerator", "hub", "hub cache"} <= checks.keys()
+            "C++ compiler", "ninja", "DeepSpeed accelerator", "hub", "hub cache", "environment"} <= checks.keys()
     problems = {name for name, check in checks.items() if check["status"] == "problem"}
     assert result.exit_code == (1 if problems else 0)
     for name in problems:  # a problem must be true of this machine
@@ -153,3 +153,16 @@ def test_a_hub_cache_under_a_file_is_a_problem(cli, tmp_path, monkeypatch) -> No
 
     [check] = check_hub_cache()
     assert check.status == PROBLEM and f"{tmp_path / 'hf'} is not a directory; point HF_HOME" in check.detail
+
+
+def test_doctor_refuses_what_training_refuses_in_the_environment(cli, tmp_path, monkeypatch) -> None:
+    """TORCH_EXTENSIONS_DIR a file stops every launch; doctor says so too, with the launch's own line."""
+    (tmp_path / "ext").write_text("not a directory")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    result = cli("doctor", "--json")
+    found = [check for check in json.loads(result.stdout) if check["name"] == "environment"]
+    assert result.exit_code == 1 and found == [{"name": "environment", "status": "problem", "detail":
+                                                f"TORCH_EXTENSIONS_DIR={tmp_path / 'ext'} is not a directory; point "
+                                                "it at a directory (made if missing)"}]
+    launch = cli("rloo", "-r", "rloo/smoke", "-o", tmp_path / "out", "--dry-run")
+    assert launch.exit_code == 2 and found[0]["detail"] in " ".join(launch.output.split())

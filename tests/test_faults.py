@@ -1,5 +1,5 @@
-"""How the launcher explains a failure, from what the launch supervisors and the ranks left behind; printed as text, never
-markup. No launch: the records are written here as the supervisor and the ranks write them."""
+"""How the launcher explains a failure, from what the launch supervisors and the ranks left behind; printed as
+text, never markup. No launch: the records are written here as the supervisor and the ranks write them."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ import socket
 from pathlib import Path
 
 import pytest
+from fixtures.rewards import MARKUP
 from rich.console import Console
 
 from helpers import RECIPES
-from fixtures.rewards import MARKUP
-from rlhf_cli.output.checkpoints import SavedBy, write_manifest
 from rlhf_cli.cli import output
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import OutputDirError
 from rlhf_cli.launch import faults, runner
-from rlhf_cli.launch.supervisor import record_exits
 from rlhf_cli.launch.faults import Failure, PlanNeeds, explain, space_warning
+from rlhf_cli.launch.supervisor import record_exits
+from rlhf_cli.output.checkpoints import SavedBy, write_manifest
 from rlhf_cli.output.run_dir import FAILED, RUN_DIR_ENV, RunDir
 
 HOST = socket.gethostname()

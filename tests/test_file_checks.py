@@ -8,7 +8,6 @@ import os
 import shutil
 from pathlib import Path
 
-
 from helpers import RECIPES
 from rlhf_cli.config import file_checks
 

@@ -15,9 +15,9 @@ from helpers import ARCHITECTURES, RECIPES, SEED, seed_run, write
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.generation.budget import Budget, BudgetError, Unit, choose, parse_budget
+from rlhf_cli.models.hub import read_config
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.estimate import plan_run, planned
-from rlhf_cli.models.hub import read_config
 from rlhf_cli.plan.model_sizes import model_size
 
 pytestmark = pytest.mark.usefixtures("nothing_launches")

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 
 from helpers import REPO
-from rlhf_cli.rank.record import write_rank_record
-from rlhf_cli.rank.probes import PhaseMemory
 from rlhf_cli.output.run_dir import PROBE_CUDA_MEMORY_ENV as PHASE_MEMORY_ENV
+from rlhf_cli.rank.probes import PhaseMemory
+from rlhf_cli.rank.record import write_rank_record
 
 BENCHMARKS = REPO / "benchmarks"
 PYTHIA_1B_PARAMETERS = 1_011_781_632  # EleutherAI/pythia-1b, as published

@@ -17,6 +17,7 @@ from helpers import RECIPES
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.launch import runner
 from rlhf_cli.launch.command import Launch, launch_command
+from rlhf_cli.launch.module_start import START_SCRIPT, module_argv
 
 
 def smoke_run(tmp_path: Path, **flags):
@@ -28,10 +29,30 @@ def smoke_run(tmp_path: Path, **flags):
 def test_launch_command_is_accelerate_starting_the_rank_module(tmp_path: Path) -> None:
     launch = launch_command(smoke_run(tmp_path), python="/usr/bin/python3")
     out = tmp_path / "out"
-    assert launch.argv == ["/usr/bin/python3", "-m", "rlhf_cli.launch.supervisor",
+    assert launch.argv == ["/usr/bin/python3", str(START_SCRIPT), "rlhf_cli.launch.supervisor",
                            "--config_file", f"{out}/accelerate_config.yaml", "--machine_rank", "0",
-                           "-m", "rlhf_cli.rank", "rloo", f"{out}/recipe.yaml"]
+                           str(START_SCRIPT), "rlhf_cli.rank", "rloo", f"{out}/recipe.yaml"]
     assert launch.env["DS_ACCELERATOR"] == "cpu"
+
+
+def test_a_started_module_sees_the_standard_library_not_the_working_directorys(tmp_path: Path) -> None:
+    """A `logging.py` or `random.py` beside the user's run replaces nothing in rlhf's processes, while a module of
+    theirs there (a reward module) and one on PYTHONPATH are still imported."""
+    import subprocess
+    import sys
+
+    work, extra = tmp_path / "work", tmp_path / "extra"
+    work.mkdir(), extra.mkdir()
+    for shadow in ("logging", "random", "runpy", "json"):
+        (work / f"{shadow}.py").write_text("raise SystemExit('the working directory shadowed the standard library')")
+    (work / "my_rewards.py").write_text("import json, logging, random\nimport on_pythonpath\n"
+                                        "print('user module', logging.__file__ != __file__, on_pythonpath.VALUE)\n")
+    (extra / "on_pythonpath.py").write_text("VALUE = 7\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(extra), os.environ.get("PYTHONPATH")]))}
+    for module, said in (("my_rewards", "user module True 7"), ("rlhf_cli.launch.supervisor", "usage:")):
+        done = subprocess.run([*module_argv(sys.executable, module), "--help"], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert said in done.stdout, done.stdout + done.stderr
 
 
 def test_gpu_machines_keep_deepspeeds_accelerator_choice(tmp_path: Path) -> None:

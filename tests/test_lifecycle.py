@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlhf_cli.rank.lifecycle import disk_error
 from rlhf_cli.output.run_dir import FAILED, RunDir
+from rlhf_cli.rank.lifecycle import disk_error
 
 RAISING_RANK = """
 import sys

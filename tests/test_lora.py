@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from helpers import RECIPES, REPO, TINY, cache_model, saved_by_one_layer, write
+from rlhf_cli.generation.choice import Gather, Generation
 from rlhf_cli.models.architectures import architecture, peft_targets, targeted
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.model_sizes import LoraSettings, adapter_size, model_size
-from rlhf_cli.generation.choice import Gather, Generation
 
 WHOLE, SHARDS = Generation(Gather.whole), Generation(Gather.shards)
 

@@ -3,26 +3,36 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from helpers import (ARCHITECTURES, RECIPES, REPO, SEED, SEED_HARDWARE, TINY, cache_model, saved_by_one_layer, seed_run,
-                     write)
+from helpers import (
+    ARCHITECTURES,
+    RECIPES,
+    REPO,
+    SEED,
+    SEED_HARDWARE,
+    TINY,
+    cache_model,
+    saved_by_one_layer,
+    seed_run,
+    write,
+)
 from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.config.resolve import RunRequest, resolve
-from rlhf_cli.generation.choice import Engine, Gather, Generation
 from rlhf_cli.errors import ConfigError, PlanError
-from rlhf_cli.plan import memory
+from rlhf_cli.generation.choice import Engine, Gather, Generation
+from rlhf_cli.machine.probe import available_ram
+from rlhf_cli.models.hub import ModelConfigUnavailable, find_config, read_config
+from rlhf_cli.plan import estimate, memory
 from rlhf_cli.plan.engines import vllm
 from rlhf_cli.plan.estimate import plan_run, planned
-from rlhf_cli.machine.probe import available_ram
 from rlhf_cli.plan.hardware import detect_hardware
-from rlhf_cli.models.hub import ModelConfigUnavailable, find_config, read_config
 from rlhf_cli.plan.model_sizes import model_size
 from rlhf_cli.sizes import SizeError, parse_size
 
@@ -497,6 +507,10 @@ def test_colocated_vllm_takes_its_share_of_the_total_memory_and_the_sync_its_buc
     assert sharded["sync bucket"] == max(unit.numel for unit in policy.units) * 2 == policy.largest_layer * 2
     training = sum(value for name, value in sharded.items() if name.startswith("train "))
     assert sharded["sync: train reserve"] == training and sharded["sync: vLLM weights"] == 0
+    # the copies vLLM holds while it takes a sync do not depend on the bucket: the largest module's (Qwen2.5's
+    # vocabulary, 151936 rows, is a multiple of 64: vLLM pads nothing)
+    assert gathered["sync: vLLM copies"] == sharded["sync: vLLM copies"] == policy.largest_layer * 2
+    assert vllm.sync_copies(100, vocab=50257, hidden=8, element_bytes=4) == (100 + 2 * 50257 * 8) * 4  # padded
     hf = {part.name: part.gpu for part in plan.column(WHOLE, "none", "none").components}
     assert hf["gen weights"] == policy.params * 2 and hf["vLLM"] == hf["sync bucket"] == 0
     assert plan.chosen.candidate.vllm is not None and plan.chosen.candidate.generation.gather == Gather.whole
@@ -560,7 +574,7 @@ def test_gather_auto_with_vllm_sizes_the_sync() -> None:
 
 @pytest.mark.parametrize("installed", [True, False], ids=["vllm installed", "no vllm"])
 def test_gather_auto_takes_vllm_where_left_open_and_installed(installed: bool, monkeypatch) -> None:
-    monkeypatch.setattr(vllm, "installed", lambda: installed)
+    monkeypatch.setattr(estimate, "installed", lambda spec: ("vllm", "0.30.0") if installed else None)
     sets = ("vllm_enable_sleep_mode=true", "vllm_tensor_parallel_size=4", "vllm_gpu_memory_utilization=0.25",
             "vllm_max_model_length=1024")
     small = {**QWEN_HARDWARE, "gpu_memory": ("--gpu-memory", "24GiB"),
@@ -643,7 +657,8 @@ def test_the_recipes_env_block_names_the_hub_cache_the_plan_reads(tmp_path: Path
     elsewhere = tmp_path / "elsewhere"
     moved.rename(elsewhere)  # the model is only in the cache the ranks will use
     path = write(tmp_path / "r.yaml", f"model_name_or_path: org/model\nreward_model_name_or_path: org/model\n"
-                                      f"dataset_name: {RECIPES}/smoke/prompts.jsonl\nenv:\n  HF_HUB_CACHE: {elsewhere}\n")
+                                      f"dataset_name: {RECIPES}/smoke/prompts.jsonl\n"
+                                      f"env:\n  HF_HUB_CACHE: {elsewhere}\n")
     run = resolve(RunRequest("rloo", str(path), planning=True), cwd=tmp_path, cuda=False)
     policy = next(role for role in plan_run(run).roles if role.name == "policy")
     assert policy.size.params > 0 and policy.path == "org/model"

@@ -19,7 +19,7 @@ from rlhf_cli.generation.sync_buckets import PER_UNIT, WHOLE, bucket_limit, buck
 from rlhf_cli.machine import gpus
 from rlhf_cli.plan import time
 from rlhf_cli.plan.columns import Candidate
-from rlhf_cli.plan.estimate import planned, plan_run
+from rlhf_cli.plan.estimate import plan_run, planned
 from rlhf_cli.plan.inputs import read_inputs
 
 pytestmark = pytest.mark.usefixtures("nothing_launches")  # no test here starts ranks

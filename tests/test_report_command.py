@@ -7,6 +7,7 @@ The fixtures are the trainer_state.json files of `rlhf ALGO -r ALGO/smoke` runs 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -143,5 +144,12 @@ def test_report_out_refuses_an_existing_file_without_force(cli, tmp_path: Path) 
     assert refused.exit_code == 2 and mine.read_text() == "my own picture"
     assert cli("report", run, "--out", mine, "--force").exit_code == 0
     assert mine.read_bytes().startswith(b"\x89PNG") and not list(tmp_path.glob(".curves.png.*"))
+    theirs = write(tmp_path / "theirs.png", "a hard link's other name")
+    os.link(theirs, tmp_path / "linked.png")
+    planted = tmp_path / f".linked.png.{os.getpid()}.tmp"  # where a plot's temporary once went, a link laid there
+    planted.symlink_to(theirs)
+    assert cli("report", run, "--out", tmp_path / "linked.png", "--force").exit_code == 0
+    assert theirs.read_text() == "a hard link's other name"  # the name replaced, not the file both named
+    assert (tmp_path / "linked.png").read_bytes().startswith(b"\x89PNG")
     (tmp_path / "dir.png").mkdir()
     assert "is a directory" in cli("report", run, "--out", tmp_path / "dir.png", "--force").stderr

@@ -82,6 +82,30 @@ def test_every_problem_is_reported_at_once_with_place_and_fix(tmp_path: Path) ->
     assert len(found) == 4
 
 
+def test_ppo_takes_trls_importance_sampling_keys_and_their_deprecated_name(tmp_path: Path) -> None:
+    """TRL 1.16's names and defaults (sequence_mask, clip_max 3); the deprecated cap is clip_max under its old
+    name; bounds that cannot work are refused before launch, as TRL's GRPOConfig refuses them."""
+    smoke = str(RECIPES / "ppo" / "smoke.yaml")
+    run = resolve(RunRequest("ppo", smoke), cwd=tmp_path, cuda=False)
+    assert (run.value("vllm_importance_sampling_mode"), run.value("vllm_importance_sampling_clip_max"),
+            run.value("vllm_importance_sampling_clip_min")) == ("sequence_mask", 3.0, None)
+    old = resolve(RunRequest("ppo", smoke, sets=("vllm_importance_sampling_cap=2",)), cwd=tmp_path, cuda=False)
+    assert old.value("vllm_importance_sampling_clip_max") == 2
+    assert ("--set vllm_importance_sampling_cap: `vllm_importance_sampling_cap` is the old name of "
+            "`vllm_importance_sampling_clip_max`; using it as `vllm_importance_sampling_clip_max`") in old.notes
+    crossed = problems(RunRequest("ppo", smoke, sets=("vllm_importance_sampling_clip_min=3",)), tmp_path)
+    assert crossed == ["`vllm_importance_sampling_clip_min` (3) must be less than "
+                       "`vllm_importance_sampling_clip_max` (3.0)"]
+    unbounded = problems(RunRequest("ppo", smoke, sets=("vllm_importance_sampling_mode=token_truncate",
+                                                        "vllm_importance_sampling_clip_max=null")), tmp_path)
+    assert unbounded == ["`vllm_importance_sampling_mode: token_truncate` clips the importance-sampling ratios and "
+                         "neither `vllm_importance_sampling_clip_min` nor `vllm_importance_sampling_clip_max` is set: "
+                         "set one"]
+    wrong = problems(RunRequest("ppo", smoke, sets=("vllm_importance_sampling_mode=sequence",)), tmp_path)
+    assert len(wrong) == 1 and "expected one of token_truncate, token_mask, sequence_truncate, sequence_mask" in \
+        wrong[0]
+
+
 def test_legacy_names_are_mapped_with_a_note_or_refused_with_todays_field(tmp_path: Path) -> None:
     path = recipe(tmp_path, "rloo_k: 4\nsft_model_path: ./other-policy\n", "legacy.yaml")
     found = problems(RunRequest("rloo", path), tmp_path)
@@ -157,7 +181,8 @@ def test_tools_environments_and_rollouts_are_found_like_reward_functions(tmp_pat
     value keeps its source for --dry-run."""
     write(tmp_path / "agent" / "tools.py", "def add(a: int) -> int:\n    return a\nclass Sandbox:\n    pass\n")
     write(tmp_path / "my_pkg" / "rollouts.py", "def rollout(prompts, trainer):\n    return {}\n")
-    write(tmp_path / "agent" / "rows.jsonl", '{"prompt": [{"role": "user", "content": "1 + 1"}], "environment": "math"}\n')
+    write(tmp_path / "agent" / "rows.jsonl",
+          '{"prompt": [{"role": "user", "content": "1 + 1"}], "environment": "math"}\n')
     models = SMOKE_MODELS.replace(f"{RECIPES}/smoke/prompts.jsonl", "rows.jsonl")
     path = write(tmp_path / "agent" / "r.yaml", models + "tools: [tools.py:add, my_pkg.rollouts:rollout]\n"
                  "environment_factory: {math: tools.py:Sandbox}\n")
@@ -258,7 +283,8 @@ def test_bare_reward_names_must_be_trls(tmp_path: Path) -> None:
     path = recipe(tmp_path, "reward_funcs: [think_format_reward, lenght]\n")
     assert problems(RunRequest("rloo", path), tmp_path) == [
         f"{path}:5: `reward_funcs`: 'lenght' is not one of TRL's (accuracy_reward, "
-        "get_soft_overlong_punishment, reasoning_accuracy_reward, think_format_reward); write module:function or file.py:function"]
+        "get_soft_overlong_punishment, reasoning_accuracy_reward, think_format_reward); write module:function or "
+        "file.py:function"]
 
 
 def ppo_problems(tmp_path: Path, *sets: str) -> list[str]:
@@ -386,12 +412,12 @@ def test_resume_from_checkpoint_true_is_resume_auto(tmp_path: Path) -> None:
 
 
 def test_a_key_given_twice_is_reported_with_the_files_other_problems(tmp_path: Path) -> None:
-    path = recipe(tmp_path, "seed: 1\nseed: 1\nmax_steps: many\n")
+    path = recipe(tmp_path, "seed: 1\nseed: 2\nmax_steps: many\n")  # one value twice is a warning
     assert problems(RunRequest("rloo", path, sets=("bogus=1",)), tmp_path) == [
         f"{path}:6: `seed` is given again (first on line 5); YAML would keep only the last: keep one",
         f"{path}:7: `max_steps`: expected an integer, got 'many' (str)",
         "--set bogus: unknown key `bogus`"]
-    accelerate = write(tmp_path / "accelerate.yaml", "num_processes: 2\nnum_processes: 2\nnum_machines: -1\n")
+    accelerate = write(tmp_path / "accelerate.yaml", "num_processes: 2\nnum_processes: 4\nnum_machines: -1\n")
     found = problems(RunRequest("rloo", recipe(tmp_path, "", "plain.yaml"),
                                 flags={"accelerate_config": ("--accelerate-config", str(accelerate))}), tmp_path)
     assert f"{accelerate}:2: `num_processes` is given again (first on line 1); YAML would keep only the last: " \

@@ -121,3 +121,26 @@ def test_the_lock_is_taken_once_and_released_only_by_its_holder(tmp_path: Path) 
     lock.unlink()
     release(acquire(tmp_path))
     assert holder(tmp_path) is None
+
+
+def test_a_lock_that_names_no_run_is_said_damaged_in_one_line(cli, nothing_launches, tmp_path: Path) -> None:
+    """A hand-made or damaged lock (no JSON, a directory, a link to a device, a pipe, a pid no process has) is
+    named as such, read without blocking or following the link, and the run does not start."""
+    import os
+
+    def pipe(path: Path) -> None:
+        os.mkfifo(path)
+
+    states = {"empty": lambda p: p.write_text(""), "not the JSON record": lambda p: p.write_text("garbage{"),
+              "a directory": lambda p: p.mkdir(), "a link": lambda p: p.symlink_to("/dev/zero"),
+              "not a plain file": pipe,
+              "pid 1180591620717411303424 on host": lambda p: p.write_text(json.dumps(
+                  {"host": socket.gethostname(), "pid": 2**70, "started": "x"}))}
+    for index, (said, make) in enumerate(states.items()):
+        out = tmp_path / str(index)
+        out.mkdir()
+        make(out / LOCK)
+        line = one_line(cli("rloo", "-r", "rloo/smoke", "-o", out, "--dry-run"))
+        assert f"output dir {out} has a damaged lock {out / LOCK} ({said}" in line, line
+        assert "if no rlhf run is starting there, remove it" in line
+    assert nothing_launches == []

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from rlhf_cli.schema import snapshot
 from rlhf_cli.config.fields import catalogue, coerce
+from rlhf_cli.schema import snapshot
 
 
 def test_snapshot_matches_installed_trl() -> None:

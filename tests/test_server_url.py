@@ -36,13 +36,53 @@ def listener():
     server.close()
 
 
-def test_a_port_that_answers_but_not_http_is_refused(listener) -> None:
+def _http(status: int, body: bytes = b"") -> bytes:
+    return b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n\r\n%s" % (status, len(body), body)
+
+
+MODELS = b'{"object": "list", "data": [{"id": "policy", "object": "model"}]}'
+
+
+def test_only_what_answers_as_a_vllm_server_passes(listener) -> None:
     port, replies = listener
-    problems, warnings = server_problems(f"http://127.0.0.1:{port}", "w", 240)
-    assert problems == [f"w: 127.0.0.1:{port} answers, but not as an HTTP server; is it the port `rlhf vllm-serve` "
-                        "listens on?"] and warnings == []
-    replies["reply"] = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
-    assert server_problems(f"http://127.0.0.1:{port}/", "w", 240) == ([], [])
+    for reply, said in ((b"SSH-2.0-OpenSSH_9.6\r\n", "answers, but not as an HTTP server"),
+                        (_http(404), "answers GET /health with HTTP 404, where a vLLM server answers 200"),
+                        (_http(200, b"<html>an index</html>"), "answers GET /v1/models without a model list")):
+        replies["reply"] = reply
+        problems, warnings = server_problems(f"http://127.0.0.1:{port}", "w", 240)
+        assert len(problems) == 1 and problems[0].startswith(f"w: 127.0.0.1:{port} {said}"), problems
+        assert warnings == []
+    replies["reply"] = _http(200, MODELS)
+    assert server_problems(f"http://127.0.0.1:{port}/v1", "w", 240) == ([], [])
+
+
+def test_an_address_that_is_no_server_address_is_one_line() -> None:
+    for url, said in (("http://[::1", "is not a valid URL"), ("http://127.0.0.1:0", "has port 0"),
+                      ("http://127.0.0.1:99999", "has no valid port"), ("ftp://h", "is not an http://")):
+        problems, warnings = server_problems(url, "w", 240)
+        assert problems == [problems[0]] and said in problems[0] and "\n" not in problems[0] and warnings == []
+
+
+def test_the_ranks_wait_for_a_server_answering_other_than_200_ends_at_its_timeout(listener,
+                                                                                   monkeypatch) -> None:
+    """TRL's own wait retries a 404 forever; a rank's client gives up after `vllm_server_timeout`, whatever
+    answers, and says what did."""
+    pytest.importorskip("vllm")
+    import time
+
+    from trl.generation.vllm_client import VLLMClient
+
+    from rlhf_cli.compat.vllm import replace_trl_server_wait
+    from rlhf_cli.rank.engines.vllm.server import wait_for_server
+
+    port, replies = listener
+    replies["reply"] = _http(404)
+    monkeypatch.setattr(VLLMClient, "check_server", VLLMClient.check_server)  # put back after the test
+    replace_trl_server_wait(wait_for_server)
+    started = time.monotonic()
+    with pytest.raises(ConnectionError, match=r"within 3 s .*last: HTTP 404"):
+        VLLMClient(base_url=f"http://127.0.0.1:{port}", connection_timeout=3)
+    assert time.monotonic() - started < 30  # TRL's own wait would never end
 
 
 def test_a_closed_port_is_a_warning_that_says_how_long_the_ranks_wait(cli, nothing_launches, tmp_path: Path,

@@ -14,6 +14,7 @@ from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.launch import runner
 from rlhf_cli.launch.command import launch_command
 
+
 def test_the_env_block_travels_in_the_resolved_recipe_and_the_launch_files(tmp_path: Path) -> None:
     run = resolve(RunRequest("rloo", str(trl_config(tmp_path)), {"output_dir": ("-o", str(tmp_path / "out"))}),
                   cwd=tmp_path, cuda=False)
@@ -79,6 +80,6 @@ def test_trl_style_flags_get_the_checks_of_set(cli) -> None:
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.startswith("Error:")]
     assert lines == ["Error: --learning_rate: `learning_rate` is set again (already set by --learning_rate); keep one",
-                     "Error: --lerning_rate: unknown key `lerning_rate`; did you mean `learning_rate`? (nor an option: see "
-                     "`rlhf grpo --help`)",
+                     "Error: --lerning_rate: unknown key `lerning_rate`; did you mean `learning_rate`? (nor an "
+                     "option: see `rlhf grpo --help`)",
                      "Error: --max_steps: `max_steps`: expected an integer, got 'many' (str)"], result.output

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import RECIPES
+from helpers import RECIPES, REPO
 from rlhf_cli.cli.train import trl_style_flags
 from rlhf_cli.config.fields import catalogue
 from rlhf_cli.config.resolve import RunRequest, resolve
@@ -79,3 +79,35 @@ def test_a_trl_line_resolves_key_for_key_as_trl_parses_it(algorithm: str, index:
     for key in named(argv) - {"report_to"}:  # TrainingArguments drops integrations not installed, and `none`
         ours = run.value(key)
         assert json.loads(json.dumps(ours, default=str)) == theirs[key], (key, ours, theirs[key])
+
+
+def test_pasted_accelerate_and_python_lines_keep_their_config_and_process_count(cli, nothing_launches,
+                                                                                tmp_path) -> None:
+    """Lines as public open-r1-style scripts write them, pasted after `rlhf grpo -r RECIPE`: accelerate's
+    `--config_file`/`--config-file=` is the accelerate config, the script name and launcher words are taken off,
+    and a `python SCRIPT` line runs one process (python starts one) unless it says otherwise."""
+    config = tmp_path / "zero3.yaml"
+    config.write_text((REPO / "accelerate_configs" / "deepspeed_zero3.yaml").read_text())
+    unsaid = tmp_path / "no-count.yaml"  # the smoke recipe without its num_processes
+    unsaid.write_text((RECIPES / "grpo" / "smoke.yaml").read_text().replace("num_processes: 2\n", "").replace(
+        "../smoke", str(RECIPES / "smoke")))
+    lines = {
+        ("accelerate", "launch", "--config_file", config, "--num_processes=2", "src/open_r1/grpo.py",
+         "--per_device_train_batch_size=2", "--num_train_epochs=1"): (2, "flag --config_file"),
+        ("accelerate", "launch", "--main_process_port", "29501", "--num_processes=3", f"--config-file={config}",
+         "src/tinyzero_trl/grpo.py"): (3, "flag --config-file"),
+        ("python", "examples/scripts/grpo.py", "--learning_rate", "1e-6"): (1, None),
+        ("python", "grpo.py", "--num_processes", "2"): (2, None),
+    }
+    for line, (processes, config_source) in lines.items():
+        result = cli("grpo", "-r", unsaid, "-o", tmp_path / "out", *line, "--dry-run", "--json")
+        assert result.exit_code == 0, result.output
+        plan = json.loads(result.stdout)
+        assert plan["accelerate"]["num_processes"] == processes, line
+        if config_source:
+            assert plan["sources"]["accelerate_config"] == config_source
+        if processes == 1:  # the dry run says where the one process came from
+            assert plan["sources"]["num_processes"] == "flag python examples/scripts/grpo.py"
+    told = cli("grpo", "-r", "grpo/smoke", "-o", tmp_path / "out", "python", "grpo.py", "--dry-run", "--json")
+    assert json.loads(told.stdout)["accelerate"]["num_processes"] == 2  # the recipe's num_processes: 2
+    assert nothing_launches == []

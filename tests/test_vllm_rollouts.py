@@ -14,8 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from helpers import RECIPES
-from rlhf_cli.rank.engines.vllm.ppo_rollouts import padded, prompt_ids, sampled_logprobs, sampling_settings
 from rlhf_cli.cli.vllm_serve import WORKER_EXTENSION
+from rlhf_cli.rank.engines.vllm.ppo_rollouts import padded, prompt_ids, sampled_logprobs, sampling_settings
 from rlhf_cli.rank.engines.vllm.server import write_weight_files
 
 PAD = 0
@@ -73,10 +73,12 @@ def test_vllm_serve_starts_the_runs_model_on_loopback_with_its_settings() -> Non
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     argv = shlex.split(done.stdout.strip())
-    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[2] == "vllm.entrypoints.openai.api_server"  # the working directory last on its import path
     options = dict(zip(argv[3::2], argv[4::2], strict=True))
     assert options["--model"] == str(RECIPES / "smoke" / "policy")
     assert options["--dtype"] == "float32"  # the checkpoint's, as the trainer holds it: not vLLM's auto (bf16)
+    # logprobs of the sampling distribution (temperature applied), as PPO's importance sampling compares them
+    assert options["--logprobs-mode"] == "processed_logprobs"
     assert (options["--host"], options["--port"], options["--max-model-len"], options["--seed"]) == \
         ("127.0.0.1", "8123", "64", "7")
     # the weight refresh reloads through rlhf's worker method, tied layers re-processed after
@@ -95,7 +97,34 @@ def test_vllm_serve_serves_trls_trainers_as_it_serves_ppo(command: str) -> None:
                            "--dry-run", "--set", "vllm_server_port=8123"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     argv = shlex.split(done.stdout.strip().splitlines()[-1])
-    options = dict(zip(argv[3::2], argv[4::2], strict=False))
-    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    options = dict(zip(argv[3::2], argv[4::2], strict=True))
+    assert argv[2] == "vllm.entrypoints.openai.api_server"
     assert options["--model"] == str(RECIPES / "smoke" / "policy") and options["--port"] == "8123"
-    assert options["--worker-extension-cls"] == WORKER_EXTENSION
+    assert options["--worker-extension-cls"] == WORKER_EXTENSION and options["--dtype"] == "float32"
+
+
+def test_vllm_serve_checks_its_own_port_and_host_before_starting_vllm(cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port vLLM cannot listen on is one line at once, not a vLLM traceback after the model loaded; port 0 is
+    not taken for the run's own port."""
+    import os
+    import socket
+
+    started = []
+    monkeypatch.setattr(os, "execve", lambda *args: started.append(args))
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        for args, said in ((("--port", "0"), "--port 0: give the port the run's ranks will use (1 to 65535)"),
+                           (("--port", "99999"), "--port 99999: give the port"),
+                           (("--host", "no host!"), "--host 'no host!' is neither an IP address nor a host name"),
+                           (("--set", f"vllm_server_port={port}"), f"127.0.0.1:{port} is in use; stop what listens "
+                            "there, or pass another `vllm_server_port`")):
+            result = cli("vllm-serve", "ppo", "-r", "ppo/smoke", *args)
+            lines = [line for line in result.output.splitlines() if line.strip()]
+            assert result.exit_code == 2 and len(lines) == 1, result.output
+            assert said in " ".join(lines[0].split())
+    finally:
+        busy.close()
+    assert started == []

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from rlhf_cli.machine.probe import process_stat
+from rlhf_cli.output.run_dir import FAILED, STALLED, RunDir
 from rlhf_cli.rank.watch import (
     GONE,
     LOADING,
@@ -21,11 +23,9 @@ from rlhf_cli.rank.watch import (
     STALL,
     TRAINING,
     Beat,
-    _process_state,
     judge,
     process_alive,
 )
-from rlhf_cli.output.run_dir import FAILED, STALLED, RunDir
 
 NOW, TIMEOUT = 1000.0, 120.0
 HERE = "boot-a/pid:[1]"  # the pids that the judging rank sees: those of host a's ranks
@@ -84,13 +84,13 @@ def test_a_rank_whose_process_is_gone_is_named_at_once_where_its_pid_is_visible(
 
 def test_process_alive_tells_a_finished_or_reused_pid() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    started = _process_state(child.pid)[1]
+    started = process_stat(child.pid)[1]
     child.wait()
     assert not process_alive(child.pid, started)
     me = os.getpid()
-    assert process_alive(me, _process_state(me)[1]) and not process_alive(me, _process_state(me)[1] + 1)
+    assert process_alive(me, process_stat(me)[1]) and not process_alive(me, process_stat(me)[1] + 1)
     zombie = subprocess.Popen([sys.executable, "-c", "pass"])
-    started = _process_state(zombie.pid)[1]
+    started = process_stat(zombie.pid)[1]
     time.sleep(0.5)  # exited, not reaped yet
     assert not process_alive(zombie.pid, started)
     zombie.wait()

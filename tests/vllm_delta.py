@@ -36,8 +36,8 @@ def main(policy: str) -> dict:
     from rlhf_cli.generation.sync_buckets import PER_UNIT
     from rlhf_cli.rank.engines.delta import SyncMismatch
     from rlhf_cli.rank.engines.sync import sync_weights
-    from rlhf_cli.rank.engines.weights import SyncLimit
     from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
+    from rlhf_cli.rank.engines.weights import SyncLimit
 
     torch.manual_seed(0)
     llm = LLM(model=policy, dtype="bfloat16", max_model_len=64, enforce_eager=True, seed=0,

@@ -31,7 +31,8 @@ def greedy_gap(llm, model) -> float:
     model.eval()
     for prompt, output in zip(asked, outputs, strict=True):
         ids = list(output.outputs[0].token_ids)
-        served = torch.tensor([step[token].logprob for step, token in zip(output.outputs[0].logprobs, ids, strict=True)])
+        served = torch.tensor([step[token].logprob
+                               for step, token in zip(output.outputs[0].logprobs, ids, strict=True)])
         with torch.no_grad():
             logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1].float()
         own = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
@@ -68,11 +69,11 @@ def self_check(model, llm) -> dict:
     """The self-check on a good sync, on a sync whose tied layers are not re-processed (the stale tied head), and
     on one that sends the final norm's weight as 3 w + 1."""
     from rlhf_cli.compat import vllm as vllm_compat
-    from rlhf_cli.rank.engines.vllm.self_check import SyncCheck, SyncCheckFailed
     from rlhf_cli.generation.sync_buckets import PER_UNIT
     from rlhf_cli.rank.engines.sync import sync_weights
-    from rlhf_cli.rank.engines.weights import SyncLimit
+    from rlhf_cli.rank.engines.vllm.self_check import SyncCheck, SyncCheckFailed
     from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
+    from rlhf_cli.rank.engines.weights import SyncLimit
 
     found: dict = {"passed": sync_weights(model, ColocatedVLLM(llm, SyncCheck(1)), SyncLimit(PER_UNIT))}
 
@@ -106,8 +107,8 @@ def main(policy: str, targets: list[str]) -> dict:
 
     from rlhf_cli.generation.sync_buckets import PER_UNIT, WHOLE
     from rlhf_cli.rank.engines.sync import sync_weights
-    from rlhf_cli.rank.engines.weights import SyncLimit
     from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
+    from rlhf_cli.rank.engines.weights import SyncLimit
 
     torch.manual_seed(0)
     llm = LLM(model=policy, dtype="float32", max_model_len=64, enforce_eager=True, seed=0,

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from rlhf_cli.algorithms.legacy import COMMON_RENAMED, PPO_ERA_RETIRED
 from rlhf_cli.algorithms.spec import Algorithm, StarterEntry
-from rlhf_cli.algorithms.trl_generating import (FUSED_HEAD, TRL_REWARD_KEYWORDS, generation_batches,
-                                                 grpo_step_work, group_checks)
+from rlhf_cli.algorithms.trl_generating import (
+                                                 FUSED_HEAD,
+                                                 TRL_REWARD_KEYWORDS,
+                                                 generation_batches,
+                                                 group_checks,
+                                                 grpo_step_work,
+)
 
 ALGORITHM = Algorithm(
     name="grpo",

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from rlhf_cli.algorithms.legacy import COMMON_RENAMED, COMMON_RETIRED
 from rlhf_cli.algorithms.spec import Algorithm, Batches, LogitsModel, StarterEntry, StepWork, Values
+from rlhf_cli.generation.choice import Engine
+from rlhf_cli.output.files import read_json
 
 
 def _batches(values: Values, num_processes: int) -> Batches:
@@ -27,10 +28,8 @@ def _step_work(values: Values) -> StepWork:
 
 
 def _json(path: Path) -> dict[str, Any]:
-    try:
-        loaded = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+    """A JSON object from a model's files; {} where there is none."""
+    loaded = read_json(path)
     return loaded if isinstance(loaded, dict) else {}
 
 
@@ -56,6 +55,21 @@ def resized_for_pad(policy: Path) -> tuple[int, int] | None:
     return (rows, len(ids) + 1) if len(ids) + 1 > rows else None
 
 
+def importance_sampling_problems(values: Values) -> list[str]:
+    """The bounds of vLLM's importance sampling as TRL's GRPOConfig checks them: clip_min below clip_max, and a
+    `*_truncate` mode with at least one of them."""
+    low, high = values("vllm_importance_sampling_clip_min"), values("vllm_importance_sampling_clip_max")
+    if low is not None and high is not None and low >= high:
+        return [f"`vllm_importance_sampling_clip_min` ({low}) must be less than `vllm_importance_sampling_clip_max` "
+                f"({high})"]
+    mode = values("vllm_importance_sampling_mode")
+    unbounded = low is None and high is None
+    if values("vllm_importance_sampling_correction") and str(mode).endswith("_truncate") and unbounded:
+        return [f"`vllm_importance_sampling_mode: {mode}` clips the importance-sampling ratios and neither "
+                "`vllm_importance_sampling_clip_min` nor `vllm_importance_sampling_clip_max` is set: set one"]
+    return []
+
+
 def _checks(values: Values, num_processes: int) -> list[str]:
     """Batch sizes that tile, one stop token setting, a tokenizer with EOS, a stop token inside the vocabulary (each
     size is at least 1 by then: rlhf_cli/schema/ranges.yaml), no vLLM on a policy the ranks resize."""
@@ -79,6 +93,7 @@ def _checks(values: Values, num_processes: int) -> list[str]:
         problems.append(f"`total_episodes` ({episodes}) is less than one batch of rollouts ({local_batch} per process "
                         f"x {num_processes} processes = {batch})")
 
+    problems += importance_sampling_problems(values)
     policy = values("model_name_or_path")
     if not isinstance(policy, str) or not Path(policy, "config.json").is_file():
         return problems
@@ -89,7 +104,7 @@ def _checks(values: Values, num_processes: int) -> list[str]:
     stop = values("stop_token_id")
     if stop is not None and vocab_size is not None and not 0 <= stop < vocab_size:
         problems.append(f"`stop_token_id` {stop} is not in the vocabulary of {policy} (0..{vocab_size - 1})")
-    resized = resized_for_pad(Path(policy)) if values("use_vllm") else None
+    resized = resized_for_pad(Path(policy)) if Engine.from_values(values).vllm else None
     if resized:
         problems.append(f"`use_vllm`: {policy} has no pad token of its own and no spare embedding row, so PPO adds "
                         f"one and resizes the embedding from {resized[0]} to {resized[1]} rows, while vLLM loads the "
@@ -120,7 +135,8 @@ ALGORITHM = Algorithm(
     logits=LogitsModel(sequence_copies=2, completion_copies=4),
     headline_metrics=(("objective/scores", "score"), ("objective/kl", "kl"), ("loss/policy_avg", "loss"),
                       ("loss/value_avg", "value loss")),
-    renamed=COMMON_RENAMED,
+    # TRL 1.16 deprecated `vllm_importance_sampling_cap` for `vllm_importance_sampling_clip_max` (its GRPOConfig)
+    renamed={**COMMON_RENAMED, "vllm_importance_sampling_cap": "vllm_importance_sampling_clip_max"},
     retired=COMMON_RETIRED,
     starter_models=(StarterEntry("value_model_name_or_path", "the value model's start; default: the reward model",
                                  "./my-value-model", enabled=False),),

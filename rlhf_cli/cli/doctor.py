@@ -13,6 +13,19 @@ EXAMPLE = "rlhf doctor   (on the GPU node, before its first run)"
 STYLES = {"ok": "green", "warning": "yellow", "problem": "bold red"}
 
 
+def environment_checks() -> list:
+    """The variables every rank inherits (cache directories, counts), judged by the very check a launch makes
+    (rlhf_cli/config/file_checks.py): what doctor passes, training does not refuse."""
+    import os
+
+    from rlhf_cli.config.file_checks import environ_problems
+    from rlhf_cli.machine.readiness import OK, PROBLEM, Check
+
+    problems = environ_problems(os.environ)
+    return [Check("environment", PROBLEM, problem) for problem in problems] or \
+        [Check("environment", OK, "the cache directories and counts the ranks read from it are usable")]
+
+
 def doctor(
     json_: Annotated[bool, typer.Option(
         "--json", metavar=NO_VALUE, help="Print the checks as a JSON list, for scripts.")] = False,
@@ -21,10 +34,10 @@ def doctor(
     from rich.table import Table
     from rich.text import Text
 
-    from rlhf_cli.machine import readiness as checks
     from rlhf_cli.cli.output import print_json, stdout
+    from rlhf_cli.machine import readiness as checks
 
-    found = checks.run_checks()
+    found = checks.run_checks() + environment_checks()
     problems = [check for check in found if check.status == checks.PROBLEM]
     if json_:
         print_json([asdict(check) for check in found])

@@ -8,6 +8,7 @@ traceback, unless RLHF_DEBUG is on; the exit code is the same either way.
 from __future__ import annotations
 
 import os
+import signal
 import traceback
 from collections.abc import Callable, Mapping
 
@@ -15,9 +16,10 @@ import typer
 
 from rlhf_cli.cli.output import print_error
 from rlhf_cli.errors import EXIT_USAGE, RlhfError
+from rlhf_cli.output.run_dir import signal_exit_code
 
 EXIT_INTERNAL = 1  # a bug in rlhf, not a mistake of the user
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+EXIT_INTERRUPTED = signal_exit_code(signal.SIGINT)
 DEBUG_ON = ("1", "true", "yes")
 
 

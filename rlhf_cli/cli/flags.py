@@ -15,7 +15,6 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-
 LAUNCH = "Launch and ZeRO-3"
 LORA = "LoRA"
 SHORTCUTS = "Shortcuts for recipe keys"
@@ -42,6 +41,10 @@ class Flag:
     show_default: bool = True
     complete: Callable[[], list[str]] | None = None
     repeatable: bool = False  # every occurrence counts (--set); any other flag given twice is refused
+    # An on/off pair (`--lora` / `--no-lora`): the recipe key both flags set, true from the `on` one (any value it
+    # takes is read by the command: `--vllm colocate`), false from the other; giving both is a contradiction.
+    switch: str | None = None
+    on: bool = True
 
     def parameter_of_command(self) -> inspect.Parameter:
         """The flag as Typer reads it: every occurrence, a list of values or a switch's count, since click keeps
@@ -76,19 +79,23 @@ TABLE: tuple[Flag, ...] = (
     # Two flags, not Typer's `--gather/--no-gather`, so that giving both is an error instead of the last one
     # winning. `--gather auto`: Typer flags take no value, so `auto` arrives as an extra argument (`ctx.args`).
     Flag("gather", ("--gather",), panel=LAUNCH, kind=bool, default=False, show_default=False,
+         switch="ds3_gather_for_generation",
          help="Gather the whole policy on every GPU to generate (fast, needs memory). [bold]--gather auto[/]: "
               "gather if the memory plan says it fits, else the largest gather budget that fits. Default: the "
               "recipe's, else TRL's (gather)."),
     Flag("no_gather", ("--no-gather",), panel=LAUNCH, kind=bool, default=False, show_default=False,
+         switch="ds3_gather_for_generation", on=False,
          help="Generate from ZeRO-3 shards (fits, slower): TRL's ds3_gather_for_generation=false."),
     Flag("gather_budget", ("--gather-budget",), key="gather_budget", panel=LAUNCH, metavar="SIZE|FRACTION",
          show_default=False,
          help="Between the two: gather this share of the policy (0.5) or this much of it per GPU (2GiB) once per "
               "generation call, as whole layers, and fetch the rest per token. --gather is 1, --no-gather 0."),
-    Flag("vllm", ("--vllm",), panel=LAUNCH, metavar="colocate|server", show_default=False,
+    Flag("vllm", ("--vllm",), key="vllm_mode", panel=LAUNCH, metavar="colocate|server", show_default=False,
+         switch="use_vllm",
          help="Generate with vLLM (use_vllm, vllm_mode): colocate runs it in every training process, refreshed from "
               "the policy after each update within the gather choice's memory; server talks to a vLLM server."),
-    Flag("no_vllm", ("--no-vllm",), panel=LAUNCH, kind=bool, default=False, show_default=False,
+    Flag("no_vllm", ("--no-vllm",), panel=LAUNCH, kind=bool, default=False, show_default=False, switch="use_vllm",
+         on=False,
          help="Generate with the policy's own generate()."),
     Flag("offload_optimizer", ("--offload-optimizer",), key="offload_optimizer", panel=LAUNCH,
          metavar="none|cpu|nvme", show_default=False, complete=_offload_devices,
@@ -128,10 +135,11 @@ TABLE: tuple[Flag, ...] = (
               "(or one sent no heartbeat) for this long; loading and saving do not count. Default: 120."),
     Flag("accelerate_config", ("--accelerate-config",), key="accelerate_config", panel=LAUNCH, metavar="PATH",
          help="Start from your accelerate config instead of the bundled ZeRO-3 one; flags still apply."),
-    Flag("lora", ("--lora",), panel=LORA, kind=bool, default=False, show_default=False,
+    Flag("lora", ("--lora",), panel=LORA, kind=bool, default=False, show_default=False, switch="use_peft",
          help="Train LoRA adapters on the policy (use_peft): frozen base weights, optimizer states for the adapters "
               "only, and the policy with adapters off as the reference. More: --set lora_alpha=32 ..."),
-    Flag("no_lora", ("--no-lora",), panel=LORA, kind=bool, default=False, show_default=False,
+    Flag("no_lora", ("--no-lora",), panel=LORA, kind=bool, default=False, show_default=False, switch="use_peft",
+         on=False,
          help="Full fine-tuning, whatever the recipe says."),
     Flag("lora_r", ("--lora-r",), key="lora_r", panel=LORA, metavar="N", show_default=False,
          help="LoRA rank (lora_r). Default: 16."),
@@ -171,6 +179,27 @@ TABLE: tuple[Flag, ...] = (
 
 # recipe key -> (the flag as people type it, the parameter that holds it)
 FLAGS = {flag.key: (flag.names[0], flag.parameter) for flag in TABLE if flag.key is not None}
+# recipe key -> its (on, off) pair of flags
+SWITCHES = {key: tuple(next(flag for flag in TABLE if flag.switch == key and flag.on is on) for on in (True, False))
+            for key in dict.fromkeys(flag.switch for flag in TABLE if flag.switch)}
+
+
+def contradiction(one: str, other: str) -> str:
+    """The one message for two flags that cannot both be given."""
+    return f"{one} and {other} contradict each other; keep one"
+
+
+def switch_settings(options: dict[str, Any]) -> tuple[dict[str, tuple[str, bool]], list[str]]:
+    """The recipe keys the on/off pairs given set, as (flag as typed, value), and a contradiction for each pair
+    given both ways."""
+    settings, problems = {}, []
+    for key, (on, off) in SWITCHES.items():
+        given_on = options.get(on.parameter) not in (None, False, 0)
+        if given_on and options.get(off.parameter):
+            problems.append(contradiction(on.names[0], off.names[0]))
+        elif given_on or options.get(off.parameter):
+            settings[key] = (on.names[0], True) if given_on else (off.names[0], False)
+    return settings, problems
 
 
 def given_once(options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

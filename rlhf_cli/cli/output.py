@@ -16,10 +16,9 @@ from rich.text import Text
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.launch.runner import Outcome
-from rlhf_cli.plan.summary import time_lines
-from rlhf_cli.generation.choice import Engine
 from rlhf_cli.plan.measured import phase_rows, usable_memory, verdict
 from rlhf_cli.plan.memory import MARGIN
+from rlhf_cli.plan.summary import time_lines
 from rlhf_cli.plan.time import PHASES
 from rlhf_cli.sizes import readable
 
@@ -181,7 +180,7 @@ def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
                  f"{', Liger kernels' if work.liger else ''}", highlight=False, markup=False)
     stdout.print(f"* the run's own: {plan.reason}", highlight=False, markup=False)
     batch, generation = plan.largest_generation_batch, plan.chosen.candidate.generation if plan.chosen else None
-    if generation is not None and generation.engine == Engine.server:
+    if generation is not None and generation.engine.spec.is_server:
         line = "generation batch: on the vLLM server's own GPUs, not planned here"
     elif generation is not None and generation.engine.vllm:
         line = (f"generation batch: vLLM's KV cache holds {batch or 0} sequences of {work.prompt_length} + "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -89,7 +90,14 @@ def report(
     metrics = load_metrics(run_dir)
     in_run = _in_run_dir(png, run_dir)
     _check_target(png, in_run, run_dir, force)
-    temporary = png.with_name(f".{png.name}.{os.getpid()}.tmp")
+    try:
+        # a new file of a name nobody could have laid a link at: the plot never goes through one
+        png.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, name = tempfile.mkstemp(prefix=f".{png.name}.", suffix=".tmp", dir=png.parent)
+        os.close(descriptor)
+        temporary = Path(name)
+    except OSError as error:
+        raise RlhfError(f"{png}: cannot write the plot ({error.strerror})") from None
     try:
         draw(metrics, temporary, title, png.suffix.lower().lstrip("."))
         os.replace(temporary, png)  # replaces a link itself, never what it points at

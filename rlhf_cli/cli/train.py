@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from rlhf_cli.cli.flags import FLAGS, command_signature, given_once
+from rlhf_cli.cli.flags import FLAGS, command_signature, contradiction, given_once, switch_settings
+from rlhf_cli.generation.choice import GATHER_KEY
 
 if TYPE_CHECKING:
     from rlhf_cli.config.run import ResolvedRun
@@ -20,8 +21,14 @@ EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 def train(ctx: typer.Context, **options: Any) -> None:
     """`rlhf ppo|rloo|online-dpo|...`: the command name picks the algorithm."""
-    from rlhf_cli.cli.output import print_header, print_notes, print_outcome, print_plan_compact, print_run_human, \
-        print_run_json
+    from rlhf_cli.cli.output import (
+        print_header,
+        print_notes,
+        print_outcome,
+        print_plan_compact,
+        print_run_human,
+        print_run_json,
+    )
     from rlhf_cli.launch.faults import PlanNeeds, space_warning
     from rlhf_cli.plan.estimate import planned
 
@@ -87,20 +94,12 @@ def _resolve(ctx: typer.Context, options: dict[str, Any], repeated: list[str], p
     fields = catalogue(algorithm)
     trl_flags, extra = trl_style_flags(ctx.args, lambda key: key in fields and "list" in fields[key].kinds)
     recipe, trl_flags = _trl_config(options["recipe"], trl_flags, problems)
-    gather = _gather_flag(options["gather"], options["no_gather"], extra, problems)
-    if gather is not None:
-        flags["ds3_gather_for_generation"] = gather
-    if options["vllm"] is not None and options["no_vllm"]:
-        problems.append("--vllm and --no-vllm contradict each other; keep one")
-    elif options["vllm"] is not None:
-        flags["use_vllm"] = ("--vllm", True)
-        flags["vllm_mode"] = ("--vllm", options["vllm"])
-    elif options["no_vllm"]:
-        flags["use_vllm"] = ("--no-vllm", False)
-    if options["lora"] and options["no_lora"]:
-        problems.append("--lora and --no-lora contradict each other; keep one")
-    elif options["lora"] or options["no_lora"]:
-        flags["use_peft"] = ("--lora", True) if options["lora"] else ("--no-lora", False)
+    trl_flags = _accelerate_config_file(flags, trl_flags, problems)
+    extra = _pasted_launcher(ctx.info_name, extra, flags, trl_flags, _recipe_keys(recipe))
+    switches, contradictions = switch_settings(options)
+    problems += contradictions
+    flags.update(switches)
+    _gather_auto(flags, options, extra, problems)
     if options["merge_adapter"]:
         flags["merge_adapter"] = ("--merge-adapter", True)
     return resolve(RunRequest(algorithm, recipe, flags, tuple(options["set_"] or ()),
@@ -146,6 +145,56 @@ def _trl_config(recipe: str | None, trl_flags: tuple[tuple[str, tuple[str, ...]]
     return configs[0][0], rest
 
 
+ACCELERATE_CONFIG_FLAGS = ("--config_file", "--config-file")  # accelerate launch's own spelling of its config
+
+
+def _accelerate_config_file(flags: dict[str, tuple[str, Any]], trl_flags: tuple[tuple[str, tuple[str, ...]], ...],
+                            problems: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """accelerate's `--config_file FILE` (`accelerate launch --config_file zero3.yaml grpo.py ...` pasted) is the
+    accelerate config, as --accelerate-config."""
+    given = [(flag, words) for flag, words in trl_flags if flag in ACCELERATE_CONFIG_FLAGS]
+    rest = tuple((flag, words) for flag, words in trl_flags if flag not in ACCELERATE_CONFIG_FLAGS)
+    if not given:
+        return rest
+    if "accelerate_config" in flags or len(given) > 1 or len(given[0][1]) != 1:
+        problems.append(f"{given[0][0]} (accelerate's config file flag) names one accelerate config, the same as "
+                        "--accelerate-config; give one of them, once, with its file")
+        return rest
+    flags["accelerate_config"] = (given[0][0], given[0][1][0])
+    return rest
+
+
+def _recipe_keys(recipe: str | None) -> set[str]:
+    """The keys the recipe sets; none when it cannot be read (resolution says why)."""
+    from rlhf_cli.config.recipe import load_recipe
+    from rlhf_cli.errors import RlhfError
+
+    try:
+        return set(load_recipe(recipe).values) if recipe else set()
+    except RlhfError:
+        return set()
+
+
+def _pasted_launcher(command: str, extra: list[str], flags: dict[str, tuple[str, Any]],
+                     trl_flags: tuple[tuple[str, tuple[str, ...]], ...], recipe_keys: set[str]) -> list[str]:
+    """The launcher words of a pasted line, taken off the extra arguments: `accelerate launch [SCRIPT.py]`,
+    `trl ALGO`, `python SCRIPT.py`. Python starts one process where rlhf's default is one per GPU: a `python` line
+    runs one unless its processes are given (--num-processes, or the recipe's num_processes)."""
+    words = list(extra)
+    if words[:2] == ["accelerate", "launch"] or words[:2] == ["trl", command]:
+        del words[:2]
+        if words[:1] and words[0].endswith(".py"):
+            del words[0]
+        return words
+    if words[:1] and words[0] in ("python", "python3") and words[1:2] and words[1].endswith(".py"):
+        given = "num_processes" in flags or "num_processes" in recipe_keys or any(
+            flag.lstrip("-").replace("-", "_") == "num_processes" for flag, _ in trl_flags)
+        if not given:
+            flags["num_processes"] = (f"{words[0]} {words[1]}", 1)
+        return words[2:]
+    return words
+
+
 def _is_option(token: str) -> bool:
     """As argparse decides: `--x` and `-x` are options, `-1` and `-1e-6` are (negative) values."""
     return token.startswith("-") and len(token) > 1 and not token[1].isdigit() and not token[1] == "."
@@ -159,21 +208,19 @@ def _flag_problems(options: dict[str, Any], planning: bool) -> list[str]:
     if options["rehearse"] and options["dry_run"] and not planning:  # rlhf plan plans the run itself
         problems.append("--rehearse runs one step; it does not go with --dry-run")
     if options["quiet"] and options["verbose"]:
-        problems.append("--quiet and --verbose contradict each other; keep one")
+        problems.append(contradiction("--quiet", "--verbose"))
     return problems
 
 
-def _gather_flag(gather: bool, no_gather: bool, extra: list[str], problems: list[str]) -> tuple[str, Any] | None:
-    """The flag as typed and its value: --gather, --no-gather, or --gather auto; any other word is a problem."""
-    if gather and no_gather:
-        problems.append("--gather and --no-gather contradict each other; keep one")
-        return None
+def _gather_auto(flags: dict[str, Any], options: dict[str, Any], extra: list[str], problems: list[str]) -> None:
+    """`--gather auto` (Typer's flags take no value: `auto` arrives as an extra argument); any other word, or one
+    without `--gather`, is a problem."""
+    gather = options["gather"]
+    if not extra or (gather and options["no_gather"]):  # the pair's contradiction is the problem to report
+        return
     if gather and extra == ["auto"]:
-        return ("--gather auto", "auto")
-    if extra:
-        hint = "; did you mean --gather auto?" if "auto" in extra and not gather else ""
-        problems.append(f"unexpected argument {' '.join(extra)!r}{hint}")
-        return None
-    if gather or no_gather:
-        return ("--gather", True) if gather else ("--no-gather", False)
-    return None
+        flags[GATHER_KEY] = ("--gather auto", "auto")
+        return
+    hint = "; did you mean --gather auto?" if "auto" in extra and not gather else ""
+    problems.append(f"unexpected argument {' '.join(extra)!r}{hint}")
+    flags.pop(GATHER_KEY, None)

@@ -10,14 +10,19 @@ algorithm it trains (PPO, RLOO, GRPO, online DPO). TRL's own `trl vllm-serve` ne
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
+import socket
 import sys
 from typing import Annotated, Any, Optional
 
 import typer
 
 from rlhf_cli.cli.flags import TABLE, given_once
+from rlhf_cli.config.engines.vllm import LOGPROBS_MODE
+from rlhf_cli.errors import RlhfError
+from rlhf_cli.launch.module_start import module_argv
 from rlhf_cli.models.dtype import training_dtype
 
 EXAMPLE = "rlhf vllm-serve ppo -r ppo/smoke --port 8000"
@@ -25,7 +30,6 @@ LOOPBACK = "127.0.0.1"
 # the weight refresh's disk reload, tied layers re-processed (rlhf_cli/rank/engines/vllm/worker_extension.py; by
 # name: the CLI imports no rank code)
 WORKER_EXTENSION = "rlhf_cli.rank.engines.vllm.worker_extension.ReloadWithTiedLayers"
-
 
 
 def _training_option(parameter: str) -> Any:
@@ -42,12 +46,14 @@ PortOpt = Annotated[Optional[int], typer.Option(
 
 def server_command(run: Any, host: str, port: int | None, dtype: str) -> list[str]:
     """vLLM's server on the run's policy, lengths, dtype, tensor parallelism, memory share and seed."""
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(run.value("model_name_or_path")),
-            "--host", host, "--port", str(port or run.value("vllm_server_port")),
+    argv = [*module_argv(sys.executable, "vllm.entrypoints.openai.api_server"),
+            "--model", str(run.value("model_name_or_path")),
+            "--host", host, "--port", str(port if port is not None else run.value("vllm_server_port")),
             "--dtype", dtype,
             "--tensor-parallel-size", str(run.value("vllm_tensor_parallel_size")),
             "--gpu-memory-utilization", str(run.value("vllm_gpu_memory_utilization")),
             "--seed", str(run.value("seed")),
+            "--logprobs-mode", LOGPROBS_MODE,  # what PPO's importance sampling compares with the policy's
             "--worker-extension-cls", WORKER_EXTENSION]
     length = _optional_value(run, "vllm_max_model_length")  # online DPO's config has no such key
     if length is not None:
@@ -65,6 +71,31 @@ def _optional_value(run: Any, name: str) -> Any:
         return None
 
 
+def listen_problem(host: str, port: int, said: str, in_use: bool) -> str | None:
+    """Why vLLM could not listen at `host`:`port` (uvicorn would fail after the model loaded, or, for port 0,
+    listen on a port nobody is told), or None; `in_use`: also try the port, as the server will bind it."""
+    from rlhf_cli.config.fields import is_host
+
+    if not 1 <= port <= 65535:
+        return f"{said} {port}: give the port the run's ranks will use (1 to 65535)"
+    if not is_host(host):
+        return f"--host {host!r} is neither an IP address nor a host name"
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (OSError, UnicodeError) as error:
+        return f"--host {host} does not resolve ({error.strerror or error})"
+    if not in_use:
+        return None
+    with socket.socket(family, kind) as trial:
+        trial.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            trial.bind(address)
+        except OSError as error:
+            reason = "is in use" if error.errno == errno.EADDRINUSE else f"cannot be bound ({error.strerror})"
+            return f"{host}:{port} {reason}; stop what listens there, or pass another {said.split()[0]}"
+    return None
+
+
 def vllm_serve(
     ctx: typer.Context,
     recipe: RecipeOpt = None,
@@ -76,17 +107,21 @@ def vllm_serve(
 ) -> None:
     """Start the vLLM server for a `vllm_mode: server` run of this recipe; Ctrl-C stops it."""
     from rlhf_cli.config.resolve import RunRequest, resolve
-    from rlhf_cli.config.engines.vllm import INSTALL, installed_vllm
+    from rlhf_cli.generation.engines import VLLM_SERVER, installed
 
     given, problems = given_once({"recipe": recipe, "model": model, "set_": set_, "dry_run": dry_run})
     recipe, model, dry_run = given["recipe"], given["model"], given["dry_run"]
     flags = {"model_name_or_path": ("--model", model)} if model else {}
-    if not (installed_vllm() or dry_run):
-        problems.append(f"rlhf vllm-serve: vLLM is not installed; install it with {INSTALL}")
+    if not (installed(VLLM_SERVER) or dry_run):
+        problems.append(f"rlhf vllm-serve: vLLM is not installed; install it with {VLLM_SERVER.install}")
     run = resolve(RunRequest(ctx.info_name.replace("-", "_"), recipe, flags, tuple(set_ or ()), False,
                              planning=True, problems=tuple(problems)))
     dtype = training_dtype(run.value("bf16"), run.value("fp16"), (run.value("model_init_kwargs") or {}).get("dtype"),
                            run.value("model_name_or_path"))
+    problem = listen_problem(host, port if port is not None else int(run.value("vllm_server_port")),
+                             "--port" if port is not None else "`vllm_server_port`", in_use=not dry_run)
+    if problem:
+        raise RlhfError(f"rlhf vllm-serve: {problem}")
     argv = server_command(run, host, port, dtype)
     if dry_run:
         print(shlex.join(argv))

@@ -85,6 +85,11 @@ INTERNALS = (
              "accelerate hands torch's launcher the attributes of its launch arguments that torch's parser knows; "
              "rlhf sets `signals_to_handle` so that SIGUSR1 (SLURM's warning) reaches the ranks",
              "accelerate launch takes --signals_to_handle itself"),
+    Internal("accelerate.commands.launch:prepare_deepspeed_cmd_env",
+             "accelerate appends the working directory to the ranks' PYTHONPATH, which Python puts ahead of the "
+             "standard library: a user's logging.py there would replace it in every rank. rlhf takes it off again "
+             "(its start script puts the directory last: rlhf_cli/launch/module_start.py)",
+             "accelerate stops adding the working directory to PYTHONPATH", ("args",)),
     Internal("torch.distributed.elastic.multiprocessing.api:SignalException",
              "the launch supervisor tells a signal that stopped the ranks from a rank failure", "torch exports it"),
     Internal("torch.distributed.elastic.multiprocessing.errors:ProcessFailure",
@@ -309,6 +314,33 @@ def exportable_state_class() -> type:
 def forward_signals_to_ranks(launch_args: Any, signals: str) -> None:
     """torch's launcher passes on the signals it handles; accelerate forwards this attribute to it."""
     launch_args.signals_to_handle = signals
+
+
+def keep_working_directory_off_rank_path() -> None:
+    """The ranks' PYTHONPATH as the caller's: without the working directory accelerate appends to it (unless the
+    caller's PYTHONPATH names it too)."""
+    import os
+
+    import accelerate.commands.launch as accelerate_launch
+
+    original = getattr(accelerate_launch.prepare_deepspeed_cmd_env, "__wrapped__",
+                       accelerate_launch.prepare_deepspeed_cmd_env)
+
+    def prepare(args: Any) -> tuple[list[str], dict[str, str]]:
+        command, env = original(args)
+        own = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+        entries = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+        added = os.path.abspath(".")
+        if entries and entries[-1] == added and added not in own:
+            entries.pop()
+        if entries:
+            env["PYTHONPATH"] = os.pathsep.join(entries)
+        else:
+            env.pop("PYTHONPATH", None)
+        return command, env
+
+    prepare.__wrapped__ = original  # type: ignore[attr-defined]
+    accelerate_launch.prepare_deepspeed_cmd_env = prepare
 
 
 def launch_errors() -> tuple[type, type]:

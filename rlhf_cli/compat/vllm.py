@@ -65,6 +65,11 @@ TRL_VLLM_INTERNALS = (
              "before a run's first generation from a server, rlhf checks the server holds the weights the run last "
              "sent it (a server serving one run after another)", "as above"),
     Internal("trl.generation.vllm_client:VLLMClient.chat", "as above, for conversational online DPO", "as above"),
+    Internal("trl.generation.vllm_client:VLLMClient.check_server",
+             "TRL's client, built in its constructor, polls the server's /health without end while it answers "
+             "anything but 200 (a wrong address serving 404 hangs every rank); rlhf's wait stops at "
+             "`vllm_server_timeout` whatever answers (rlhf_cli/rank/engines/vllm/server.py)",
+             "TRL's check_server stops at its timeout on every reply", ("total_timeout", "retry_interval")),
 )
 
 
@@ -176,8 +181,10 @@ def vllm_apply_patches(model: Any, patches: list[tuple[str, tuple[int, ...], Any
     checkpoint-coordinate loader, then re-process every layer that took one (and the layers sharing a weight: a
     tied head) as a load does; returns the names of vLLM's parameters written. Layers whose weight vLLM dropped
     after repacking it get their kept weight back for the patches (`vllm_keep_unpacked_weights`)."""
-    from vllm.model_executor.model_loader.checkpoint_weight_patch import (CheckpointWeightPatch,
-                                                                          load_checkpoint_weight_patches)
+    from vllm.model_executor.model_loader.checkpoint_weight_patch import (
+        CheckpointWeightPatch,
+        load_checkpoint_weight_patches,
+    )
 
     dropped = {layer: layer._parameters["weight"] for layer in kept}
     for layer, weight in kept.items():
@@ -256,3 +263,19 @@ def _checked_first(method: Callable[..., Any], before: Callable[[Any], None]) ->
         return method(self, *args, **kwargs)
 
     return checked
+
+
+def replace_trl_server_wait(wait: Callable[[str, float, float], Any]) -> None:
+    """Make TRL's VLLMClient wait for its server through `wait(health_url, total_timeout, retry_interval)`, which
+    returns the 200 reply or raises; the host the server reports behind a proxy is kept, as TRL's own wait does."""
+    from trl.generation.vllm_client import VLLMClient
+
+    original = getattr(VLLMClient.check_server, "__wrapped__", VLLMClient.check_server)
+
+    def check_server(client: Any, total_timeout: float = 0.0, retry_interval: float = 2.0) -> None:
+        reply = wait(f"{client.base_url}/health", total_timeout, retry_interval)
+        if "X-Forwarded-For" in reply.headers:
+            client.host = reply.headers["X-Forwarded-For"]
+
+    check_server.__wrapped__ = original  # type: ignore[attr-defined]
+    VLLMClient.check_server = check_server

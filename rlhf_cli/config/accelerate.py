@@ -14,15 +14,22 @@ from typing import Any
 
 from rlhf_cli.config.bundled import bundled_dir
 from rlhf_cli.config.draft import suggest
-from rlhf_cli.config.fields import FieldTypeError, accelerate_keys, coerce, own_field
+from rlhf_cli.config.fields import OFFLOAD_DEVICES, FieldTypeError, accelerate_keys, coerce, own_field
 from rlhf_cli.config.yaml_file import read_yaml
 from rlhf_cli.errors import ConfigError
 
 BUNDLED_CONFIG = "deepspeed_zero3.yaml"
 LAYOUT_KEYS = ("num_processes", "num_machines", "machine_rank", "main_process_port")
-OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
 ZERO_STAGES = (0, 1, 2, 3)
+# DeepSpeed's own JSON keys, which accelerate's `deepspeed_config` ignores (TRL runs such a file): a warning, with
+# the accelerate key that does the same where there is one; any other unknown key there is a typo, refused
+DEEPSPEED_JSON_KEYS = {"stage3_gather_16bit_weights_on_model_save": "zero3_save_16bit_model",
+                       "overlap_comm": None, "contiguous_gradients": None, "reduce_bucket_size": None,
+                       "allgather_bucket_size": None, "sub_group_size": None, "round_robin_gradients": None,
+                       "allgather_partitions": None, "reduce_scatter": None, "stage3_prefetch_bucket_size": None,
+                       "stage3_param_persistence_threshold": None, "stage3_max_live_parameters": None,
+                       "stage3_max_reuse_distance": None}
 
 
 @dataclass(frozen=True)
@@ -42,11 +49,13 @@ class AccelerateChoices:
     refused: frozenset[str] = frozenset()  # keys whose given value was refused already: not judged again
 
 
-def _checked(config: dict[str, Any], source: Path, lines: Mapping[str, int], problems: list[str]) -> dict[str, Any]:
-    """The config with every value of a wrong type or range dropped and reported."""
-    def bad(key: str, message: str, section: str | None = None) -> None:
+def _checked(config: dict[str, Any], source: Path, lines: Mapping[str, int], problems: list[str],
+             notes: list[str]) -> dict[str, Any]:
+    """The config with every value of a wrong type or range dropped and reported (`warning`: noted, not refused)."""
+    def bad(key: str, message: str, section: str | None = None, warning: bool = False) -> None:
         line = lines.get(section or key)
-        problems.append(f"{source}{f':{line}' if line else ''}: `{key}`: {message}")
+        said = f"{source}{f':{line}' if line else ''}: `{key}`: {message}"
+        (notes.append(f"warning: {said}") if warning else problems.append(said))
 
     _drop_unknown_keys(config, bad)
     for key in LAYOUT_KEYS:
@@ -89,12 +98,18 @@ def _drop_unknown_keys(config: dict[str, Any], bad: Callable[..., None]) -> None
         del config[key]
     section = config.get("deepspeed_config")
     for key in [key for key in section if key not in deepspeed] if isinstance(section, dict) else []:
-        bad(f"deepspeed_config.{key}", "not a DeepSpeed setting accelerate knows, so it would be ignored"
-            f"{suggest(str(key), list(deepspeed)) or '; remove it'}", "deepspeed_config")
+        if key in DEEPSPEED_JSON_KEYS:
+            instead = DEEPSPEED_JSON_KEYS[key]
+            bad(f"deepspeed_config.{key}", "DeepSpeed's JSON key, which accelerate ignores here" +
+                (f"; its accelerate key is `{instead}`" if instead else "; put it in a deepspeed_config_file"),
+                "deepspeed_config", warning=True)
+        else:
+            bad(f"deepspeed_config.{key}", "not a DeepSpeed setting accelerate knows, so it would be ignored"
+                f"{suggest(str(key), list(deepspeed)) or '; remove it'}", "deepspeed_config")
         del section[key]
 
 
-def _load(path: Path, problems: list[str]) -> dict[str, Any]:
+def _load(path: Path, problems: list[str], notes: list[str]) -> dict[str, Any]:
     try:
         loaded = read_yaml(path, "accelerate config")
     except ConfigError as error:
@@ -104,7 +119,8 @@ def _load(path: Path, problems: list[str]) -> dict[str, Any]:
         problems.append(f"{path}: an accelerate config is a mapping, got {type(loaded.values).__name__}")
         return {}
     problems.extend(loaded.problems)
-    return _checked(loaded.values, path, loaded.lines, problems)
+    notes.extend(loaded.notes)
+    return _checked(loaded.values, path, loaded.lines, problems, notes)
 
 
 def zero_stage(config: dict[str, Any]) -> int | None:
@@ -149,7 +165,7 @@ def build_accelerate_config(choices: AccelerateChoices, problems: list[str]) -> 
     """Return the accelerate config to write, and notes for the user; append problems."""
     notes: list[str] = []
     source = Path(choices.user_config) if choices.user_config else bundled_dir("accelerate_configs") / BUNDLED_CONFIG
-    config = copy.deepcopy(_load(source, problems))
+    config = copy.deepcopy(_load(source, problems, notes))
     deepspeed = config.setdefault("deepspeed_config", {}) if config.get("distributed_type") == "DEEPSPEED" else None
     said = {key: choices.sources.get(key) or f"`{key}: {{value}}` ({source})" for key in LAYOUT_KEYS}
 

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlhf_cli.config.paths import path_state
+from rlhf_cli.generation.engines import ENGINES
 from rlhf_cli.output.checkpoints import deepspeed_shards, deepspeed_tag, saved_by
+from rlhf_cli.output.files import read_json
 from rlhf_cli.output.run_dir import TRAINER_STATE
 
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -23,18 +25,11 @@ RANK_TOOLS = ("ninja", "c++")
 PRIVILEGED_PORTS = 1024
 # Directories, made if missing: the caches, and where torch builds DeepSpeed's ops.
 CACHE_VARIABLES = ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR")
-# Whole numbers of GiB a library reads with int() on every rank, and dies of otherwise.
-COUNT_VARIABLES = ("VLLM_CPU_KVCACHE_SPACE",)
+# Whole numbers of GiB a library reads with int() on every rank, and dies of otherwise: the engines' CPU settings.
+COUNT_VARIABLES = tuple(name for spec in ENGINES.values() for name in spec.cpu_environment)
 # A model's sizes that a checkpoint of it shares (config.json, GPT-2's names second).
 SHAPE = (("hidden_size", "n_embd"), ("num_hidden_layers", "n_layer"), ("vocab_size",), ("intermediate_size",))
 TIED_HEAD = "lm_head.weight"  # absent from a save where it is tied to the input embedding
-
-
-def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
 
 
 def safetensors_header(path: Path) -> tuple[dict[str, Any] | None, int]:
@@ -70,7 +65,7 @@ def weights_problem(directory: Path) -> str | None:
     if present[0] == "model.safetensors":
         return safetensors_problem(directory / "model.safetensors")
     if present[0].endswith(".index.json"):
-        index = _json(directory / present[0])
+        index = read_json(directory / present[0])
         shards = sorted(set(index["weight_map"].values())) if isinstance(index, dict) and isinstance(
             index.get("weight_map"), dict) else None
         if shards is None:
@@ -151,7 +146,7 @@ def checkpoint_problem(checkpoint: Path, use_peft: bool, model: Any, algorithm: 
     and model, with DeepSpeed's shards of every rank that saved it when the run uses DeepSpeed (and none else)."""
     if path_state(checkpoint / TRAINER_STATE).kind != "file":
         return f"{checkpoint} is not a trainer checkpoint (no {TRAINER_STATE}); pass a checkpoint-N directory"
-    if not isinstance(_json(checkpoint / TRAINER_STATE), dict):
+    if not isinstance(read_json(checkpoint / TRAINER_STATE), dict):
         return f"{checkpoint / TRAINER_STATE} is not valid JSON (damaged); pass an earlier checkpoint"
     adapter = path_state(checkpoint / "adapter_config.json").kind == "file"
     if adapter and not use_peft:
@@ -165,6 +160,32 @@ def checkpoint_problem(checkpoint: Path, use_peft: bool, model: Any, algorithm: 
         return f"{checkpoint} is a checkpoint of an `rlhf {wrote.replace('_', '-')}` run, not of " \
                f"{algorithm.replace('_', '-')}; resume it with `rlhf {wrote.replace('_', '-')}`"
     return _shape_problem(checkpoint, model) or _deepspeed_problem(checkpoint, deepspeed)
+
+
+LORA_KEYS = {"lora_r": "r", "lora_alpha": "lora_alpha", "lora_target_modules": "target_modules"}  # ours: PEFT's
+
+
+def adapter_problem(checkpoint: Path, lora: dict[str, Any]) -> str | None:
+    """A LoRA checkpoint resumed with another rank, alpha or target modules than it was trained with (its
+    `adapter_config.json`): its tensors would not fit this run's adapters (the ranks die on a shape mismatch after
+    loading), or would fit and train another model than the one asked for. `lora`: this run's keys (ours); a key
+    left to PEFT's default (targets unset, `all-linear`) is not compared."""
+    path = checkpoint / "adapter_config.json"
+    if path_state(path).kind != "file":
+        return None
+    saved = read_json(path)
+    if not isinstance(saved, dict):
+        return f"{path} is not a JSON object (damaged); pass an earlier checkpoint"
+    for key, peft_key in LORA_KEYS.items():
+        ours, theirs = lora.get(key), saved.get(peft_key)
+        if ours is None or ours == "all-linear" or theirs is None:
+            continue
+        same = sorted(map(str, ours)) == sorted(map(str, theirs)) if isinstance(ours, list) and \
+            isinstance(theirs, list) else ours == theirs
+        if not same:
+            return f"{checkpoint} was trained with {peft_key} {theirs!r} and this run sets `{key}` {ours!r}; set " \
+                   f"`{key}: {json.dumps(theirs)}` to resume it, or start a new run"
+    return None
 
 
 def _saving_algorithm(checkpoint: Path) -> str | None:
@@ -209,7 +230,7 @@ def _deepspeed_problem(checkpoint: Path, deepspeed: bool) -> str | None:
 def _parameter_shapes(directory: Path) -> dict[str, list[int]] | None:
     """Every tensor's shape, from the safetensors headers of a model directory (one file or an index's shards);
     None when its weights are not safetensors."""
-    index = _json(directory / "model.safetensors.index.json")
+    index = read_json(directory / "model.safetensors.index.json")
     files = sorted(set(index["weight_map"].values())) if isinstance(index, dict) and isinstance(
         index.get("weight_map"), dict) else ["model.safetensors"]
     shapes: dict[str, list[int]] = {}
@@ -230,7 +251,7 @@ def _shape_problem(checkpoint: Path, model: Any) -> str | None:
     saved, current = _parameter_shapes(checkpoint), _parameter_shapes(Path(model))
     if saved is None or current is None:
         return _size_problem(checkpoint, model)
-    vocab = (_json(Path(model) / "config.json") or {}).get("vocab_size")
+    vocab = (read_json(Path(model) / "config.json") or {}).get("vocab_size")
     for name in sorted(saved.keys() | current.keys()):
         if name == TIED_HEAD and (name not in saved or name not in current):
             continue  # saved once with the embedding it is tied to
@@ -247,7 +268,7 @@ def _shape_problem(checkpoint: Path, model: Any) -> str | None:
 
 
 def _size_problem(checkpoint: Path, model: str) -> str | None:
-    saved, current = _json(checkpoint / "config.json"), _json(Path(model) / "config.json")
+    saved, current = read_json(checkpoint / "config.json"), read_json(Path(model) / "config.json")
     if not isinstance(saved, dict) or not isinstance(current, dict):
         return None
     for names in SHAPE:

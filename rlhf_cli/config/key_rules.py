@@ -9,17 +9,11 @@ from typing import Any
 
 from rlhf_cli.config.fields import Field, ranges
 from rlhf_cli.config.paths import path_state
+from rlhf_cli.output.files import read_json
 
 # A decoder's sizes as config.json names them (GPT-2's names second); each must be a positive integer.
 MODEL_SIZES = (("num_attention_heads", "n_head"), ("hidden_size", "n_embd"), ("num_hidden_layers", "n_layer"),
                ("vocab_size",))
-
-
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _local(path: Any) -> Path | None:
@@ -56,7 +50,7 @@ def check_reward_model(value: Any, problems: list[str]) -> None:
     """A local reward model must be a sequence classifier, or a causal LM that the ranks load as one with a new
     score head (as the seed's pythia-70m); hub ids are loaded the same way."""
     path = _local(value)
-    architectures = (_json(path / "config.json").get("architectures") or []) if path else []
+    architectures = ((read_json(path / "config.json") or {}).get("architectures") or []) if path else []
     if architectures and not any(a.endswith(SCORABLE_ARCHITECTURES) for a in architectures):
         problems.append(f"`reward_model_name_or_path`: {path} is a {architectures[0]}, neither a sequence classifier "
                         "nor a causal LM (save it with AutoModelForSequenceClassification, num_labels=1)")

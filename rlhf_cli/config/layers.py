@@ -29,6 +29,23 @@ SFT_MODEL_PATH_MEANING = (
     "rlhf loads all three from `model_name_or_path`: give it the SFT model (with its tokenizer) and drop the other")
 # Short names people type, resolved to the field they stand for.
 ALIASES = {"gather": "ds3_gather_for_generation"}
+# What the `accelerate launch` options pasted lines carry most do, for the line that refuses them as flags
+LAUNCH_OPTION_MEANINGS = {
+    "rdzv_backend": "how the machines of a job meet: static, c10d or etcd",
+    "mixed_precision": "the autocast dtype; the recipe's bf16/fp16 keys set the trainer's",
+    "use_deepspeed": "run under DeepSpeed, which rlhf always does",
+    "multi_gpu": "one process per GPU, which rlhf's num_processes sets",
+    "gpu_ids": "which GPUs the processes use; CUDA_VISIBLE_DEVICES does the same",
+    "same_network": "whether the machines share a network",
+    "deepspeed_config_file": "a DeepSpeed JSON config instead of accelerate's keys",
+    "zero_stage": "the ZeRO stage; rlhf runs stage 3",
+    "dynamo_backend": "torch.compile's backend",
+    "num_cpu_threads_per_process": "OMP threads per process",
+    "max_restarts": "how often torch's launcher restarts failed ranks",
+}
+DEEPSPEED_SECTION_OPTIONS = ("zero_stage", "deepspeed_config_file", "offload_optimizer_device", "offload_param_device",
+                             "zero3_init_flag", "zero3_save_16bit_model", "gradient_clipping",
+                             "deepspeed_multinode_launcher", "deepspeed_hostfile")
 
 
 def canonical(draft: Draft, key: str, where: str) -> str | None:
@@ -53,9 +70,12 @@ def canonical(draft: Draft, key: str, where: str) -> str | None:
                               f"remove it or run `rlhf {owners[0]}`")
         return None
     if key in snapshot_list(draft.request.algorithm, "accelerate_launch_options"):
-        draft.problems.append(f"{where}: `{key}` is an option of `accelerate launch` (`trl {entry.command} "
-                              "--config` passes it on); rlhf takes it from the accelerate config: put it in a "
-                              "file given to --accelerate-config")
+        meaning = f" ({LAUNCH_OPTION_MEANINGS[key]})" if key in LAUNCH_OPTION_MEANINGS else ""
+        section = "under `deepspeed_config:` " if key in DEEPSPEED_SECTION_OPTIONS else ""
+        draft.problems.append(f"{where}: `{key}`{meaning} is an option of `accelerate launch`, which rlhf starts "
+                              f"from an accelerate config file: write `{key}: VALUE` {section}in a copy of "
+                              "accelerate_configs/deepspeed_zero3.yaml and give it with --accelerate-config (or "
+                              "--config_file)")
         return None
     names = sorted(set(draft.fields) | set(ALIASES))
     options = f" (nor an option: see `rlhf {entry.command} --help`)" if where == f"--{key}" else ""
@@ -109,6 +129,7 @@ def apply_recipe(draft: Draft, recipe: Recipe) -> None:
     draft.recipe_path = recipe.path
     bases = (recipe.path.parent, draft.cwd)
     draft.problems.extend(recipe.problems)
+    draft.notes.extend(recipe.notes)
     for key, value in recipe.values.items():
         put(draft, key, value, "recipe", recipe.where(key), bases)
 

@@ -11,9 +11,15 @@ import difflib
 import re
 
 from rlhf_cli.algorithms.spec import Algorithm, Values
-from rlhf_cli.models.architectures import (ALL_LINEAR, Architecture, architecture, default_targets, peft_targets,
-                                           targeted)
 from rlhf_cli.generation.choice import Engine, Gather, Generation
+from rlhf_cli.models.architectures import (
+    ALL_LINEAR,
+    Architecture,
+    architecture,
+    default_targets,
+    peft_targets,
+    targeted,
+)
 from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
 
 

@@ -18,6 +18,7 @@ class Recipe:
     values: dict[str, Any]
     lines: dict[str, int]  # key -> 1-based line, for error messages
     problems: tuple[str, ...] = ()  # found while reading it (keys given twice), reported with the rest
+    notes: tuple[str, ...] = ()  # warnings found while reading it (a key given twice with one value)
 
     def where(self, key: str) -> str:
         line = self.lines.get(key)
@@ -47,4 +48,4 @@ def load_recipe(name: str) -> Recipe:
     for key in values:
         if not isinstance(key, str):
             raise ConfigError(f"{path}: key {key!r} is not a string")
-    return Recipe(path.resolve(), values, loaded.lines, loaded.problems)
+    return Recipe(path.resolve(), values, loaded.lines, loaded.problems, loaded.notes)

@@ -62,11 +62,24 @@ def prompt_length(prompt: Any) -> int:
 
 
 def _rows(path: Path) -> Iterator[dict[str, Any]]:
-    """Every row of a local data file, in the formats `datasets` reads (rlhf_cli/config/data_files.py)."""
+    """Every row of a local data file, in the formats `datasets` reads (rlhf_cli/config/data_files.py). The file
+    check read its first rows only: a row past them that `datasets` would refuse is one line here (ConfigError)."""
+    try:
+        yield from _read_rows(path)
+    except (OSError, ValueError, UnicodeDecodeError, csv.Error) as error:
+        raise ConfigError(f"--rehearse: {path}: {error}; fix the file (the run would stop on it too)") from None
+
+
+def _read_rows(path: Path) -> Iterator[dict[str, Any]]:
     suffix = path.suffix.lower()
     if suffix == ".csv":
-        with path.open(newline="") as handle:
-            yield from csv.DictReader(handle)
+        limit = csv.field_size_limit()
+        csv.field_size_limit(2**31 - 1)  # `datasets` reads CSV with pandas, which has no field limit
+        try:
+            with path.open(newline="") as handle:
+                yield from csv.DictReader(handle)
+        finally:
+            csv.field_size_limit(limit)
     elif suffix == ".parquet":
         import pyarrow.parquet as parquet  # the file check reads its schema the same way
 
@@ -76,12 +89,28 @@ def _rows(path: Path) -> Iterator[dict[str, Any]]:
         try:
             document = json.loads(text)
         except ValueError:
-            yield from (json.loads(line) for line in text.splitlines() if line.strip())
+            for number, line in enumerate(text.splitlines(), start=1):
+                if line.strip():
+                    yield _row(_json_line(line, number), f"line {number}")
             return
         if isinstance(document, dict):  # a mapping of columns
             yield from (dict(zip(document, values, strict=True)) for values in zip(*document.values(), strict=True))
         else:
-            yield from document if isinstance(document, list) else [document]
+            rows = document if isinstance(document, list) else [document]
+            yield from (_row(row, f"row {number}") for number, row in enumerate(rows, start=1))
+
+
+def _json_line(line: str, number: int) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError as error:
+        raise ValueError(f"line {number} is not JSON ({error})") from None
+
+
+def _row(row: Any, where: str) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise ValueError(f"{where} is a JSON {type(row).__name__}, not an object of columns")
+    return row
 
 
 def longest_prompts(source: Path, column: str, count: int) -> tuple[str, int, int]:
@@ -130,7 +159,7 @@ def _full_length(run: ResolvedRun) -> tuple[dict[str, Setting], str]:
     if not _has(run, "generation_kwargs"):  # our PPO: no generation_kwargs to force a length with
         return {}, "completions: this trainer takes no generation_kwargs; they stop where the model stops"
     length = run.value("max_completion_length")
-    key = "min_tokens" if run.generation.engine.vllm else "min_new_tokens"
+    key = run.generation.engine.spec.forced_length_key
     kwargs = {**(run.value("generation_kwargs") or {}), key: length}
     return {"generation_kwargs": Setting(kwargs, SOURCE)}, f"completions: {key}={length}, every one full length"
 

@@ -18,16 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_cli.config import resume, run_checks
-from rlhf_cli.config.agent_code import check_agent_data
 from rlhf_cli.config.accelerate import LAYOUT_KEYS, AccelerateChoices, build_accelerate_config
+from rlhf_cli.config.agent_code import check_agent_data
 from rlhf_cli.config.draft import Draft
-from rlhf_cli.generation.choice import Generation
-from rlhf_cli.config.layers import apply_command_line, apply_environment, apply_recipe
 from rlhf_cli.config.file_checks import run_problems
+from rlhf_cli.config.layers import apply_command_line, apply_environment, apply_recipe
 from rlhf_cli.config.processes import default_process_count
 from rlhf_cli.config.recipe import Recipe, load_recipe
 from rlhf_cli.config.run import RESUME_AUTO, ResolvedRun, RunRequest, Setting
 from rlhf_cli.errors import ConfigError
+from rlhf_cli.generation.choice import Generation
 from rlhf_cli.machine.probe import cuda_present
 
 __all__ = ["RESUME_AUTO", "ResolvedRun", "RunRequest", "Setting", "resolve"]

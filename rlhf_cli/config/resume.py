@@ -16,11 +16,16 @@ from typing import Any
 
 from rlhf_cli.config.accelerate import zero_stage
 from rlhf_cli.config.draft import Draft
-from rlhf_cli.config.file_checks import checkpoint_problem
+from rlhf_cli.config.file_checks import LORA_KEYS, adapter_problem, checkpoint_problem
 from rlhf_cli.config.paths import path_state
 from rlhf_cli.config.run import RESUME_AUTO, Setting
-from rlhf_cli.output.checkpoints import (deepspeed_tag, incomplete_reason, newest_complete_checkpoint, saved_by,
-                                         saved_processes)
+from rlhf_cli.output.checkpoints import (
+    deepspeed_tag,
+    incomplete_reason,
+    newest_complete_checkpoint,
+    saved_by,
+    saved_processes,
+)
 from rlhf_cli.output.run_dir import MANIFEST, RunDir
 
 MOST_PROCESSES_NAMED = 8  # process counts a refusal suggests
@@ -35,8 +40,10 @@ def check_checkpoint(draft: Draft, accelerate: dict[str, Any]) -> None:
             not Path(setting.value).is_absolute():
         return
     model = draft.value("model_name_or_path") if "model_name_or_path" not in draft.refused else None
-    problem = checkpoint_problem(Path(setting.value), draft.value("use_peft") is True, model,
-                                 draft.request.algorithm, deepspeed=zero_stage(accelerate) is not None)
+    lora = {key: draft.value(key) for key in LORA_KEYS if key in draft.fields and key not in draft.refused}
+    problem = (draft.value("use_peft") is True and adapter_problem(Path(setting.value), lora)) or \
+        checkpoint_problem(Path(setting.value), draft.value("use_peft") is True, model, draft.request.algorithm,
+                           deepspeed=zero_stage(accelerate) is not None)
     if problem:
         draft.problems.append(f"--resume {setting.value}: {problem}")
         draft.refused.add("resume_from_checkpoint")

@@ -13,16 +13,16 @@ from typing import Any
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.accelerate import is_zero3, zero_stage
 from rlhf_cli.config.agent_code import own_data_problem
-from rlhf_cli.config.key_rules import check_model_config, check_reward_model, cross_field_problems
 from rlhf_cli.config.data_files import READERS, DataFileError, check_prompts
 from rlhf_cli.config.draft import Draft, Refused
+from rlhf_cli.config.engines.vllm import length_problems, vllm_problems
+from rlhf_cli.config.engines.vllm_server import server_problems, server_url
+from rlhf_cli.config.key_rules import check_model_config, check_reward_model, cross_field_problems
 from rlhf_cli.config.locate import DATA_BUILDERS, MODEL_FIELDS
 from rlhf_cli.config.lora import lora_problems
 from rlhf_cli.config.output_dir import Input, OutputDirCheck
 from rlhf_cli.config.paths import path_state, writable_dir_problem
 from rlhf_cli.config.run import Setting
-from rlhf_cli.config.engines.vllm_server import server_problems, server_url
-from rlhf_cli.config.engines.vllm import length_problems, vllm_problems
 from rlhf_cli.generation.budget import BudgetError, parse_budget
 from rlhf_cli.generation.choice import Engine
 from rlhf_cli.machine.gpus import GPUS, HardwareError, from_file, named, with_interconnect
@@ -239,7 +239,7 @@ def check_vllm_server(draft: Draft) -> None:
     names = ("use_vllm", "vllm_mode", "vllm_server_base_url", "vllm_server_host", "vllm_server_port",
              "vllm_server_timeout")
     values = {name: draft.value(name) for name in names if name in draft.fields and draft.value(name) is not None}
-    if draft.request.planning or set(names) & draft.refused or Engine.from_values(values.get) != Engine.server:
+    if draft.request.planning or set(names) & draft.refused or not Engine.from_values(values.get).spec.is_server:
         return
     named = "vllm_server_base_url" if values.get("vllm_server_base_url") else "vllm_server_host"
     url, where = server_url(values, draft.layers.get(named, ("", "the default"))[1])

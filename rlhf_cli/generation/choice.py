@@ -15,19 +15,20 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rlhf_cli.generation.budget import Budget, parse_budget
+from rlhf_cli.generation.engines import ENGINES, USE_VLLM_KEY, VLLM_MODE_KEY, EngineSpec
 
 GATHER_KEY = "ds3_gather_for_generation"
 BUDGET_KEY = "gather_budget"
-USE_VLLM_KEY, VLLM_MODE_KEY = "use_vllm", "vllm_mode"
 
 
 @dataclass(frozen=True)
 class Engine:
     """What samples the rollouts: Hugging Face's `generate` inside the trainer (`Engine.hf`), or vLLM colocated in
-    every training process (`Engine.colocate`) or on a server of its own (`Engine.server`)."""
+    every training process (`Engine.colocate`) or on a server of its own (`Engine.server`). What each one asks of
+    the layers is its row in the engine registry (`spec`, rlhf_cli/generation/engines.py)."""
 
-    name: str  # "hf" or "vllm"
-    mode: str | None = None  # "colocate" or "server", exactly for vLLM
+    name: str  # a registry row's name: "hf" or "vllm"
+    mode: str | None = None  # its mode: "colocate" or "server" for vLLM
 
     hf: ClassVar[Engine]
     colocate: ClassVar[Engine]
@@ -46,15 +47,19 @@ class Engine:
         return Engine.server if value(VLLM_MODE_KEY) == "server" else Engine.colocate
 
     @property
+    def spec(self) -> EngineSpec:
+        return ENGINES[self.name, self.mode]
+
+    @property
     def vllm(self) -> bool:
-        return self.name == "vllm"
+        return self.spec.is_vllm
 
     def trl_settings(self) -> dict[str, Any]:
-        """TRL's keys for vLLM; none for `generate`, TRL's default (`use_vllm: false`)."""
-        return {USE_VLLM_KEY: True, VLLM_MODE_KEY: self.mode} if self.vllm else {}
+        """TRL's keys that choose it; none for `generate`, TRL's default (`use_vllm: false`)."""
+        return dict(self.spec.trl_keys)
 
     def __str__(self) -> str:
-        return f"vLLM {self.mode}" if self.vllm else "generate"
+        return self.spec.label
 
 
 Engine.hf = Engine("hf")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhf_cli.config.run import ResolvedRun
+from rlhf_cli.launch.module_start import module_argv, script_argv
 from rlhf_cli.output.run_dir import OUTPUT_MODE_ENV, RUN_DIR_ENV, RunDir
 
 # Seconds the ranks get to checkpoint after a preemption signal before torch's agent kills them.
@@ -35,14 +36,15 @@ def run_files_dir(run: ResolvedRun) -> RunDir:
 
 
 def launch_command(run: ResolvedRun, python: str = sys.executable, verbosity: str = "normal") -> Launch:
-    """accelerate's launcher starting `python -m rlhf_cli.rank ALGORITHM RECIPE` on every rank of this machine."""
+    """accelerate's launcher starting `rlhf_cli.rank ALGORITHM RECIPE` on every rank of this machine, each process
+    with the working directory last on its import path (rlhf_cli/launch/module_start.py)."""
     run_dir = run_files_dir(run)
     argv = [
-        python, "-m", "rlhf_cli.launch.supervisor",  # accelerate launch, without its own failure traceback
+        *module_argv(python, "rlhf_cli.launch.supervisor"),  # accelerate launch, without its failure traceback
         "--config_file", str(run_dir.accelerate_config),
         # The shared config file holds the job's layout; which machine this is goes on the command line.
         "--machine_rank", str(machine_rank(run)),
-        "-m", "rlhf_cli.rank", run.algorithm, str(run_dir.recipe),
+        *script_argv("rlhf_cli.rank"), run.algorithm, str(run_dir.recipe),
     ]
     env = {
         "TRL_EXPERIMENTAL_SILENCE": "1",

@@ -30,6 +30,7 @@ from typing import Any
 from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.launch.command import launch_command
+from rlhf_cli.launch.module_start import module_argv
 from rlhf_cli.launch.versions import installed_versions
 from rlhf_cli.machine.cache import cache_dir
 from rlhf_cli.output.run_dir import OUTPUT_MODE_ENV, PRELAUNCH_STEP_MARK, RUN_DIR_ENV
@@ -142,7 +143,7 @@ class PendingCheck:
         if self.remembered:
             return
         # Its own session: a reward module's children are stopped with it when it runs out of time.
-        self.checker = subprocess.Popen([sys.executable, "-m", PRELAUNCH_MODULE], stdin=subprocess.PIPE,
+        self.checker = subprocess.Popen(module_argv(sys.executable, PRELAUNCH_MODULE), stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                         env={**os.environ, **rank_env}, start_new_session=True)
 

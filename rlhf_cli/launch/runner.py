@@ -21,10 +21,10 @@ from rlhf_cli.launch.faults import Failure, PlanNeeds, explain
 from rlhf_cli.launch.prelaunch import PendingCheck
 from rlhf_cli.launch.versions import installed_versions
 from rlhf_cli.machine.probe import free_space
+from rlhf_cli.output.files import read_json, try_write_json, write_atomic
 from rlhf_cli.output.lock import LockHeld, acquire, release
 from rlhf_cli.output.ownership import holdings, listing, record_end, record_start, remove_owned
-from rlhf_cli.output.files import read_json, try_write_json, write_atomic
-from rlhf_cli.output.run_dir import EXIT_PREEMPTED, RECIPE_HEADER, START_GATE, START_GATE_ENV, RunDir
+from rlhf_cli.output.run_dir import EXIT_PREEMPTED, RECIPE_HEADER, START_GATE, START_GATE_ENV, RunDir, signal_exit_code
 from rlhf_cli.sizes import readable
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
@@ -209,7 +209,7 @@ def _launch_held(run: ResolvedRun, verbosity: str, needs: PlanNeeds, overwrite: 
         os.close(gate_write)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    code = 128 - code if code < 0 else code
+    code = signal_exit_code(-code) if code < 0 else code
     result = outcome(run_dir, code, received, time.monotonic() - started, needs)
     if machine_rank(run) == 0:
         _record_the_end(run_dir, result)

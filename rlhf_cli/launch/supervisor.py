@@ -19,11 +19,19 @@ from typing import Any
 
 from rlhf_cli.launch.faults import machine_memory
 from rlhf_cli.output.files import claim, try_write_json
-from rlhf_cli.output.run_dir import FAILED, OUTPUT_MODE_ENV, RUN_DIR_ENV, START_GATE, START_GATE_ENV, RunDir
+from rlhf_cli.output.run_dir import (
+    FAILED,
+    OUTPUT_MODE_ENV,
+    RUN_DIR_ENV,
+    START_GATE,
+    START_GATE_ENV,
+    RunDir,
+    signal_exit_code,
+)
 
 
 def _exit_code(code: int) -> int:
-    return 128 - code if code < 0 else code  # a rank killed by signal N: 128+N, as a shell reports it
+    return signal_exit_code(-code) if code < 0 else code  # a rank killed by signal N
 
 
 def record_exits(machine_rank: int, exits: list[dict[str, Any]]) -> None:
@@ -60,6 +68,7 @@ def main(argv: list[str]) -> int:
     # torch's agent passes the signals it handles on to the ranks, which checkpoint on SIGTERM and SIGUSR1;
     # any other signal kills the supervisor itself.
     compat.forward_signals_to_ranks(args, "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+    compat.keep_working_directory_off_rank_path()  # a user's logging.py there must not replace the stdlib's
     if not gate_opens():
         return 0
     try:
@@ -68,7 +77,7 @@ def main(argv: list[str]) -> int:
         record_exits(int(args.machine_rank or 0), compat.rank_exits(failed))
         return 1  # a rank failed, whether it raised or was killed; the launcher says which and how
     except signal_stopped as stopped:
-        return 128 + int(stopped.sigval)
+        return signal_exit_code(int(stopped.sigval))
     except subprocess.CalledProcessError as failed:
         return _exit_code(failed.returncode) or 1
     return 0

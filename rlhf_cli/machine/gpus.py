@@ -8,6 +8,7 @@ direction per GPU. How much of it a phase reaches is the plan's assumption (rlhf
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -166,9 +167,13 @@ def from_file(path: Path) -> Gpu:
         raise HardwareError(f"--hardware {path}: " + "; ".join(
             filter(None, [f"missing {', '.join(missing)}" if missing else "",
                           f"unknown {', '.join(map(str, unknown))}" if unknown else ""])))
-    try:
-        values = {key: kind(data[key]) for key, kind in HARDWARE_KEYS.items()}
-    except (TypeError, ValueError) as error:
-        raise HardwareError(f"--hardware {path}: {error}") from None
+    for key, kind in HARDWARE_KEYS.items():
+        value = data[key]
+        if kind is float and not (isinstance(value, (int, float)) and not isinstance(value, bool) and
+                                  math.isfinite(value) and value > 0):
+            raise HardwareError(f"--hardware {path}: `{key}` is {value!r}; give a positive number")
+        if kind is str and not (isinstance(value, str) and value.strip()):
+            raise HardwareError(f"--hardware {path}: `{key}` is {value!r}; give a name")
+    values = {key: kind(data[key]) for key, kind in HARDWARE_KEYS.items()}
     return Gpu(values["name"], values["bf16_tflops"] * TERA, values["memory_bandwidth_gbs"] * GB,
                values["interconnect"], values["interconnect_gbs"] * GB, values["host_gbs"] * GB)

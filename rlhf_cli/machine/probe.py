@@ -62,3 +62,14 @@ def free_space(path: Path) -> int | None:
         return shutil.disk_usage(existing(path)).free
     except OSError:
         return None
+
+
+def process_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks since boot) of process `pid`, from /proc (Linux): the one reader of a
+    process's stat line. A reused pid has another start time. None when there is no such process or no /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()  # the command name, in parentheses, may hold spaces
+    return (fields[0], int(fields[19])) if len(fields) > 19 else None

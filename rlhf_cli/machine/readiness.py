@@ -24,8 +24,8 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from rlhf_cli.models.hub import hub_cache
 from rlhf_cli.machine.probe import nvidia_smi
+from rlhf_cli.models.hub import hub_cache
 
 OK, WARNING, PROBLEM = "ok", "warning", "problem"
 HUB_TIMEOUT_S = 3

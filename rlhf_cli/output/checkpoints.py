@@ -91,8 +91,13 @@ def incomplete_reason(checkpoint: Path) -> str | None:
     record = _manifest(checkpoint)
     if record is None:
         return f"unreadable {MANIFEST}"
+    if "saved_by" in record and saved_by(checkpoint) is None:
+        return f"{MANIFEST} is damaged (its saved_by is not a record rlhf writes)"
     for name, entry in record["files"].items():
-        size, digest = (entry, None) if isinstance(entry, int) else (entry.get("size"), entry.get("blake2b"))
+        size, digest = (entry, None) if isinstance(entry, int) else \
+            (entry.get("size"), entry.get("blake2b")) if isinstance(entry, dict) else (None, None)
+        if not _recorded(name, size, digest):
+            return f"{MANIFEST} is damaged (its entry for {name!r} is not one rlhf writes)"
         path = checkpoint / name
         if not path.is_file():
             return f"{name} is missing"
@@ -104,14 +109,26 @@ def incomplete_reason(checkpoint: Path) -> str | None:
     return None
 
 
+def _recorded(name: str, size: Any, digest: Any) -> bool:
+    """A manifest entry as rlhf writes it: a file inside the checkpoint, its size, maybe its digest (a string)."""
+    inside = bool(name) and not Path(name).is_absolute() and ".." not in Path(name).parts
+    return inside and type(size) is int and size >= 0 and (digest is None or isinstance(digest, str))
+
+
 def saved_by(checkpoint: Path) -> SavedBy | None:
-    """The run that saved `checkpoint`, as its manifest records it; None for a manifest of an older rlhf."""
+    """The run that saved `checkpoint`, as its manifest records it; None for a manifest of an older rlhf, or one
+    whose record was edited into something no run saves (a count below 1, an algorithm that is no name)."""
     record = _manifest(checkpoint)
     entry = record.get("saved_by") if record else None
     try:
-        return SavedBy(**entry) if isinstance(entry, dict) else None
+        found = SavedBy(**entry) if isinstance(entry, dict) else None
     except TypeError:
         return None
+    counts = (found.processes, found.per_device_train_batch_size, found.gradient_accumulation_steps) if found else ()
+    if found and isinstance(found.algorithm, str) and found.algorithm.isidentifier() and \
+            all(type(count) is int and count >= 1 for count in counts):
+        return found
+    return None
 
 
 def deepspeed_tag(checkpoint: Path) -> str | None:

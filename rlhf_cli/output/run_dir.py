@@ -25,6 +25,11 @@ RUN_DIR_ENV = "RLHF_RUN_DIR"  # the shared output dir, for the launch supervisor
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the ranks checkpointed and stopped; run again with --resume auto
 
+
+def signal_exit_code(signum: int) -> int:
+    """The exit code of a process stopped by signal `signum`, as a shell reports it: 128 + N (Ctrl-C: 130)."""
+    return 128 + signum
+
 # What the first-failure marker holds: how the other ranks stop.
 FAILED = "failed"  # a rank raised, or died: stop
 STALLED = "stalled"  # the job stopped moving, or a rank fell silent: write your stack, then stop

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlhf_cli.generation.choice import Engine, Generation
+from rlhf_cli.generation.choice import Generation
 from rlhf_cli.plan import memory
+from rlhf_cli.plan.engines.vllm import VllmSettings
 from rlhf_cli.plan.hardware import Hardware
 from rlhf_cli.plan.memory import Component
 from rlhf_cli.plan.model_sizes import Adapter, ModelSize
-from rlhf_cli.plan.engines.vllm import VllmSettings
 from rlhf_cli.plan.workload import Workload
 
 
@@ -31,7 +31,7 @@ class Candidate:
     @property
     def colocated(self) -> VllmSettings | None:
         """vLLM's settings when it runs inside every training process (its memory is on the training GPUs)."""
-        return self.vllm if self.generation.engine == Engine.colocate else None
+        return self.vllm if self.generation.engine.spec.is_colocated else None
 
     @property
     def mode(self) -> str:

@@ -19,16 +19,17 @@ from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.fields import catalogue
 from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.config.run_checks import VLLM_SYNC_DEFAULT
-from rlhf_cli.generation.choice import GATHER_KEY, USE_VLLM_KEY, Engine, Gather, Generation
 from rlhf_cli.errors import PlanError
 from rlhf_cli.generation.budget import Budget, ranked
+from rlhf_cli.generation.choice import GATHER_KEY, USE_VLLM_KEY, Engine, Gather, Generation
+from rlhf_cli.generation.engines import installed
 from rlhf_cli.plan import memory, time
-from rlhf_cli.plan.engines import vllm, vllm_search
 from rlhf_cli.plan.columns import Candidate, Column, Plan, trained_checkpoint_bytes
-from rlhf_cli.plan.inputs import Inputs, read_inputs
-from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, TRAINING, Component
+from rlhf_cli.plan.engines import vllm, vllm_search
 from rlhf_cli.plan.engines.vllm import VllmSettings
 from rlhf_cli.plan.engines.vllm_search import OFFLOADS
+from rlhf_cli.plan.inputs import Inputs, read_inputs
+from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, TRAINING, Component
 from rlhf_cli.plan.workload import tool_note, workload
 from rlhf_cli.sizes import gib
 
@@ -93,8 +94,9 @@ def components(inputs: Inputs, candidate: Candidate) -> list[Component]:
     # vLLM's rows: its copy of the policy is the policy with its adapters merged, synced a bucket at a time
     synced = policy.params + (inputs.roles[0].adapter.params if candidate.lora and inputs.roles[0].adapter else 0)
     bucket = max(numel for numel, _ in inputs.sync_buckets(candidate.generation.gather, candidate.lora)) * size_bytes
+    copies = vllm.sync_copies(policy.largest_layer, policy.vocab, policy.hidden, size_bytes)
     return rows + vllm.components(candidate.vllm, candidate.generation.engine, hw.gpu_memory, hw.gpus_per_machine,
-                                  synced, size_bytes, memory.phase_totals(rows)[TRAINING], bucket)
+                                  synced, size_bytes, memory.phase_totals(rows)[TRAINING], bucket, copies)
 
 
 def _generation_weights(inputs: Inputs, candidate: Candidate, engine: int, largest: int) -> int:
@@ -281,7 +283,8 @@ def plan_run(run: ResolvedRun) -> Plan:
 def _vllm_open(run: ResolvedRun) -> bool:
     """`gather: auto` may choose vLLM where no source chose the engine, the algorithm's trainer can use vLLM, and
     vLLM is installed here (a launch must not switch to an engine it cannot import)."""
-    return USE_VLLM_KEY in catalogue(run.algorithm) and USE_VLLM_KEY not in run.settings and vllm.installed()
+    return (USE_VLLM_KEY in catalogue(run.algorithm) and USE_VLLM_KEY not in run.settings
+            and installed(Engine.colocate.spec) is not None)
 
 
 def _auto_choice(inputs: Inputs, gathered: Candidate, open_vllm: VllmSettings | None, vllm_engine: Engine) -> Candidate:

@@ -11,8 +11,8 @@ from typing import Any
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.accelerate import is_zero3
 from rlhf_cli.config.run import ResolvedRun
-from rlhf_cli.generation.choice import Gather
 from rlhf_cli.generation.budget import Unit
+from rlhf_cli.generation.choice import Gather
 from rlhf_cli.generation.sync_buckets import bucket_limit, buckets
 from rlhf_cli.models.architectures import peft_targets
 from rlhf_cli.models.hub import ModelConfigUnavailable, read_config

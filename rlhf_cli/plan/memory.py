@@ -120,8 +120,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rlhf_cli.algorithms.spec import LogitsModel
-from rlhf_cli.models.architectures import ATTENTION_OUTPUT, Module
 from rlhf_cli.generation.budget import Unit, choose
+from rlhf_cli.models.architectures import ATTENTION_OUTPUT, Module
 from rlhf_cli.plan.model_sizes import Adapter, ModelSize
 
 GIB = 2**30

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_cli.models.architectures import LAYER, Module, architecture, default_targets, selection
 from rlhf_cli.generation.budget import Unit
+from rlhf_cli.models.architectures import LAYER, Module, architecture, default_targets, selection
 from rlhf_cli.models.hub import ModelConfigUnavailable
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")

@@ -11,10 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlhf_cli.rank.inputs import RankInputs
 from rlhf_cli.output.run_dir import EXIT_PREEMPTED
-
-VLLM_CPU_KVCACHE_GIB = "1"  # a colocated vLLM's KV cache on CPU, unless VLLM_CPU_KVCACHE_SPACE says otherwise
+from rlhf_cli.rank.inputs import RankInputs
 
 
 def main(argv: list[str]) -> int:
@@ -22,8 +20,8 @@ def main(argv: list[str]) -> int:
     name, recipe_path = argv
     inputs = RankInputs.read(name, Path(recipe_path))
     output_dir = Path(inputs.trainer["output_dir"])
-    from rlhf_cli.rank import terminal
     from rlhf_cli.output.run_dir import RunDir
+    from rlhf_cli.rank import terminal
 
     rank = int(os.environ.get("RANK", "0"))
     # Before torch, DeepSpeed and datasets are imported: what they print goes to the rank's log file.
@@ -59,8 +57,13 @@ def main(argv: list[str]) -> int:
         generation = inputs.generation()
         install_generation_context(required=generation.gather.through_shards, budget=generation.gather.budget)
         terminal.PHASES.show("loading the models")
-        if generation.engine.vllm:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_CPU_KVCACHE_GIB)  # vLLM's CPU default: 4 GiB a rank
+        for variable, value in generation.engine.spec.cpu_environment.items():  # unless the run set it
+            os.environ.setdefault(variable, value)
+        if generation.engine.spec.is_server:
+            from rlhf_cli.compat.vllm import replace_trl_server_wait
+            from rlhf_cli.rank.engines.vllm.server import wait_for_server
+
+            replace_trl_server_wait(wait_for_server)  # TRL's own wait never ends while a wrong server answers
         trainer = load_object(algorithm(name).builder)(inputs)
         use_progress(trainer, name)
         terminal.PHASES.show("building the DeepSpeed engine")  # in train(), until its first callback

@@ -13,9 +13,9 @@ from typing import Any
 import yaml
 
 from rlhf_cli.algorithms import algorithm
+from rlhf_cli.config.data_files import DATA_SUFFIXES
 from rlhf_cli.config.fields import catalogue, trl_reward_factory_arguments
 from rlhf_cli.generation.choice import Generation
-from rlhf_cli.config.data_files import DATA_SUFFIXES
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,13 @@ from typing import Any
 from transformers import TrainerCallback
 
 from rlhf_cli.output.checkpoints import SavedBy, write_manifest
-from rlhf_cli.rank import terminal
-from rlhf_cli.rank.phases import SAVING as SAVING_PHASE, TRAIN as TRAIN_PHASE, StepPhases
-from rlhf_cli.rank.watch import PROGRESS, SAVING, TRAINING, exit_now, global_rank, lost_a_rank, stop_for_another_rank
 from rlhf_cli.output.files import claim, marker_says, try_write_json, unwritable
 from rlhf_cli.output.run_dir import FAILED, RunDir
+from rlhf_cli.rank import terminal
+from rlhf_cli.rank.phases import SAVING as SAVING_PHASE
+from rlhf_cli.rank.phases import TRAIN as TRAIN_PHASE
+from rlhf_cli.rank.phases import StepPhases
+from rlhf_cli.rank.watch import PROGRESS, SAVING, TRAINING, exit_now, global_rank, lost_a_rank, stop_for_another_rank
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 # A failed write into the output dir, as the error says it: errno, or the text of libraries that keep no errno.

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_cli.models.architectures import peft_targets
-from rlhf_cli.rank.inputs import RankInputs
 from rlhf_cli.output.run_dir import RunDir
+from rlhf_cli.rank.inputs import RankInputs
 
 SEQUENCE_CLASSIFIER = "SEQ_CLS"  # PEFT's task type that trains a classifier's score head whole
 

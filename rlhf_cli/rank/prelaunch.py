@@ -25,10 +25,9 @@ from typing import Any
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import load_object
-from rlhf_cli.rank.prelaunch_tools import agent_problems, one_line
-from rlhf_cli.rank.inputs import RankInputs, load_reward_function
 from rlhf_cli.output.run_dir import PRELAUNCH_STEP_MARK
-
+from rlhf_cli.rank.inputs import RankInputs, load_reward_function
+from rlhf_cli.rank.prelaunch_tools import agent_problems, one_line
 
 # TRL's reward functions that import a package only when first called (`trl.rewards.accuracy_rewards`)
 TRL_REWARD_PACKAGES = {"accuracy_reward": "math_verify", "reasoning_accuracy_reward": "math_verify"}

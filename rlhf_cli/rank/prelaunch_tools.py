@@ -47,13 +47,35 @@ def schema_problem(function: Callable) -> str | None:
     return None
 
 
-def _tool_problems(specs: list[str]) -> list[str]:
+def tool_problems(specs: list[str]) -> list[str]:
+    """Why a tool of `tools` would never be called as meant: TRL keeps tools by name (a second one of a name hides
+    the first) and calls each with the model's arguments as keywords (a `*args` parameter is never filled)."""
     problems: list[str] = []
+    named: dict[str, str] = {}
     for spec in specs:
         tool = _loaded("`tools`", spec, problems)
-        if tool is not None and (problem := schema_problem(tool)):
+        if tool is None:
+            continue
+        if problem := schema_problem(tool) or _keyword_problem(tool):
             problems.append(f"`tools`: {spec}: {problem}")
+            continue  # one problem a tool: its name matters once it is callable
+        name = getattr(tool, "__name__", spec)
+        if name in named:
+            problems.append(f"`tools`: {named[name]} and {spec} are both named `{name}`: the model calls tools by "
+                            "name, so the second hides the first; rename one")
+        named.setdefault(name, spec)
     return problems
+
+
+def _keyword_problem(tool: Callable) -> str | None:
+    try:
+        parameters = inspect.signature(tool).parameters.values()
+    except (TypeError, ValueError):
+        return None  # no readable signature: the schema check spoke for it
+    if any(parameter.kind is inspect.Parameter.VAR_POSITIONAL for parameter in parameters):
+        return ("it takes *args, which a tool call never fills (the model's arguments come as keywords); name each "
+                "argument")
+    return None
 
 
 def _environment_problems(label: str, spec: str, row: dict[str, Any]) -> tuple[list[str], bool]:
@@ -116,8 +138,12 @@ def _rollout_problems(spec: str) -> list[str]:
 
 def template_problems(processing_class: Any, model: str) -> list[str]:
     """The chat template renders tool calls, keeps prefixes (or TRL can swap it), and has a response parser."""
-    from trl.chat_template_utils import (add_response_schema, get_training_chat_template,
-                                         is_chat_template_prefix_preserving, supports_tool_calling)
+    from trl.chat_template_utils import (
+        add_response_schema,
+        get_training_chat_template,
+        is_chat_template_prefix_preserving,
+        supports_tool_calling,
+    )
 
     where = f"`model_name_or_path` ({model})"
     if not supports_tool_calling(processing_class):
@@ -151,7 +177,7 @@ def agent_problems(inputs: RankInputs, step: Callable[[str], None]) -> list[str]
     tools = inputs.script_value("tools") or []
     if tools:
         step("checking tools")
-        problems += _tool_problems(tools)
+        problems += tool_problems(tools)
     factory = inputs.script_value("environment_factory")
     owns_reward = False
     if factory:

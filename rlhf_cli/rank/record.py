@@ -8,10 +8,10 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from rlhf_cli.output.run_dir import RunDir, checkpoint_step
 from rlhf_cli.rank.engines.sync_log import SYNC_LOG
 from rlhf_cli.rank.phases import merged
 from rlhf_cli.rank.probes import GenerationProbe, PhaseMemory
-from rlhf_cli.output.run_dir import RunDir, checkpoint_step
 
 
 def write_rank_record(trainer: Any, phases: dict[str, Any] | None = None) -> Path:
@@ -80,6 +80,7 @@ def write_summary(trainer: Any, algorithm: str, status: str, wall_seconds: float
 
 def _sync_summary() -> list[dict[str, Any]] | None:
     """Rank 0's weight syncs, compactly: the bytes sent count every rank's patches, so rank 0's say it all."""
-    keys = ("mode", "dense_reason", "bytes_sent", "dense_bytes", "changed_share", "seconds", "peak_memory_bytes")
+    keys = ("mode", "dense_reason", "bytes_sent", "dense_bytes", "changed_share", "seconds", "peak_memory_bytes",
+            "added_peak_bytes")
     records = SYNC_LOG.records()
     return [{key: record.get(key) for key in keys} for record in records] if records else None

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from rlhf_cli.machine.probe import process_stat
 from rlhf_cli.output.files import claim, marker_says, read_json, try_write_json
 from rlhf_cli.output.run_dir import FAILED, STALLED, RunDir
 
@@ -82,16 +83,6 @@ def count_progress() -> None:
     _counting = True
 
 
-def _process_state(pid: int) -> tuple[str, int] | None:
-    """(state, start time in clock ticks since boot) from /proc; None when there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()  # the command name, in parentheses, may hold spaces
-    return fields[0], int(fields[19])
-
-
 def pid_space() -> str | None:
     """Which processes' pids this process can see: its machine's boot and its pid namespace. Hostnames are no
     proof: containers on two machines may share one, and two containers on one machine may not see each other."""
@@ -106,7 +97,7 @@ def process_alive(pid: int, started: int | None) -> bool:
     is no /proc, it cannot tell and says yes."""
     if not Path("/proc/self/stat").exists():
         return True
-    state = _process_state(pid)
+    state = process_stat(pid)
     return state is not None and state[0] not in ("Z", "X") and (started is None or state[1] == started)
 
 
@@ -218,7 +209,7 @@ class Watch:
         self.rank = global_rank()
         self.host = socket.gethostname()
         self.pids = pid_space()
-        state = _process_state(os.getpid())
+        state = process_stat(os.getpid())
         self.started = state[1] if state else None
         self.seen_moves = -1
         self.moved = time.time()

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-
 from families.build import FAMILIES
+
 from helpers import FIXTURES, RECIPES, SMALL_BUCKETS, free_port, rlhf_argv, sets
 from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.algorithms.spec import Algorithm

@@ -12,14 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures.rewards import BLOCKED_FILE_ENV, MARKUP
 
 from helpers import FIXTURES, RECIPES, rlhf_argv
-from fixtures.rewards import BLOCKED_FILE_ENV, MARKUP
 from rlhf_cli.algorithms import algorithm
-from rlhf_cli.output.checkpoints import incomplete_reason
 from rlhf_cli.config.resolve import RunRequest, resolve
-from rlhf_cli.plan.estimate import plan_run
+from rlhf_cli.output.checkpoints import incomplete_reason
 from rlhf_cli.output.run_dir import MANIFEST, RunDir
+from rlhf_cli.plan.estimate import plan_run
 
 # Six steps, room to stop after the second and go on: PPO counts episodes (8 per update in its smoke recipe), the
 # others steps.

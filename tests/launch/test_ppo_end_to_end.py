@@ -11,8 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (FIXTURES, PPO_METRICS, RECIPES, SMALL_BUCKETS, VLLM_ENV, launch_rlhf, needs_vllm,
-                     served_and_saved_logprobs, sets)
+from helpers import (
+    FIXTURES,
+    PPO_METRICS,
+    RECIPES,
+    SMALL_BUCKETS,
+    VLLM_ENV,
+    launch_rlhf,
+    needs_vllm,
+    served_and_saved_logprobs,
+    sets,
+)
 
 LEARNABLE = ("reward_model_name_or_path=null", f"reward_funcs=[{FIXTURES}/rewards.py:letter_e]",
              "total_episodes=160", "learning_rate=1e-2", "temperature=1.0", "missing_eos_penalty=null",
@@ -223,12 +232,13 @@ def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path
 
 
 @needs_vllm
-@pytest.mark.timeout(1500)  # a server start (the session's) and a launched run
+@pytest.mark.timeout(1500)  # a server start (the session's) and two launched runs
 def test_vllm_server_rollouts_and_the_trained_weights_reach_the_server(tmp_path: Path, vllm_server: str) -> None:
-    """`rlhf vllm-serve` starts the run's server; PPO samples through it and refreshes its weights through a
-    directory (the CPU transport): before its first rollout (the server may hold an earlier run's weights) and after
-    every update. After the run the server's greedy log-probs are the saved policy's (fp32) and not the starting
-    policy's."""
+    """`rlhf vllm-serve` starts the run's server; PPO sends it the run's weights before its first rollout and after
+    every update, through a directory (the CPU transport). After the run the server's greedy log-probs are the
+    saved policy's (fp32) and not the starting policy's. A second run on the same server samples its first rollout
+    from its own starting weights, not from the first run's; in both, vLLM's log-probs are those of the
+    distribution it sampled from (at PPO's temperature 0.7), as the importance-sampling weights need them."""
     out = tmp_path / "run"
     ppo(out, "--max-steps", "2", "--vllm", "server", "--set", f"vllm_server_base_url={vllm_server}",
         "--set", "learning_rate=1e-2", timeout=900)
@@ -241,3 +251,7 @@ def test_vllm_server_rollouts_and_the_trained_weights_reach_the_server(tmp_path:
     served, trained, initial = served_and_saved_logprobs(vllm_server, out)
     assert served == pytest.approx(trained, abs=1e-3)
     assert max(abs(a - b) for a, b in zip(served, initial, strict=True)) > 1e-2
+    again = tmp_path / "again"
+    ppo(again, "--max-steps", "1", "--vllm", "server", "--set", f"vllm_server_base_url={vllm_server}", timeout=900)
+    differences = [entry["sampling/sampling_logp_difference/mean"] for entry in logged(out) + logged(again)]
+    assert len(differences) == 3 and max(differences) < 0.05, differences

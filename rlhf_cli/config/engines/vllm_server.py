@@ -1,17 +1,22 @@
 """The vLLM server a run's ranks will talk to (`vllm_mode: server`), checked before launch: its URL parses, its
-host resolves and can be reached, and what answers speaks HTTP. Otherwise every rank loads its model, then waits
-`vllm_server_timeout` seconds (240 by default) and dies. A server that is not up yet (the connection is refused) is
-a warning: it may be starting beside the job. Pure Python: sockets only, never vLLM or requests.
+host resolves and can be reached, and what answers is a vLLM server: `/health` answers 200, then `/v1/models`
+lists a model, as TRL's client asks them. Otherwise every rank loads its model, then waits `vllm_server_timeout`
+seconds (240 by default) and dies. A server that is not up yet (the connection is refused) is a warning: it may be
+starting beside the job. Pure Python: sockets and http.client only, never vLLM or requests.
 """
 
 from __future__ import annotations
 
+import json
 import socket
-from urllib.parse import urlsplit
+from http.client import HTTPConnection, HTTPException, HTTPSConnection
+from urllib.parse import SplitResult, urlsplit
 
 from rlhf_cli.config.fields import is_host
 
 CONNECT_SECONDS = 3.0  # what the check may cost a launch: a reachable host answers a connect in far less
+ANSWER_SECONDS = 10.0  # a vLLM server answers /health and /v1/models at once, even while it generates
+MAX_ANSWER_BYTES = 2**20  # a model list is short; a server sending more is not one
 
 
 def server_url(values: dict, said: str) -> tuple[str, str]:
@@ -24,16 +29,10 @@ def server_url(values: dict, said: str) -> tuple[str, str]:
 
 def server_problems(url: str, where: str, timeout: float) -> tuple[list[str], list[str]]:
     """(problems, warnings) of the server at `url`; `timeout`: how long the ranks would wait for it."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return [f"{where}: {url!r} is not an http:// or https:// URL with a host; give one like "
-                "http://10.0.0.5:8000"], []
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        return [f"{where}: {url!r} has no valid port (1 to 65535)"], []
-    if not is_host(parts.hostname):
-        return [f"{where}: {parts.hostname!r} is neither an IP address nor a host name"], []
+    parts, problem = _parsed(url, where)
+    if problem:
+        return [problem], []
+    port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
         address = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)[0][4]
     except (OSError, UnicodeError) as error:
@@ -51,16 +50,61 @@ def server_problems(url: str, where: str, timeout: float) -> tuple[list[str], li
             reason = "no answer" if isinstance(error, TimeoutError) else (error.strerror or str(error)).lower()
             return [f"{where}: {parts.hostname}:{port} cannot be reached ({reason} within {CONNECT_SECONDS:g} s); "
                     f"the ranks would wait {timeout:g} s for it and stop: start the server, or fix the address"], []
-        if parts.scheme == "http" and not _speaks_http(probe, parts.hostname):
-            return [f"{where}: {parts.hostname}:{port} answers, but not as an HTTP server; is it the port "
-                    "`rlhf vllm-serve` listens on?"], []
-    return [], []
+    problem = _vllm_answer(parts, port, where)
+    return ([problem] if problem else []), []
 
 
-def _speaks_http(connection: socket.socket, host: str) -> bool:
-    """Whether a GET of the health route gets an HTTP reply (any status)."""
+def _parsed(url: str, where: str) -> tuple[SplitResult, str]:
+    """The URL's parts, or the line that says why it is no server address."""
     try:
-        connection.sendall(f"GET /health HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
-        return connection.recv(5).startswith(b"HTTP/")
-    except OSError:
+        parts = urlsplit(url)
+    except ValueError as error:  # `http://[::1`
+        return SplitResult("", "", "", "", ""), f"{where}: {url!r} is not a valid URL ({error}); give one like " \
+            "http://10.0.0.5:8000"
+    try:
+        port = parts.port
+    except ValueError:
+        return parts, f"{where}: {url!r} has no valid port (1 to 65535)"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return parts, f"{where}: {url!r} is not an http:// or https:// URL with a host; give one like " \
+            "http://10.0.0.5:8000"
+    if port == 0:
+        return parts, f"{where}: {url!r} has port 0, where no server listens; give the port (1 to 65535)"
+    if not is_host(parts.hostname):
+        return parts, f"{where}: {parts.hostname!r} is neither an IP address nor a host name"
+    return parts, ""
+
+
+def _vllm_answer(parts: SplitResult, port: int, where: str) -> str:
+    """What is wrong with what answers at the address, asked as the ranks will ask (TRL's VLLMClient: `/health`
+    until 200, then `/v1/models`, under the URL's path); "" when it answers as a vLLM server."""
+    connection_class = HTTPSConnection if parts.scheme == "https" else HTTPConnection
+    base = parts.path  # TRL appends each route to the URL as written
+    for route in ("/health", "/v1/models"):
+        connection = connection_class(parts.hostname, port, timeout=ANSWER_SECONDS)
+        try:
+            connection.request("GET", base + route)
+            response = connection.getresponse()
+            status, body = response.status, response.read(MAX_ANSWER_BYTES)
+        except (OSError, HTTPException) as error:
+            return (f"{where}: {parts.hostname}:{port} answers, but not as an HTTP server "
+                    f"({error or type(error).__name__}); is it the port `rlhf vllm-serve` listens on?")
+        finally:
+            connection.close()
+        if status != 200:
+            return (f"{where}: {parts.hostname}:{port} answers GET {base + route} with HTTP {status}, where a vLLM "
+                    "server answers 200: the ranks would wait for it and stop; give the address `rlhf vllm-serve` "
+                    "listens on" + (", without the trailing /" if base.endswith("/") else ""))
+        if route == "/v1/models" and not _lists_a_model(body):
+            return (f"{where}: {parts.hostname}:{port} answers GET {base + route} without a model list: it is not "
+                    "a vLLM server; give the address `rlhf vllm-serve` listens on")
+    return ""
+
+
+def _lists_a_model(body: bytes) -> bool:
+    """Whether an OpenAI `/v1/models` reply names a model (TRL's client reads `data[0].id`)."""
+    try:
+        models = json.loads(body).get("data")
+        return isinstance(models, list) and bool(models) and isinstance(models[0], dict) and "id" in models[0]
+    except (ValueError, AttributeError):
         return False

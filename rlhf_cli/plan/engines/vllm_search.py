@@ -10,11 +10,11 @@ from dataclasses import replace
 
 from rlhf_cli.generation.choice import Engine, Gather, Generation
 from rlhf_cli.plan import memory
-from rlhf_cli.plan.engines import vllm
 from rlhf_cli.plan.columns import Candidate, Column
+from rlhf_cli.plan.engines import vllm
+from rlhf_cli.plan.engines.vllm import VllmSettings
 from rlhf_cli.plan.hardware import Hardware
 from rlhf_cli.plan.model_sizes import ModelSize
-from rlhf_cli.plan.engines.vllm import VllmSettings
 from rlhf_cli.plan.workload import Workload
 from rlhf_cli.sizes import gib
 
@@ -32,7 +32,7 @@ def findings(evaluate: Evaluate, hw: Hardware, work: Workload, policy: ModelSize
              "vllm_tensor_parallel_size, for the whole run unless it sleeps: without tensor parallelism or sleep "
              f"that is as much as gathering holds ({gib(whole)}), so it makes generation faster, not smaller; "
              "with tensor parallelism across the GPUs and vllm_enable_sleep_mode it can do both"]
-    if engine == Engine.server:
+    if engine.spec.is_server:
         found.append("--vllm server: vLLM runs on GPUs of its own, not counted here; the training GPUs hold "
                      "only the sync's gathered bucket")
     elif vllm.kv_room(settings, hw.gpu_memory, policy.params, size_bytes) <= 0:

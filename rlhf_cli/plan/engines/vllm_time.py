@@ -9,7 +9,6 @@ hands each to vLLM: copied in place when colocated, broadcast from rank 0 to the
 
 from __future__ import annotations
 
-from rlhf_cli.generation.choice import Engine
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.columns import Candidate
 from rlhf_cli.plan.inputs import Inputs
@@ -52,7 +51,7 @@ def sync_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
     b = inputs.work.element_bytes
     buckets = inputs.sync_buckets(candidate.generation.gather, candidate.lora)
     return buckets_seconds([(numel * b, tensors) for numel, tensors in buckets], rates,
-                           candidate.generation.engine == Engine.server)
+                           candidate.generation.engine.spec.is_server)
 
 
 def buckets_seconds(buckets: list[tuple[float, int]], rates: Rates, server: bool) -> float:

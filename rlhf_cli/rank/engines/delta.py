@@ -27,8 +27,15 @@ import weakref
 from typing import Any, ClassVar
 
 from rlhf_cli.generation.sync_buckets import buckets
-from rlhf_cli.rank.engines.weights import (Patch, SyncLimit, WeightTarget, bucket_contents, full_numel, sent_names,
-                                           unique_params)
+from rlhf_cli.rank.engines.weights import (
+    Patch,
+    SyncLimit,
+    WeightTarget,
+    bucket_contents,
+    full_numel,
+    sent_names,
+    unique_params,
+)
 from rlhf_cli.rank.zero3 import policy_units
 
 CHECKSUM_CHUNK = 1 << 24  # elements

@@ -7,9 +7,9 @@ each token it sampled; old log-probs, values and reference log-probs stay the po
 `generate`, and the difference between vLLM's and the policy's log-probs is TRL's mismatch metrics and its
 truncated importance-sampling correction (rlhf_cli/rank/ppo/core.py `sampling_correction`).
 
-After every update the policy's weights go to vLLM (`sync`) through rlhf's bucketed sync
-(rlhf_cli/rank/engines/weights.py), gathered under the run's gather choice: into the colocated engine, or through a
-directory into the server.
+After every update (and, to a server, before the first rollout: `start`) the policy's weights go to vLLM (`sync`)
+through rlhf's bucketed sync (rlhf_cli/rank/engines/weights.py), gathered under the run's gather choice: into the
+colocated engine, or through a directory into the server.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from torch import nn
 
 from rlhf_cli.generation.choice import Engine, Generation
 from rlhf_cli.rank.engines.sync import sync_weights
-from rlhf_cli.rank.engines.weights import SyncLimit
 from rlhf_cli.rank.engines.vllm.self_check import SyncCheck
 from rlhf_cli.rank.engines.vllm.server import ServerTarget
 from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
+from rlhf_cli.rank.engines.weights import SyncLimit
 from rlhf_cli.rank.zero3 import GenerationClock
 
 
@@ -73,7 +73,6 @@ class VLLMRollouts:
         self.settings = sampling_settings(args.response_length, args.temperature, stop_token_id)
         self.generation_seconds: list[float] = []  # of every call, for the rank record
         self.server = ServerTarget.of_args(args, accelerator) if generation.engine == Engine.server else None
-        self.synced = False  # a server may hold an earlier run's weights until this run's first sync
         self.generation = self._colocated(tokenizer) if self.server is None else None
 
     def _colocated(self, tokenizer: Any) -> Any:
@@ -94,8 +93,6 @@ class VLLMRollouts:
     def generate(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Responses to left-padded `queries`, right-padded with the pad token, and the log-probability vLLM
         sampled each response token with (at the rollout temperature; 0 past a response's end)."""
-        if self.server is not None and not self.synced:
-            self.sync()
         started = time.perf_counter()
         prompts = prompt_ids(queries, self.pad_token_id)
         if self.generation is not None:
@@ -108,6 +105,13 @@ class VLLMRollouts:
         return (padded([list(ids) for ids in completions], self.pad_token_id, torch.long, queries.device),
                 padded(sampled_logprobs(logprobs), 0.0, torch.float32, queries.device))
 
+    def start(self, resumed: bool) -> None:
+        """Before the first rollout: a colocated engine loaded the starting weights itself and needs the policy's
+        only after a resume (the checkpoint's); a server holds whatever it was last sent, maybe by an earlier run,
+        so it always gets this run's weights before it samples for it."""
+        if resumed or self.server is not None:
+            self.sync()
+
     def sync(self) -> dict[str, float]:
         """Send the policy's weights to vLLM; the seconds and the most policy bytes gathered at once, for the log.
         A sleeping colocated engine dropped its weights: its next `generate` sends them (TRL's VLLMGeneration)."""
@@ -115,7 +119,6 @@ class VLLMRollouts:
             return {}
         target = ColocatedVLLM.of(self.generation.llm, self.check) if self.generation is not None else self.server
         measured = sync_weights(self.policy, target, self.limit)
-        self.synced = True
         checked = {"vllm/sync_check_logp_difference": measured["check_logp_difference"]} \
             if "check_logp_difference" in measured else {}
         return {"vllm/sync_seconds": measured["seconds"], "vllm/sync_peak_bytes": float(measured["peak_bytes"]),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,12 +25,35 @@ from typing import Any
 
 import torch
 
+from rlhf_cli.config.engines.vllm import LOGPROBS_MODE
+
 WEIGHT_DIR = "vllm-weights"  # under the run's output directory: the trainer writes, the server reads
 FLUSH_BYTES = 512 * 2**20  # rank 0 writes a weight file whenever it holds this much: its host memory stays bounded
 
 
 def server_url(args: Any) -> str:
     return args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
+
+
+def wait_for_server(health_url: str, total_timeout: float, retry_interval: float = 2.0) -> Any:
+    """The server's 200 reply to `health_url`, polled every `retry_interval` s; after `total_timeout` s without
+    one (`vllm_server_timeout`), whatever answered, a ConnectionError that says what did."""
+    import requests
+
+    deadline = time.monotonic() + total_timeout
+    while True:
+        try:
+            reply = requests.get(health_url, timeout=max(1.0, min(30.0, deadline - time.monotonic())))
+            if reply.status_code == 200:
+                return reply
+            last = f"HTTP {reply.status_code}"
+        except requests.RequestException as error:
+            last = f"no answer ({type(error).__name__})"
+        if time.monotonic() >= deadline:
+            raise ConnectionError(f"the vLLM server did not answer 200 at {health_url} within {total_timeout:g} s "
+                                  f"(`vllm_server_timeout`; last: {last}); start it with `rlhf vllm-serve`, or fix "
+                                  "the run's server address")
+        time.sleep(max(0.0, min(retry_interval, deadline - time.monotonic())))
 
 
 def write_weight_files(directory: Path, weights: Iterable[tuple[str, torch.Tensor]],
@@ -81,6 +105,8 @@ class ServerTarget:
             from trl.generation.vllm_client import VLLMClient
 
             client = VLLMClient(base_url=server_url(args), connection_timeout=args.vllm_server_timeout)
+            if args.vllm_importance_sampling_correction:
+                check_logprobs_mode(client)
         accelerator.wait_for_everyone()
         return cls(client, accelerator, Path(args.output_dir, WEIGHT_DIR))
 
@@ -94,10 +120,11 @@ class ServerTarget:
         if self.client is None or self.checked:
             return
         held = server_weight_version(self.client.base_url, self.client.session)
+        ours = self.version if self.syncs else "none yet"
         if self.syncs == 0 or set(held) != {self.version}:
             raise RuntimeError(f"the vLLM server at {self.client.base_url} holds weights this run did not send "
-                               f"(version {', '.join(map(str, held))}, this run's {self.version if self.syncs else 'none yet'}); "
-                               "a run syncs its server before it generates: is another run using it?")
+                               f"(version {', '.join(map(str, held))}, this run's {ours}); a run syncs its server "
+                               "before it generates: is another run using it?")
         self.checked = True
 
     def generate(self, prompts: list[list[int]], settings: dict[str, Any]) -> tuple[list[list[int]], list[Any]]:
@@ -145,6 +172,17 @@ class ServerTarget:
 
     def after_sync(self, model: Any, woke: bool) -> dict[str, Any]:
         return {}
+
+
+def check_logprobs_mode(client: Any) -> None:
+    """Refuse a server that reports other log-probabilities than those of the distribution it samples from (a server
+    not started by `rlhf vllm-serve`): the importance-sampling weights would correct for the temperature."""
+    mode = client.get_server_info()["model_config"]["logprobs_mode"]
+    if mode != LOGPROBS_MODE:
+        raise RuntimeError(f"the vLLM server at {client.base_url} reports `--logprobs-mode {mode}`, not the sampled "
+                           f"distribution's ({LOGPROBS_MODE}) that PPO's importance sampling compares with the "
+                           "policy's: restart it with `rlhf vllm-serve`, or set "
+                           "vllm_importance_sampling_correction=false")
 
 
 def reload_server_weights(base_url: str, session: Any, weight_dir: Path, version: str) -> None:

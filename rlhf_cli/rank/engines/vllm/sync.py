@@ -12,9 +12,9 @@ from typing import Any
 from rlhf_cli.compat import vllm as vllm_compat
 from rlhf_cli.generation.choice import Gather
 from rlhf_cli.rank.engines.sync import sync_weights
-from rlhf_cli.rank.engines.weights import SyncLimit
 from rlhf_cli.rank.engines.vllm.server import WEIGHT_DIR, ServerTarget
 from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
+from rlhf_cli.rank.engines.weights import SyncLimit
 
 
 def install_vllm(gather: Gather, dtype: str, seed: int, check: Any, output_dir: str) -> None:

