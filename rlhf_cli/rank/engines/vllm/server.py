@@ -96,6 +96,8 @@ class ServerTarget:
         self.run_id = uuid.uuid4().hex  # rank 0's is the one the server is told
         self.syncs = 0
         self.checked = False
+        if client is not None:  # what TRL's client checks before it generates (rlhf_cli/rank/engines/vllm/sync.py)
+            client.rlhf_server_target = self
 
     @classmethod
     def of_args(cls, args: Any, accelerator: Any) -> ServerTarget:

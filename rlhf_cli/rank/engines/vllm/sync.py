@@ -66,8 +66,6 @@ def server_target(owner: Any, client_attribute: str, output_dir: str) -> ServerT
 
         client = getattr(owner, client_attribute, None)
         target = owner.rlhf_server_target = ServerTarget(client, PartialState(), Path(output_dir, WEIGHT_DIR))
-        if client is not None:
-            client.rlhf_server_target = target
     return target
 
 
