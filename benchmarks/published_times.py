@@ -60,10 +60,10 @@ def _megatron_sync(bucket_bytes: float | None) -> Callable[[Path], float]:
         rates = Rates.of(GPUS["h100"], 8, 1, False)
         tensor = QWEN3_30B_A3B_BYTES / QWEN3_30B_A3B_TENSORS
         if bucket_bytes is None:
-            buckets = [(tensor, 1)] * QWEN3_30B_A3B_TENSORS
+            buckets = [(tensor, 1, QWEN3_30B_A3B_TENSORS)]
         else:
             count = math.ceil(QWEN3_30B_A3B_BYTES / bucket_bytes)
-            buckets = [(QWEN3_30B_A3B_BYTES / count, QWEN3_30B_A3B_TENSORS // count)] * count
+            buckets = [(QWEN3_30B_A3B_BYTES / count, QWEN3_30B_A3B_TENSORS // count, count)]
         return buckets_seconds(buckets, rates, server=False)
     return predict
 

@@ -15,7 +15,7 @@ from rlhf_cli.config.run_checks import VLLM_SYNC_DEFAULT
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.generation.budget import Budget
 from rlhf_cli.generation.choice import Engine, Gather, Generation
-from rlhf_cli.generation.sync_buckets import PER_UNIT, WHOLE, bucket_limit, buckets
+from rlhf_cli.generation.sync_buckets import PER_UNIT, WHOLE, bucket_limit, bucket_sizes, buckets
 from rlhf_cli.machine import gpus
 from rlhf_cli.plan import time
 from rlhf_cli.plan.columns import Candidate
@@ -179,6 +179,24 @@ def test_one_bucket_packing_for_the_plan_and_the_ranks() -> None:
     assert buckets([10, 10, 10, 40], WHOLE) == [[0, 1, 2, 3]]
     assert buckets([10, 10, 10, 40], PER_UNIT) == [[0], [1], [2], [3]]
     assert buckets([10, 10, 10, 40], 25) == [[0, 1], [2], [3]]  # a unit is never split
+
+
+@pytest.mark.parametrize("limit", [WHOLE, PER_UNIT, 1, 25, 30, 45, 100, 1000])
+def test_buckets_counted_by_stretches_are_the_ranks_buckets(limit) -> None:
+    """The plan counts buckets over stretches of alike units (a cost that does not grow with the depth); what it
+    counts must be what the ranks pack unit by unit, whatever the limit, zero-element units included."""
+    import random
+
+    rng = random.Random(limit)
+    for _ in range(200):
+        parts = [(rng.choice([0, 5, 10, 25, 40, 60]), rng.randint(1, 9), rng.randint(1, 12))
+                 for _ in range(rng.randint(1, 5))]
+        numels = [numel for numel, _, count in parts for _ in range(count)]
+        modules = [each for _, each, count in parts for _ in range(count)]
+        packed = [(sum(numels[i] for i in bucket), sum(modules[i] for i in bucket))
+                  for bucket in buckets(numels, limit)]
+        counted = [(numel, each) for numel, each, alike in bucket_sizes(parts, limit) for _ in range(alike)]
+        assert counted == packed, (parts, limit)
 
 
 # -- the choice ------------------------------------------------------------------------------------------------

@@ -12,8 +12,7 @@ from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.accelerate import is_zero3
 from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.generation.choice import Gather
-from rlhf_cli.generation.budget import Unit
-from rlhf_cli.generation.sync_buckets import bucket_limit, buckets
+from rlhf_cli.generation.sync_buckets import bucket_limit, bucket_sizes
 from rlhf_cli.models.architectures import peft_targets
 from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
 from rlhf_cli.plan import memory
@@ -40,15 +39,15 @@ class Inputs:
     def role(self, name: str) -> Role | None:
         return next((role for role in self.roles if role.name == name), None)
 
-    def sync_buckets(self, gather: Gather, lora: bool) -> list[tuple[int, int]]:
-        """(elements, modules) of each bucket one weight sync gathers (the ranks' packing of the policy's units
-        under the gather choice's limit); under LoRA each unit holds its adapters too, merged in its bucket."""
+    def sync_buckets(self, gather: Gather, lora: bool) -> list[tuple[int, int, int]]:
+        """(elements, modules, how many alike) of the buckets one weight sync gathers (the ranks' packing of the
+        policy's units under the gather choice's limit); under LoRA each unit holds its adapters too, merged in its
+        bucket."""
         policy, adapter = self.roles[0].size, self.roles[0].adapter
         synced = policy.params + (adapter.params if lora and adapter else 0)
-        units = policy.units or (Unit("policy", policy.params, policy.layers),)
-        numels = [unit.numel * synced // policy.params for unit in units]
-        packed = buckets(numels, bucket_limit(gather, policy.params, self.work.element_bytes))
-        return [(sum(numels[i] for i in bucket), sum(units[i].modules for i in bucket)) for bucket in packed]
+        parts = [(part.unit.numel * synced // policy.params, part.unit.modules, part.count)
+                 for part in policy.stretches] or [(synced, policy.layers, 1)]
+        return bucket_sizes(parts, bucket_limit(gather, policy.params, self.work.element_bytes))
 
 
 def lora_settings(value: Callable[[str], Any]) -> LoraSettings:

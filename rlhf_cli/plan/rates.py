@@ -66,4 +66,4 @@ def forward_flops(model: ModelSize, sequences: float, length: int) -> float:
 
 def modules(model: ModelSize) -> int:
     """Modules ZeRO-3 fetches for one forward of `model`."""
-    return sum(unit.modules for unit in model.units) or model.layers * MODULES_PER_LAYER + 3
+    return sum(part.unit.modules * part.count for part in model.stretches) or model.layers * MODULES_PER_LAYER + 3

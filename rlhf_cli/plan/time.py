@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import StepWork
-from rlhf_cli.generation.budget import choose
+from rlhf_cli.generation.budget import bought_total
 from rlhf_cli.machine.gpus import Gpu
 from rlhf_cli.plan import memory, vllm_time
 from rlhf_cli.plan.columns import Candidate
@@ -77,31 +77,22 @@ def generation_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step:
     kv = memory.kv_cache(policy, batch, p + c // 2, b)
     token = max((policy.params * b + kv) / (rates.memory * HF_DECODE_BANDWIDTH),
                 rates.matmul(forward_flops(policy, batch, 1))) + HF_DECODE_OVERHEAD_PER_LAYER * policy.layers
-    gathered = _gathered_numel(inputs, candidate)
+    gathered, gathered_modules = _gathered(inputs, candidate)
     rest = policy.params - gathered
     once = rates.fetch(gathered * b)
-    rest_modules = modules(policy) - _gathered_modules(inputs, candidate)
+    rest_modules = modules(policy) - gathered_modules
     per_pass = rates.fetch(rest * b)
     fetch = rest_modules * ZERO3_MODULE_OVERHEAD
     passes = max(prefill, per_pass) + fetch + c * (max(token, per_pass) + fetch)
     return calls * (once + passes)
 
 
-def _gathered_numel(inputs: Inputs, candidate: Candidate) -> int:
-    """Policy elements gathered once per generation call: all of it, a budget's units, or none."""
+def _gathered(inputs: Inputs, candidate: Candidate) -> tuple[int, int]:
+    """Policy (elements, modules) gathered once per generation call: all of it, a budget's units, or none."""
     gather, policy = candidate.generation.gather, inputs.roles[0].size
     if gather.budget is not None:
-        chosen = choose(policy.units, gather.budget.numel(policy.params, inputs.work.element_bytes))
-        return sum(policy.units[index].numel for index in chosen)
-    return policy.params if gather.mode == "whole" else 0
-
-
-def _gathered_modules(inputs: Inputs, candidate: Candidate) -> int:
-    gather, policy = candidate.generation.gather, inputs.roles[0].size
-    if gather.budget is not None:
-        chosen = choose(policy.units, gather.budget.numel(policy.params, inputs.work.element_bytes))
-        return sum(policy.units[index].modules for index in chosen)
-    return modules(policy) if gather.mode == "whole" else 0
+        return bought_total(policy.stretches, gather.budget.numel(policy.params, inputs.work.element_bytes))
+    return (policy.params, modules(policy)) if gather.mode == "whole" else (0, 0)
 
 
 def scoring_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: StepWork) -> float:

@@ -51,17 +51,17 @@ def sync_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
     """One weight sync of the candidate's buckets (a unit's modules counted as its tensors)."""
     b = inputs.work.element_bytes
     buckets = inputs.sync_buckets(candidate.generation.gather, candidate.lora)
-    return buckets_seconds([(numel * b, tensors) for numel, tensors in buckets], rates,
+    return buckets_seconds([(numel * b, tensors, alike) for numel, tensors, alike in buckets], rates,
                            candidate.generation.engine == Engine.server)
 
 
-def buckets_seconds(buckets: list[tuple[float, int]], rates: Rates, server: bool) -> float:
-    """A sync of `buckets` (bytes, tensors): each gathered, then copied into a colocated vLLM's weights at memory
-    speed or broadcast to the server over the link between GPUs, vLLM loading it tensor by tensor; each bucket
-    pays its fixed overhead."""
+def buckets_seconds(buckets: list[tuple[float, int, int]], rates: Rates, server: bool) -> float:
+    """A sync of `buckets` (bytes, tensors, how many alike): each gathered, then copied into a colocated vLLM's
+    weights at memory speed or broadcast to the server over the link between GPUs, vLLM loading it tensor by
+    tensor; each bucket pays its fixed overhead."""
     seconds = 0.0
-    for size, tensors in buckets:
+    for size, tensors, alike in buckets:
         handing = size / rates.interconnect + SERVER_BUCKET_OVERHEAD if server else \
             size / rates.memory + COLOCATED_BUCKET_OVERHEAD
-        seconds += rates.fetch(size) + handing + tensors * TENSOR_LOAD
+        seconds += alike * (rates.fetch(size) + handing + tensors * TENSOR_LOAD)
     return seconds
