@@ -309,12 +309,20 @@ def _overall_peak(summary: dict[str, Any]) -> str:
     return f"{readable(memory.get('overall_peak_bytes') or 0)} overall ({memory.get('note') or 'not per phase'})"
 
 
+def planned_for(plan: Plan) -> str:
+    """Which machine the planned column is for: the GPU the plan timed (named, detected or calibrated here)."""
+    gpu = plan.hardware.gpu if plan.known and plan.hardware is not None else None
+    if gpu is None:
+        return "planned: no seconds (no GPU known; pass --gpu NAME, or run `rlhf doctor --calibrate`)"
+    return f"planned for: {gpu.name} ({plan.hardware.gpu_source})"
+
+
 def phase_table(summary: dict[str, Any], plan: Plan) -> Table:
     """The rehearsal's table: each phase measured beside the plan's prediction, its peak beside the memory the plan
     planned against."""
     usable = usable_memory(plan)
     table = Table(title="rehearsal: one step at the longest prompts and full-length completions", title_justify="left",
-                  box=box.SIMPLE_HEAD)
+                  box=box.SIMPLE_HEAD, caption=planned_for(plan), caption_justify="left")
     for header in ("phase", "s/step", "planned s/step", "peak memory", "fits in"):
         table.add_column(header, justify="left" if header == "phase" else "right", no_wrap=True)
     for row in phase_rows(summary, plan):

@@ -31,10 +31,10 @@ from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.launch.command import launch_command
 from rlhf_cli.launch.versions import installed_versions
+from rlhf_cli.machine.calibration import cache_dir
 from rlhf_cli.output.run_dir import OUTPUT_MODE_ENV, PRELAUNCH_STEP_MARK, RUN_DIR_ENV
 
 PRELAUNCH_MODULE = "rlhf_cli.rank.prelaunch"
-CACHE_ENV = "RLHF_CACHE"  # where rlhf remembers passed checks; default ~/.cache/rlhf
 # Where a run writes, and the checkpoint it resumes from (which the resolver checked): the trainer's config only
 # stores them, so a check that passed holds for a run started elsewhere or resumed.
 NOT_CHECKED = ("output_dir", "logging_dir", "run_name", "resume_from_checkpoint")
@@ -54,8 +54,7 @@ def _last_lines(stderr: str, count: int = 3) -> str:
 def passed_checks_dir() -> Path:
     """Where passed checks are remembered, one empty file each: $RLHF_CACHE, else rlhf's folder in the user's
     cache (XDG_CACHE_HOME, else ~/.cache)."""
-    cache = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlhf"
-    return Path(cache) / "passed-checks"
+    return cache_dir() / "passed-checks"
 
 
 def _code_stamp() -> list[float | str]:

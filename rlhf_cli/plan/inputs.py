@@ -81,13 +81,22 @@ def _roles(run: ResolvedRun) -> list[Role]:
 
 
 def _hardware(run: ResolvedRun) -> Hardware | str:
+    """The memory per GPU: `--gpu-memory`, else the memory of the GPU `--gpu` names (as sold), else nvidia-smi's or
+    this machine's RAM."""
     given = run.value("gpu_memory")
     machines = int(run.accelerate.get("num_machines") or 1)
     processes = int(run.accelerate.get("num_processes") or 1)
-    hardware = detect_hardware(parse_size(given) if given is not None else None, processes, machines)
+    gpu, source = detect_gpu(run.value("gpu"), run.value("hardware_file"), run.value("interconnect"),
+                             run.value("network"), max(1, processes // max(1, machines)))
+    if given is not None:
+        hardware = detect_hardware(parse_size(given), processes, machines)
+    elif gpu is not None and gpu.memory and run.value("gpu") is not None:
+        hardware = detect_hardware(gpu.memory, processes, machines, f"--gpu {run.value('gpu')}: {gpu.name}'s "
+                                   f"{gpu.memory / 1e9:g} GB as sold (--gpu-memory to say otherwise)")
+    else:
+        hardware = detect_hardware(None, processes, machines)
     if isinstance(hardware, str):
         return hardware
-    gpu, source = detect_gpu(run.value("gpu"), run.value("hardware_file"), run.value("interconnect"))
     return replace(hardware, gpu=gpu, gpu_source=source)
 
 

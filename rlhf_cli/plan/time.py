@@ -27,7 +27,7 @@ from rlhf_cli.plan import memory, vllm_time
 from rlhf_cli.plan.columns import Candidate
 from rlhf_cli.plan.inputs import Inputs
 from rlhf_cli.plan.model_sizes import ModelSize
-from rlhf_cli.plan.rates import ZERO3_MODULE_OVERHEAD, Rates, forward_flops, modules
+from rlhf_cli.plan.rates import Rates, forward_flops, modules
 
 GENERATION, WEIGHT_SYNC, SCORING, TRAINING, OPTIMIZER_STEP, SAVING, WAITING = (
     "generation", "weight_sync", "scoring", "training", "optimizer_step", "saving", "waiting")
@@ -53,9 +53,11 @@ def step_time(inputs: Inputs, candidate: Candidate, gpu: Gpu, checkpoint_bytes: 
     hw = inputs.hardware
     rates = Rates.of(gpu, hw.total_gpus, hw.machines, candidate.offload_params != "none")
     step = algorithm(inputs.algorithm).step_work(inputs.value)
+    wake_weights, wake_kv = vllm_time.wake_seconds(inputs, candidate, rates)  # once per generation round
+    sync = vllm_time.sync_seconds(inputs, candidate, rates) if candidate.vllm else 0.0
     return {
-        GENERATION: generation_seconds(inputs, candidate, rates, step),
-        WEIGHT_SYNC: vllm_time.sync_seconds(inputs, candidate, rates) * step.syncs if candidate.vllm else 0.0,
+        GENERATION: generation_seconds(inputs, candidate, rates, step) + wake_kv * step.syncs,
+        WEIGHT_SYNC: (sync + wake_weights) * step.syncs,
         SCORING: scoring_seconds(inputs, candidate, rates, step),
         TRAINING: training_seconds(inputs, candidate, rates, step),
         OPTIMIZER_STEP: optimizer_seconds(inputs, candidate, rates),
@@ -82,7 +84,7 @@ def generation_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step:
     once = rates.fetch(gathered * b)
     rest_modules = modules(policy) - gathered_modules
     per_pass = rates.fetch(rest * b)
-    fetch = rest_modules * ZERO3_MODULE_OVERHEAD
+    fetch = rest_modules * rates.module_overhead
     passes = max(prefill, per_pass) + fetch + c * (max(token, per_pass) + fetch)
     return calls * (once + passes)
 
@@ -113,7 +115,7 @@ def _forward_pass(inputs: Inputs, model: ModelSize, batch: int, length: int,
     """One ZeRO-3 forward: compute overlapped with gathering every module, plus each module's fetch overhead."""
     b = inputs.work.element_bytes
     gather = rates.fetch(model.params * b)
-    return max(rates.matmul(forward_flops(model, batch, length)), gather) + modules(model) * ZERO3_MODULE_OVERHEAD
+    return max(rates.matmul(forward_flops(model, batch, length)), gather) + modules(model) * rates.module_overhead
 
 
 def training_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: StepWork) -> float:
@@ -132,7 +134,7 @@ def training_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: S
         flops = base * forward + (6 * adapter * work.train_batch * work.train_sequence if adapter else 0)
         gradients = (adapter if adapter is not None else model.params) * b
         comm = 2 * rates.fetch(model.params * b) + rates.all_gather(gradients)
-        seconds += micro_batches * (max(rates.matmul(flops), comm) + 2 * modules(model) * ZERO3_MODULE_OVERHEAD)
+        seconds += micro_batches * (max(rates.matmul(flops), comm) + 2 * modules(model) * rates.module_overhead)
     return seconds
 
 
@@ -153,12 +155,19 @@ def optimizer_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> flo
 
 
 def saving_seconds(inputs: Inputs, checkpoint_bytes: int, machines: int) -> float:
-    """A checkpoint's write over the steps between two (`save_steps`; a fraction of `max_steps`; none with
-    `save_strategy: no`)."""
-    if str(inputs.value("save_strategy")) == "no":
-        return 0.0
+    """The run's writes at the disk's rate, per step: a checkpoint every `save_steps` (a fraction of `max_steps`;
+    none with `save_strategy: no`) and, at the end, the final model's weights (the ranks always save it). With
+    `max_steps` known, the checkpoints the run really writes and the final model spread over its steps; else one
+    checkpoint over `save_steps`."""
+    rate = DISK_BANDWIDTH * machines
+    steps = inputs.value("max_steps") or 0
     every = inputs.value("save_steps") or TRL_SAVE_STEPS
     if every < 1:
-        steps = inputs.value("max_steps") or 0
         every = every * steps if steps > 0 else TRL_SAVE_STEPS
-    return checkpoint_bytes / (DISK_BANDWIDTH * machines) / max(every, 1)
+    every = max(int(every), 1)
+    saving = str(inputs.value("save_strategy")) != "no"
+    if steps <= 0:
+        return checkpoint_bytes / rate / every if saving else 0.0
+    final = inputs.roles[0].size.params * inputs.work.element_bytes
+    checkpoints = steps // every if saving else 0
+    return (checkpoints * checkpoint_bytes + final) / rate / steps

@@ -10,7 +10,7 @@ hands each to vLLM: copied in place when colocated, broadcast from rank 0 to the
 from __future__ import annotations
 
 from rlhf_cli.generation.choice import Engine
-from rlhf_cli.plan import memory
+from rlhf_cli.plan import memory, vllm
 from rlhf_cli.plan.columns import Candidate
 from rlhf_cli.plan.inputs import Inputs
 from rlhf_cli.plan.rates import Rates, forward_flops
@@ -27,6 +27,7 @@ SERVER_BUCKET_OVERHEAD = 20e-3  # seconds per sync bucket to a server: its HTTP 
 # tensor, of the order the Megatron-LM bridge's published syncs imply (84.9 s for Qwen3-30B-A3B's 18,867 tensors
 # one at a time, 11.8 s in 2 GiB buckets; benchmarks/plan_published.py replays both)
 TENSOR_LOAD = 0.5e-3
+SLEEP_CYCLE_OVERHEAD = 0.05  # seconds per sleep and wake: the allocator's unmap and map calls (assumed)
 
 
 def call_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
@@ -45,6 +46,21 @@ def call_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
     compute = rates.matmul(forward_flops(policy, sequences, 1) / gpus, VLLM_PREFILL_UTILISATION)
     all_reduce = 2 * policy.layers * TP_ALL_REDUCE if gpus > 1 else 0.0
     return prefill + c * (max(read, compute) + all_reduce + VLLM_STEP_OVERHEAD)
+
+
+def wake_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> tuple[float, float]:
+    """(weights, KV cache) seconds of one sleep and wake of a sleeping colocated vLLM (TRL sleeps it after every
+    generation round): at level 1 its weights went down to host memory and come back over the host link, at level
+    2 they are only re-allocated (the sync refills them, counted there); its KV cache is re-allocated and zeroed
+    at memory speed."""
+    settings = candidate.colocated
+    if settings is None or not settings.sleep:
+        return 0.0, 0.0
+    b, policy = inputs.work.element_bytes, inputs.roles[0].size
+    shard = vllm.weights(settings, policy.params, b)
+    weights = 2 * shard / rates.host if settings.sleep_level == 1 else 0.0
+    kv = max(0, vllm.kv_room(settings, inputs.hardware.gpu_memory, policy.params, b)) / rates.memory
+    return weights + SLEEP_CYCLE_OVERHEAD / 2, kv + SLEEP_CYCLE_OVERHEAD / 2
 
 
 def sync_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
