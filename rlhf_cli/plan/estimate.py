@@ -113,6 +113,9 @@ def _column(inputs: Inputs, candidate: Candidate, chosen: bool) -> Column:
     gpu = inputs.hardware.gpu
     seconds = time.step_time(inputs, candidate, gpu, trained_checkpoint_bytes(
         inputs.roles, candidate.lora, inputs.work.element_bytes)) if gpu else None
+    factors = inputs.hardware.corrections
+    if seconds and factors:
+        seconds = {phase: value * factors.get(phase, 1.0) for phase, value in seconds.items()}
     return Column(candidate, rows, peak, sum(row.cpu for row in rows),
                   memory.fits(peak, inputs.hardware.gpu_memory) and _vllm_starts(inputs, candidate), chosen, seconds)
 

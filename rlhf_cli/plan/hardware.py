@@ -5,7 +5,8 @@ No torch: `nvidia-smi` answers in a few milliseconds and needs no CUDA initialis
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlhf_cli.machine.gpus import Gpu, HardwareError, detected, from_file, named, with_interconnect, with_network
@@ -24,6 +25,12 @@ class Hardware:
     source: str
     gpu: Gpu | None = None  # its rates, for the time plan; None: no GPU known (pass --gpu)
     gpu_source: str = ""
+    corrections: Mapping[str, float] = field(default_factory=dict)  # a rehearsal's measured / planned, per phase
+
+    @property
+    def this_machine(self) -> bool:
+        """The GPU timed is this machine's (nvidia-smi's or calibrated here), not one named for another."""
+        return self.gpu is not None and not self.gpu_source.startswith(("given", "--hardware"))
 
     @property
     def total_gpus(self) -> int:
