@@ -7,7 +7,9 @@ measured beside predicted:
   "waiting": s}, seconds per optimizer step on one GPU (every GPU does the same work under ZeRO-3), floats;
   `step_seconds`: their sum. The run's own configuration is the one with `"chosen": true`.
 - the plan gains `gpu`: {"name", "source", "bf16_flops", "memory_bandwidth", "interconnect",
-  "interconnect_bandwidth", "host_bandwidth"} (FLOP/s and bytes/s), and `fastest` / `smallest`: the labels of
+  "interconnect_bandwidth", "host_bandwidth", "memory", "network", "network_source", "fetch_latency",
+  "corrections"} (FLOP/s, bytes/s, seconds; `source` names a calibration and its age when one was used,
+  `corrections` the factors a rehearsal on this machine left), and `fastest` / `smallest`: the labels of
   the fitting configuration with the least `step_seconds` and the one with the least `peak_gpu` (null when none
   fits).
 Phase keys (PHASES): `generation` (sampling the rollouts: HF generate or vLLM), `weight_sync` (refreshing vLLM's
