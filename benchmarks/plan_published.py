@@ -40,7 +40,9 @@ HUB_MODELS = {  # hub id -> fixture; the reward and distillation models share th
     "meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "Skywork/Skywork-Reward-Llama-3.1-8B-v0.2": "llama-3.1-8b",
     "EleutherAI/pythia-12b": "pythia-12b", "EleutherAI/pythia-70m": "pythia-70m",
     "Qwen/Qwen2.5-14B-Instruct": "qwen2.5-14b", "Qwen/Qwen2.5-32B-Instruct": "qwen2.5-32b",
-    "Qwen/Qwen2.5-72B-Instruct": "qwen2.5-72b"}
+    "Qwen/Qwen2.5-72B-Instruct": "qwen2.5-72b", "meta-llama/Llama-2-7b-hf": "llama-2-7b",
+    "meta-llama/Llama-2-13b-hf": "llama-2-13b", "Qwen/Qwen3-32B": "qwen3-32b",
+    "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B": "deepseek-r1-distill-qwen-1.5b"}
 MS_SWIFT = "https://github.com/modelscope/ms-swift/blob/main/examples/train"
 # The heads of the measured trainers, where they differ from the replayed one's (derivations in memory.py):
 # transformers' ForCausalLMLoss upcasts the [tokens, vocabulary] logits to fp32 and takes a log-softmax; its
@@ -278,7 +280,7 @@ def main() -> None:
         replays = [replay(row, Path(scratch) / f"row-{index}.yaml") for index, row in enumerate(ROWS)]
         from published_times import NOT_REPLAYED, replay as replay_times
 
-        time_columns, time_rows, orderings = replay_times(Path(scratch))
+        time_columns, time_rows, orderings, time_summary = replay_times(Path(scratch))
     columns, rows = table(replays)
     print_table("rlhf plan against published peaks per GPU", columns, rows)
     agree = sum(r.fits == r.row.ran for r in replays)
@@ -288,8 +290,6 @@ def main() -> None:
                f"are within 15% of the prediction.")
     print(summary)
     print_table("rlhf plan against published step and sync times", time_columns, time_rows)
-    right = sum(line.startswith("right") for line in orderings)
-    time_summary = f"{right} of {len(orderings)} published orderings right."
     print("\n".join([*orderings, time_summary]))
     method = "\n\n".join(__doc__.split("\n\n")[1:-1])
     import published_times

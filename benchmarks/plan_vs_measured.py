@@ -110,7 +110,7 @@ def main() -> None:
     calibration = remembered()
     configs = list(args.configs)
     if "vllm" in configs:
-        from rlhf_cli.plan.vllm import installed
+        from rlhf_cli.plan.engines.vllm import installed
 
         if not installed():
             print("vllm: skipped, vLLM is not installed")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import RECIPES
-from rlhf_cli.config.vllm import installed_vllm
+from rlhf_cli.config.engines.vllm import installed_vllm
 
 LONG = "x" * 300  # longer than any file name the system allows (255)
 SMOKE = f"""model_name_or_path: {RECIPES}/smoke/policy

@@ -36,7 +36,7 @@ def test_trls_colocated_vllm_syncs_through_rlhf_and_server_mode_through_trl(monk
 
     from rlhf_cli.generation.choice import Gather
     from rlhf_cli.generation.sync_buckets import PER_UNIT
-    from rlhf_cli.rank.vllm import sync as vllm_sync
+    from rlhf_cli.rank.engines.vllm import sync as vllm_sync
 
     originals = VLLMGeneration.sync_weights, OnlineDPOTrainer._move_model_to_vllm
     monkeypatch.setattr(VLLMGeneration, "sync_weights", originals[0])  # restored after the test

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,23 @@ def test_an_existing_file_is_kept_unless_forced(cli, tmp_path: Path) -> None:
     assert (tmp_path / "mine.yaml").read_text() == "precious: true\n"
     forced = cli("init", "ppo", "--out", "mine.yaml", "--force")
     assert forced.exit_code == 0 and "total_episodes:" in (tmp_path / "mine.yaml").read_text()
+
+
+@pytest.mark.parametrize("link", ["symbolic", "hard", "dangling"])
+def test_a_link_is_replaced_itself_and_what_it_points_to_is_never_written(cli, tmp_path: Path, link: str) -> None:
+    target = tmp_path / "theirs.yaml"
+    target.write_text("precious: true\n")
+    if link == "hard":
+        os.link(target, tmp_path / "mine.yaml")
+    else:
+        (tmp_path / "mine.yaml").symlink_to(target if link == "symbolic" else tmp_path / "gone.yaml")
+    refused = cli("init", "ppo", "--out", "mine.yaml")
+    assert refused.exit_code == 2 and "already exists" in refused.stderr
+    forced = cli("init", "ppo", "--out", "mine.yaml", "--force")
+    assert forced.exit_code == 0, forced.output
+    mine = tmp_path / "mine.yaml"
+    assert not mine.is_symlink() and "total_episodes:" in mine.read_text()
+    assert target.read_text() == "precious: true\n" and not (tmp_path / "gone.yaml").exists()
 
 
 def test_an_unknown_algorithm_is_refused(cli) -> None:

@@ -17,7 +17,8 @@ from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.generation.choice import Engine, Gather, Generation
 from rlhf_cli.errors import ConfigError, PlanError
-from rlhf_cli.plan import memory, vllm
+from rlhf_cli.plan import memory
+from rlhf_cli.plan.engines import vllm
 from rlhf_cli.plan.estimate import plan_run, planned
 from rlhf_cli.machine.probe import available_ram
 from rlhf_cli.plan.hardware import detect_hardware

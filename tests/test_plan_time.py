@@ -261,7 +261,8 @@ def test_an_unknown_gpu_name_stops_resolution() -> None:
 
 def test_published_times_keep_their_orderings(tmp_path: Path, monkeypatch) -> None:
     """benchmarks/published_times.py: vLLM colocated and a server both faster than HF generation (ms-swift's GKD),
-    2 GiB sync buckets faster than tensor by tensor (the Megatron-LM bridge); each time predicted."""
+    2 GiB sync buckets faster than tensor by tensor (the Megatron-LM bridge), an H200 faster than an A100
+    (DeepScaleR in verl); each of at least 15 times predicted, the errors counted."""
     from helpers import REPO
 
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
@@ -272,11 +273,13 @@ def test_published_times_keep_their_orderings(tmp_path: Path, monkeypatch) -> No
     hub = tmp_path / "hub"
     monkeypatch.setenv("HF_HUB_CACHE", str(hub))
     cache_model_configs(hub, HUB_MODELS)
-    _, rows, orderings = published_times.replay(tmp_path)
-    assert len(rows) == len(published_times.ROWS) and all(row[3] != "-" for row in rows)
+    _, rows, orderings, summary = published_times.replay(tmp_path)
+    assert len(rows) == len(published_times.ROWS) >= 15 and all(row[3] != "-" for row in rows)
+    assert len(orderings) == len(published_times.ORDERINGS) and f"of {len(rows)} times within 30 %" in summary
     right = [line for line in orderings if line.startswith("right")]
     assert any("2 GiB buckets faster" in line for line in right)
     assert sum("faster than GKD Qwen2.5-7B" in line for line in right) == 2
+    assert any("8 x H200" in line.split(" faster than ")[0] for line in right)
 
 
 # -- the inputs ------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ verdict from a measurement."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,9 +12,12 @@ from types import SimpleNamespace
 import pytest
 
 from helpers import RECIPES
-from rlhf_cli.config.rehearsal import PROMPTS_FILE, rehearsal_run, write_longest_prompts
+from rlhf_cli.config.rehearsal import longest_prompts, rehearsal_run
 from rlhf_cli.config.resolve import RunRequest, Setting, resolve
 from rlhf_cli.errors import ConfigError
+from rlhf_cli.output.lock import acquire
+from rlhf_cli.output.ownership import record_end
+from rlhf_cli.output.run_dir import RunDir
 from rlhf_cli.plan.measured import verdict
 
 
@@ -28,37 +32,102 @@ def test_the_rehearsal_is_one_full_length_step_on_the_longest_prompts_in_its_own
     run = _run(tmp_path, data)
     rehearsal = rehearsal_run(run)
     folder = tmp_path / "out.rehearsal"
-    assert rehearsal.output_dir == folder and not (tmp_path / "out" / "run.json").exists()
+    assert rehearsal.output_dir == folder and not (tmp_path / "out").exists()
+    assert not folder.exists()  # nothing is written into the folder before the launcher holds it
     assert rehearsal.value("max_steps") == 1 and rehearsal.value("save_steps") == 1
     assert rehearsal.value("generation_kwargs")["min_new_tokens"] == run.value("max_completion_length")
-    rows = [json.loads(line) for line in (folder / PROMPTS_FILE).read_text().splitlines()]
-    assert rehearsal.value("dataset_name") == str(folder / PROMPTS_FILE)
+    kept = Path(rehearsal.value("dataset_name"))
+    assert kept.is_relative_to(Path(os.environ["RLHF_CACHE"]))
+    rows = [json.loads(line) for line in kept.read_text().splitlines()]
     assert [len(row["prompt"]) for row in rows][0] == 400 and len(rows) <= 6
     assert any("6 rows" in note and "400 characters" in note for note in rehearsal.notes)
-    (folder / "run.json").write_text("{}")  # an earlier rehearsal: replaced
-    assert (rehearsal_run(run).output_dir / PROMPTS_FILE).exists() and not (folder / "run.json").exists()
+    assert Path(rehearsal_run(run).value("dataset_name")) == kept  # the same prompts, the same file
 
 
-def test_a_hub_dataset_is_not_scanned_and_a_foreign_folder_is_not_removed(tmp_path: Path) -> None:
+def _earlier_rehearsal(folder: Path) -> None:
+    """A folder as a finished rehearsal leaves it: the run's files, recorded as the run's."""
+    (folder / "ranks").mkdir(parents=True)
+    for name in ("run.json", "summary.json", "recipe.yaml"):
+        (folder / name).write_text("{}")
+    record_end(RunDir(folder))
+
+
+def test_an_earlier_rehearsal_is_the_launchers_to_replace_and_nothing_else_is_touched(tmp_path: Path) -> None:
+    run = _run(tmp_path, RECIPES / "smoke" / "prompts.jsonl")
+    folder = tmp_path / "out.rehearsal"
+    _earlier_rehearsal(folder)
+    rehearsal = rehearsal_run(run)
+    assert rehearsal.output_dir_entries == ("ranks", "recipe.yaml", "rlhf-files.json", "run.json", "summary.json")
+    assert (folder / "run.json").exists()  # removed by the launcher only, once it holds the folder (--overwrite)
+
+
+@pytest.mark.parametrize("state", ["notes beside", "dataset inside", "live lock", "stale lock", "other host's lock",
+                                   "a link", "a file"])
+def test_every_odd_rehearsal_folder_is_one_line_and_nothing_in_it_is_touched(tmp_path: Path, state: str) -> None:
+    data = tmp_path / "prompts.jsonl"
+    data.write_text((RECIPES / "smoke" / "prompts.jsonl").read_text())
+    folder = tmp_path / "out.rehearsal"
+    if state == "a file":
+        folder.write_text("the user's")
+    elif state == "a link":
+        (tmp_path / "elsewhere").mkdir()
+        _earlier_rehearsal(tmp_path / "elsewhere")
+        folder.symlink_to(tmp_path / "elsewhere")
+    else:
+        _earlier_rehearsal(folder)
+    if state == "notes beside":
+        (folder / "notes.txt").write_text("the user's")
+    elif state == "dataset inside":
+        data = folder / "prompts.jsonl"
+        data.write_text((RECIPES / "smoke" / "prompts.jsonl").read_text())
+    elif state.endswith("lock"):
+        acquire(folder)
+        if state != "live lock":
+            lock = json.loads((folder / "rlhf.lock").read_text())
+            lock.update(pid=2**22 + 1) if state == "stale lock" else lock.update(host="another-host")
+            (folder / "rlhf.lock").write_text(json.dumps(lock))
+    before = _tree(tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        rehearsal_run(_run(tmp_path, data))
+    assert len(refused.value.problems) == 1 and "\n" not in refused.value.problems[0]
+    assert refused.value.problems[0].startswith("--rehearse:")
+    assert _tree(tmp_path) == before
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Every entry under `root` with its content (links by target, never followed)."""
+    found = {}
+    for top, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(top) / name
+            found[str(path)] = (f"-> {os.readlink(path)}" if path.is_symlink() else
+                                path.read_text() if path.is_file() else "dir")
+    return found
+
+
+def test_the_rehearsal_reads_the_prompt_column_the_run_names(tmp_path: Path) -> None:
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"question": "q" * n, "prompt": "p" * (50 - n)}) + "\n" for n in (3, 40, 9)))
+    run = _run(tmp_path, data)
+    run = replace(run, settings={**run.settings, "dataset_prompt_column": Setting("question", "flag --set")})
+    rehearsal = rehearsal_run(run)
+    rows = [json.loads(line) for line in Path(rehearsal.value("dataset_name")).read_text().splitlines()]
+    assert len(rows[0]["question"]) == 40 and any("the longest 40 characters" in n for n in rehearsal.notes)
+
+
+def test_a_hub_dataset_is_not_scanned(tmp_path: Path) -> None:
     run = _run(tmp_path, RECIPES / "smoke" / "prompts.jsonl")
     hub = replace(run, settings={**run.settings, "dataset_name": Setting("trl-lib/tldr", "flag --dataset")})
     rehearsal = rehearsal_run(hub)
     assert rehearsal.value("dataset_name") == "trl-lib/tldr" and any("not scanned" in n for n in rehearsal.notes)
-    (tmp_path / "other").mkdir()
-    (tmp_path / "other.rehearsal").mkdir()
-    (tmp_path / "other.rehearsal" / "mine.txt").write_text("keep")
-    elsewhere = replace(run, settings={**run.settings, "output_dir": Setting(str(tmp_path / "other"), "flag -o")})
-    with pytest.raises(ConfigError):
-        rehearsal_run(elsewhere)
-    assert (tmp_path / "other.rehearsal" / "mine.txt").read_text() == "keep"
 
 
 def test_the_longest_prompts_are_kept_longest_first(tmp_path: Path) -> None:
     source = tmp_path / "rows.csv"
     source.write_text("prompt,id\nab,1\nabcdef,2\nabcd,3\n")
-    read, longest = write_longest_prompts(source, "prompt", 2, tmp_path / "out.jsonl")
+    text, read, longest = longest_prompts(source, "prompt", 2)
     assert (read, longest) == (3, 6)
-    assert [json.loads(line)["id"] for line in (tmp_path / "out.jsonl").read_text().splitlines()] == ["2", "3"]
+    assert [json.loads(line)["id"] for line in text.splitlines()] == ["2", "3"]
 
 
 def _plan(gpu_memory: int, smallest: object = None) -> object:

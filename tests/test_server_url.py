@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from helpers import free_port
-from rlhf_cli.config.server_url import server_problems
+from rlhf_cli.config.engines.vllm_server import server_problems
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from helpers import RECIPES
-from rlhf_cli.rank.vllm.ppo_rollouts import padded, prompt_ids, sampled_logprobs, sampling_settings
-from rlhf_cli.rank.vllm.server import write_weight_files
+from rlhf_cli.rank.engines.vllm.ppo_rollouts import padded, prompt_ids, sampled_logprobs, sampling_settings
+from rlhf_cli.rank.engines.vllm.server import write_weight_files
 
 PAD = 0
 
@@ -44,7 +44,7 @@ def test_sampling_matches_generate_and_stops_only_at_the_stop_token() -> None:
 
 
 def test_server_weights_are_written_as_they_arrive_in_files_of_bounded_size(tmp_path: Path) -> None:
-    """The server-mode sync's files (rlhf_cli/rank/vllm/server.py): every weight once, under its own name, each
+    """The server-mode sync's files (rlhf_cli/rank/engines/vllm/server.py): every weight once, under its own name, each
     copied as it arrives (the tensor handed over is changed right after, as a released bucket would be)."""
     from safetensors.torch import load_file
 
@@ -80,7 +80,7 @@ def test_vllm_serve_starts_the_runs_model_on_loopback_with_its_settings() -> Non
         ("127.0.0.1", "8123", "64", "7")
     # the weight refresh reloads through rlhf's worker method, tied layers re-processed after
     module, _, name = options["--worker-extension-cls"].rpartition(".")
-    from rlhf_cli.rank.vllm.worker_extension import RELOAD_METHOD
+    from rlhf_cli.rank.engines.vllm.worker_extension import RELOAD_METHOD
 
     assert hasattr(getattr(importlib.import_module(module), name), RELOAD_METHOD)
 

@@ -1,4 +1,4 @@
-"""The weight sync into a colocated vLLM (rlhf_cli/rank/vllm/sync.py): how the gather choice becomes buckets, the
+"""The weight sync into a colocated vLLM (rlhf_cli/rank/engines/vllm/sync.py): how the gather choice becomes buckets, the
 names vLLM loads, and, where vLLM is installed, that vLLM generates with the trained policy's logprobs after a
 sync with every bucket size, LoRA merged a layer at a time."""
 
@@ -17,7 +17,7 @@ from rlhf_cli.generation.budget import Budget
 from rlhf_cli.generation.choice import Gather
 from rlhf_cli.generation.sync_buckets import PER_UNIT, WHOLE, buckets
 from rlhf_cli.models.dtype import training_dtype
-from rlhf_cli.rank.vllm.sync import SyncLimit, vllm_name
+from rlhf_cli.rank.engines.vllm.sync import SyncLimit, vllm_name
 
 
 

@@ -68,9 +68,9 @@ def self_check(model, llm) -> dict:
     """The self-check on a good sync, on a sync whose tied layers are not re-processed (the stale tied head), and
     on one that sends the final norm's weight as 3 w + 1."""
     from rlhf_cli.compat import vllm as vllm_compat
-    from rlhf_cli.rank.vllm.self_check import SyncCheck, SyncCheckFailed
+    from rlhf_cli.rank.engines.vllm.self_check import SyncCheck, SyncCheckFailed
     from rlhf_cli.generation.sync_buckets import PER_UNIT
-    from rlhf_cli.rank.vllm.sync import SyncLimit, sync_weights
+    from rlhf_cli.rank.engines.vllm.sync import SyncLimit, sync_weights
 
     found: dict = {"passed": sync_weights(model, llm, SyncLimit(PER_UNIT), check=SyncCheck(1))}
 
@@ -100,7 +100,7 @@ def main(policy: str, targets: list[str]) -> dict:
     from vllm import LLM
 
     from rlhf_cli.generation.sync_buckets import PER_UNIT, WHOLE
-    from rlhf_cli.rank.vllm.sync import SyncLimit, sync_weights
+    from rlhf_cli.rank.engines.vllm.sync import SyncLimit, sync_weights
 
     torch.manual_seed(0)
     llm = LLM(model=policy, dtype="float32", max_model_len=64, enforce_eager=True, seed=0,

@@ -29,7 +29,8 @@ def doctor(
     from rlhf_cli.cli.output import print_error, print_json, stdout
 
     if calibrate:
-        from rlhf_cli.machine.calibration import CalibrationFailed, cache_dir, calibrate as measure
+        from rlhf_cli.machine.cache import cache_dir
+        from rlhf_cli.machine.calibration import CalibrationFailed, calibrate as measure
 
         try:
             found = measure()

@@ -46,7 +46,7 @@ def train(ctx: typer.Context, **options: Any) -> None:
 
     needs = PlanNeeds(plan.chosen.cpu_per_machine if plan.chosen else None, plan.checkpoint_bytes)
     outcome = launch(run, verbosity="quiet" if quiet else "verbose" if options["verbose"] else "normal", needs=needs,
-                     overwrite=options["overwrite"] and not options["rehearse"])
+                     overwrite=options["overwrite"] or options["rehearse"])  # a rehearsal's folder: its own files
     print_outcome(outcome, run, quiet, plan)
     if options["rehearse"] and outcome.exit_code == 0:
         from rlhf_cli.cli.output import print_rehearsal

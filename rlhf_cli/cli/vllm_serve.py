@@ -3,7 +3,7 @@
 It resolves the recipe as the training command does (same flags and `--set`) and starts vLLM's OpenAI-compatible
 server on the run's policy, dtype, context length, tensor parallelism and port. The server listens on loopback
 (127.0.0.1) unless `--host` says otherwise, with vLLM's development endpoints on (VLLM_SERVER_DEV_MODE=1): the
-run refreshes the server's weights through `/collective_rpc` (rlhf_cli/rank/vllm/server.py). TRL's own
+run refreshes the server's weights through `/collective_rpc` (rlhf_cli/rank/engines/vllm/server.py). TRL's own
 `trl vllm-serve` needs CUDA (and the package named `vllm`); this needs neither.
 """
 
@@ -22,9 +22,9 @@ from rlhf_cli.models.dtype import training_dtype
 
 EXAMPLE = "rlhf vllm-serve ppo -r ppo/smoke --port 8000"
 LOOPBACK = "127.0.0.1"
-# the weight refresh's disk reload, tied layers re-processed (rlhf_cli/rank/vllm/worker_extension.py; by name: the CLI
-# imports no rank code)
-WORKER_EXTENSION = "rlhf_cli.rank.vllm.worker_extension.ReloadWithTiedLayers"
+# the weight refresh's disk reload, tied layers re-processed (rlhf_cli/rank/engines/vllm/worker_extension.py; by
+# name: the CLI imports no rank code)
+WORKER_EXTENSION = "rlhf_cli.rank.engines.vllm.worker_extension.ReloadWithTiedLayers"
 
 
 
@@ -67,7 +67,7 @@ def vllm_serve(
 ) -> None:
     """Start the vLLM server for a `vllm_mode: server` run of this recipe; Ctrl-C stops it."""
     from rlhf_cli.config.resolve import RunRequest, resolve
-    from rlhf_cli.config.vllm import INSTALL, installed_vllm, trl_server_command
+    from rlhf_cli.config.engines.vllm import INSTALL, installed_vllm, trl_server_command
 
     given, problems = given_once({"recipe": recipe, "model": model, "set_": set_, "dry_run": dry_run})
     recipe, model, dry_run = given["recipe"], given["model"], given["dry_run"]

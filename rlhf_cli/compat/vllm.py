@@ -1,6 +1,6 @@
-"""vLLM's private internals (and TRL's vLLM glue) that rlhf's engine room (rlhf_cli/rank/vllm/) relies on, listed
-as rlhf_cli/compat lists the rest, with why and until. Resolved only where vLLM is installed (tests/test_compat.py
-skips them elsewhere); vLLM and TRL load inside the functions.
+"""vLLM's private internals (and TRL's vLLM glue) that rlhf's engine room (rlhf_cli/rank/engines/vllm/) relies
+on, listed as rlhf_cli/compat lists the rest, with why and until. Resolved only where vLLM is installed
+(tests/test_compat.py skips them elsewhere); vLLM and TRL load inside the functions.
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ VLLM_INTERNALS = (
 )
 TRL_VLLM_INTERNALS = (
     Internal("trl.generation.vllm_generation:VLLMGeneration.sync_weights",
-             "RLOO's and GRPO's colocated sync is replaced by rlhf's bucketed one (rlhf_cli/rank/vllm/sync.py): "
-             "TRL gathers one tensor per collective, and the whole model at once with LoRA",
+             "RLOO's and GRPO's colocated sync is replaced by rlhf's bucketed one "
+             "(rlhf_cli/rank/engines/vllm/sync.py): TRL gathers one tensor per collective, and the whole model at "
+             "once with LoRA",
              "TRL's sync gathers by buckets and merges LoRA a layer at a time"),
     Internal("trl.experimental.online_dpo:OnlineDPOTrainer._move_model_to_vllm",
              "online DPO's colocated sync, replaced the same way", "as above"),

@@ -1,30 +1,36 @@
 """`--rehearse`: the resolved run as one step at the worst case it will meet, in a folder of its own.
 
-The rehearsal writes into `<output_dir>.rehearsal/` (an earlier rehearsal there is replaced; nothing of the run's own
-output dir is touched), runs `max_steps: 1` and saves a checkpoint at it (`save_steps: 1`), reads the longest
-prompts of a local dataset file (by characters; a hub dataset is used as it is, not scanned) and generates every
-completion to its full length: `min_new_tokens` (HF generate) or `min_tokens` (vLLM) in `generation_kwargs`,
-which TRL 1.16 hands to GenerationConfig and to vLLM's SamplingParams as they are.
+The rehearsal writes into `<output_dir>.rehearsal/`, a run's output dir like any other: checked as one (locked by
+another run, a link, files rlhf did not write: refused in one line), and the launcher, once it holds the lock,
+replaces only what an earlier rehearsal wrote there (as `--overwrite` does). Nothing of the run's own output dir is
+touched. It runs `max_steps: 1` and saves a checkpoint at it (`save_steps: 1`), reads the longest prompts of a
+local dataset file (by characters; a hub dataset is used as it is, not scanned) into rlhf's cache, named by their
+content, and generates every completion to its full length: `min_new_tokens` (HF generate) or `min_tokens` (vLLM)
+in `generation_kwargs`, which TRL 1.16 hands to GenerationConfig and to vLLM's SamplingParams as they are.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import heapq
 import json
 import math
-import shutil
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rlhf_cli.config.data_files import DATA_SUFFIXES
+from rlhf_cli.config.output_dir import OutputDirCheck
+from rlhf_cli.config.paths import writable_dir_problem
 from rlhf_cli.config.run import ResolvedRun, Setting
 from rlhf_cli.errors import ConfigError
+from rlhf_cli.machine.cache import cache_dir
+from rlhf_cli.output.files import write_atomic
 
 SOURCE = "--rehearse"
-PROMPTS_FILE = "longest-prompts.jsonl"
+PROMPTS_DIR = "rehearsal-prompts"  # in rlhf's cache: one file per set of longest prompts, named by its content
 
 
 def rehearsal_dir(output_dir: Path) -> Path:
@@ -78,17 +84,45 @@ def _rows(path: Path) -> Iterator[dict[str, Any]]:
             yield from document if isinstance(document, list) else [document]
 
 
-def write_longest_prompts(source: Path, column: str, count: int, target: Path) -> tuple[int, int]:
-    """The `count` rows of `source` with the longest prompts, longest first, into `target` (JSON Lines); returns
-    (rows read, the longest prompt's characters)."""
+def longest_prompts(source: Path, column: str, count: int) -> tuple[str, int, int]:
+    """The `count` rows of `source` with the longest prompts in `column`, longest first, as JSON Lines; with the
+    rows read and the longest prompt's characters."""
     read = 0
     longest: list[tuple[int, int, dict[str, Any]]] = []
     for read, row in enumerate(_rows(source), start=1):
         entry = (prompt_length(row.get(column, "")), -read, row)
         (heapq.heappush if len(longest) < count else heapq.heappushpop)(longest, entry)
     ranked = sorted(longest, reverse=True, key=lambda entry: entry[:2])
-    target.write_text("".join(json.dumps(row, default=str) + "\n" for _, _, row in ranked))
-    return read, ranked[0][0] if ranked else 0
+    return "".join(json.dumps(row, default=str) + "\n" for _, _, row in ranked), read, ranked[0][0] if ranked else 0
+
+
+def kept_prompts(text: str) -> Path:
+    """`text` in rlhf's cache under a name its content decides: two rehearsals of one dataset share one file, and
+    nothing is ever written into a folder before its run holds it."""
+    path = cache_dir() / PROMPTS_DIR / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.jsonl"
+    try:
+        write_atomic(path, text)
+    except OSError as error:
+        raise ConfigError(f"--rehearse: cannot keep the longest prompts in {path.parent}: "
+                          f"{(error.strerror or str(error)).lower()}; set RLHF_CACHE to a writable folder") from None
+    return path
+
+
+def checked_folder(folder: Path) -> tuple[str, ...]:
+    """What the rehearsal's folder holds now, once it is known to be one a rehearsal may write into as any run
+    into its output dir: not a link, writable, held by no run (a stale or another host's lock included), holding
+    nothing rlhf did not write. Its earlier rehearsal's files are the launcher's to replace, after the lock."""
+    if folder.is_symlink():
+        raise ConfigError(f"--rehearse: {folder} is a symbolic link; a rehearsal writes only into a folder of its own: "
+                          "remove the link or choose another --output-dir")
+    problem = writable_dir_problem(folder, may_create=True)
+    if problem:
+        raise ConfigError(f"--rehearse: {problem}; choose another --output-dir")
+    check = OutputDirCheck(folder, "--rehearse", overwrite=True)
+    problems = check.check((), resume_found=False)
+    if problems:
+        raise ConfigError(problems[0])
+    return check.entries
 
 
 def _full_length(run: ResolvedRun) -> tuple[dict[str, Setting], str]:
@@ -102,15 +136,10 @@ def _full_length(run: ResolvedRun) -> tuple[dict[str, Setting], str]:
 
 
 def rehearsal_run(run: ResolvedRun) -> ResolvedRun:
-    """The rehearsal of `run`: its folder made afresh (an earlier rehearsal removed), the longest prompts written
-    there, and the settings of one worst-case step with a checkpoint saved."""
+    """The rehearsal of `run`: its folder checked, the longest prompts kept, and the settings of one worst-case step
+    with a checkpoint saved. Nothing is written into the folder here: the launcher does, once it holds it."""
     folder = rehearsal_dir(run.output_dir)
-    if folder.exists():
-        if not (folder / "run.json").exists() and not (folder / PROMPTS_FILE).exists():
-            raise ConfigError(f"--rehearse: {folder} exists and holds no rehearsal; move it away or choose another "
-                              "--output-dir")
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    entries = checked_folder(folder)
     settings = {"output_dir": Setting(str(folder), SOURCE), "max_steps": Setting(1, SOURCE),
                 "save_strategy": Setting("steps", SOURCE), "save_steps": Setting(1, SOURCE)}
     notes = [f"rehearsal: one step into {folder}, a checkpoint saved"]
@@ -118,14 +147,16 @@ def rehearsal_run(run: ResolvedRun) -> ResolvedRun:
     path = Path(str(dataset)) if dataset else None
     if path is not None and path.is_file() and path.suffix.lower() in DATA_SUFFIXES:
         count = step_prompts(run)
-        read, longest = write_longest_prompts(path, "prompt", count, folder / PROMPTS_FILE)
-        settings["dataset_name"] = Setting(str(folder / PROMPTS_FILE), SOURCE)
-        notes.append(f"rehearsal: {read} rows of {path} read; the {count} longest prompts kept, the longest "
-                     f"{longest} characters")
+        column = (run.value("dataset_prompt_column") if _has(run, "dataset_prompt_column") else None) or "prompt"
+        text, read, longest = longest_prompts(path, column, count)
+        kept = kept_prompts(text)
+        settings["dataset_name"] = Setting(str(kept), SOURCE)
+        notes.append(f"rehearsal: {read} rows of {path} read; the {count} longest prompts ({column!r}) kept in "
+                     f"{kept}, the longest {longest} characters")
     else:
         notes.append(f"rehearsal: dataset {dataset} is not a local file: not scanned, used as it is")
     forced, said = _full_length(run)
     settings.update(forced)
-    kept = {name: setting for name, setting in run.settings.items() if name != "resume_from_checkpoint"}
-    return replace(run, settings={**kept, **settings}, notes=(*run.notes, *notes, f"rehearsal: {said}"),
-                   output_dir_entries=tuple(sorted(entry.name for entry in folder.iterdir())))
+    kept_settings = {name: setting for name, setting in run.settings.items() if name != "resume_from_checkpoint"}
+    return replace(run, settings={**kept_settings, **settings}, notes=(*run.notes, *notes, f"rehearsal: {said}"),
+                   output_dir_entries=entries)

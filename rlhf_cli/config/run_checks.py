@@ -21,8 +21,8 @@ from rlhf_cli.config.lora import lora_problems
 from rlhf_cli.config.output_dir import Input, OutputDirCheck
 from rlhf_cli.config.paths import path_state, writable_dir_problem
 from rlhf_cli.config.run import Setting
-from rlhf_cli.config.server_url import server_problems, server_url
-from rlhf_cli.config.vllm import length_problems, vllm_problems
+from rlhf_cli.config.engines.vllm_server import server_problems, server_url
+from rlhf_cli.config.engines.vllm import length_problems, vllm_problems
 from rlhf_cli.generation.budget import BudgetError, parse_budget
 from rlhf_cli.generation.choice import Engine
 from rlhf_cli.machine.gpus import GPUS, HardwareError, from_file, named, with_interconnect, with_network
@@ -239,7 +239,8 @@ def check_mixture(draft: Draft) -> None:
 
 
 def check_vllm_server(draft: Draft) -> None:
-    """vLLM's server mode: the server the ranks will wait for is one they can reach (rlhf_cli/config/server_url.py)."""
+    """vLLM's server mode: the server the ranks will wait for is one they can reach
+    (rlhf_cli/config/engines/vllm_server.py)."""
     names = ("use_vllm", "vllm_mode", "vllm_server_base_url", "vllm_server_host", "vllm_server_port",
              "vllm_server_timeout")
     values = {name: draft.value(name) for name in names if name in draft.fields and draft.value(name) is not None}
@@ -251,7 +252,7 @@ def check_vllm_server(draft: Draft) -> None:
     draft.problems += problems
     draft.notes += warnings
     command = draft.request.algorithm.replace("_", "-")
-    if command != "ppo":  # PPO's sync is rlhf's own, through a directory (rlhf_cli/rank/vllm/server.py)
+    if command != "ppo":  # PPO's sync is rlhf's own, through a directory (rlhf_cli/rank/engines/vllm/server.py)
         draft.notes.append(f"--vllm server: {command} syncs the server through TRL's own weight transfer (NCCL: CUDA "
                            f"on both sides); start TRL's server, the line `rlhf vllm-serve {command}` prints")
 

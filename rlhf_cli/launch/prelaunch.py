@@ -31,7 +31,7 @@ from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.launch.command import launch_command
 from rlhf_cli.launch.versions import installed_versions
-from rlhf_cli.machine.calibration import cache_dir
+from rlhf_cli.machine.cache import cache_dir
 from rlhf_cli.output.run_dir import OUTPUT_MODE_ENV, PRELAUNCH_STEP_MARK, RUN_DIR_ENV
 
 PRELAUNCH_MODULE = "rlhf_cli.rank.prelaunch"
@@ -52,8 +52,7 @@ def _last_lines(stderr: str, count: int = 3) -> str:
 
 
 def passed_checks_dir() -> Path:
-    """Where passed checks are remembered, one empty file each: $RLHF_CACHE, else rlhf's folder in the user's
-    cache (XDG_CACHE_HOME, else ~/.cache)."""
+    """Where passed checks are remembered, one empty file each, in rlhf's cache."""
     return cache_dir() / "passed-checks"
 
 

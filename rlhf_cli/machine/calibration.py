@@ -14,7 +14,6 @@ and where there is nothing and no GPU it knows, it plans without seconds and say
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -22,17 +21,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rlhf_cli.machine.cache import cache_dir
 from rlhf_cli.machine.gpus import COLLECTIVE_EFFICIENCY, Gpu
 
-CACHE_ENV = "RLHF_CACHE"  # rlhf's cache dir; default ~/.cache/rlhf (XDG_CACHE_HOME honoured)
 FILE_NAME = "calibration.json"
 TIMEOUT_SECONDS = 120
-
-
-def cache_dir() -> Path:
-    """rlhf's cache dir: $RLHF_CACHE, else rlhf's folder in the user's cache (XDG_CACHE_HOME, else ~/.cache)."""
-    cache = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlhf"
-    return Path(cache)
 
 
 @dataclass(frozen=True)

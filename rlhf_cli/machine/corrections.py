@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from rlhf_cli.machine.calibration import cache_dir
+from rlhf_cli.machine.cache import cache_dir
 
 FILE_NAME = "corrections.json"
 STEP_PHASES = ("generation", "sync", "train")  # measured every step; saving is counted per save

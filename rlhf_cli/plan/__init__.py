@@ -2,11 +2,11 @@
 offload choices?
 
 Modules: `model_sizes` (parameter counts from config.json), `memory` (the formulas, pure functions),
-`hardware` (GPU memory given, detected, or this machine's RAM), `vllm` (vLLM's share of a GPU and its weight
-sync, and its rows of a column), `vllm_search` (the first colocated vLLM configuration that fits), `workload`
-(lengths and batch sizes from the trainer's fields), `inputs` (what the arithmetic reads from a resolved run),
-`columns` (a plan's candidates, columns and JSON form), `estimate` (a resolved run -> its plan, and `gather: auto`),
-`time`, `rates`, `vllm_time` (seconds per optimizer step by phase), `summary` (the fastest and smallest in words).
+`hardware` (GPU memory given, detected, or this machine's RAM), `workload` (lengths and batch sizes from the
+trainer's fields), `inputs` (what the arithmetic reads from a resolved run), `columns` (a plan's candidates, columns
+and JSON form), `estimate` (a resolved run -> its plan, and `gather: auto`), `time`, `rates` (seconds per optimizer
+step by phase), `summary` (the fastest and smallest in words); `engines/` holds each generation engine's rows
+(`engines/vllm`: vLLM's share of a GPU and its weight sync; `vllm_search`, `vllm_time`).
 Nothing here imports torch, transformers, deepspeed or accelerate.
 
 `rlhf plan ALGO ... --json` prints `Plan.as_dict()`:

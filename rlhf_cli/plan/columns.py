@@ -14,7 +14,7 @@ from rlhf_cli.plan import memory
 from rlhf_cli.plan.hardware import Hardware
 from rlhf_cli.plan.memory import Component
 from rlhf_cli.plan.model_sizes import Adapter, ModelSize
-from rlhf_cli.plan.vllm import VllmSettings
+from rlhf_cli.plan.engines.vllm import VllmSettings
 from rlhf_cli.plan.workload import Workload
 
 

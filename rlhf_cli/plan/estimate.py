@@ -22,12 +22,13 @@ from rlhf_cli.config.run_checks import VLLM_SYNC_DEFAULT
 from rlhf_cli.generation.choice import GATHER_KEY, USE_VLLM_KEY, Engine, Gather, Generation
 from rlhf_cli.errors import PlanError
 from rlhf_cli.generation.budget import Budget, ranked
-from rlhf_cli.plan import memory, time, vllm, vllm_search
+from rlhf_cli.plan import memory, time
+from rlhf_cli.plan.engines import vllm, vllm_search
 from rlhf_cli.plan.columns import Candidate, Column, Plan, trained_checkpoint_bytes
 from rlhf_cli.plan.inputs import Inputs, read_inputs
 from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, TRAINING, Component
-from rlhf_cli.plan.vllm import VllmSettings
-from rlhf_cli.plan.vllm_search import OFFLOADS
+from rlhf_cli.plan.engines.vllm import VllmSettings
+from rlhf_cli.plan.engines.vllm_search import OFFLOADS
 from rlhf_cli.plan.workload import tool_note, workload
 from rlhf_cli.sizes import gib
 

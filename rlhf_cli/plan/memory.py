@@ -107,7 +107,7 @@ rlhf_cli/rank/lora.py; A the adapter's parameters, counted from config.json in r
 A checkpoint on disk, summed over ranks: each trained model's weights as saved (P x b) and its optimizer
 states (the fp32 master copy and Adam's two moments: 12 bytes per parameter).
 
-vLLM (generation by vLLM instead of the policy's `generate`): rlhf_cli/plan/vllm.py.
+vLLM (generation by vLLM instead of the policy's `generate`): rlhf_cli/plan/engines/vllm.py.
 
 Not counted: the allocator's fragmentation and caching, mixture-of-experts routing, the generation's
 transient logits, Adam's temporaries (transformers' default is the fused AdamW: none), and adapter matrices
@@ -133,7 +133,7 @@ FUSED_HEAD_TILE = (4096, 32768)  # TRL's fused LM head: tokens x vocabulary entr
 FUSED_HEAD_STATISTICS = 7  # fp32 values per scored token in TRL's fused LM head (max, sums, target logit...)
 FLASH_ATTENTION, SDPA, EAGER = "flash_attention_2", "sdpa", "eager"
 STATIC, GENERATION, TRAINING, STEP, SYNC = "static", "generation", "training", "step", "sync"
-PHASES = (GENERATION, TRAINING, STEP, SYNC)  # SYNC: refreshing vLLM's weights (rlhf_cli/plan/vllm.py)
+PHASES = (GENERATION, TRAINING, STEP, SYNC)  # SYNC: refreshing vLLM's weights (rlhf_cli/plan/engines/vllm.py)
 
 
 def zero3_model_states(params: int, element_bytes: int, gpus_per_machine: int, machines: int, *,

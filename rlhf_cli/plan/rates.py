@@ -1,6 +1,6 @@
 """What one GPU of a run does per second (FLOPs, memory bytes, bytes to the other GPUs and to the host), and the
 work of a forward in FLOPs and ZeRO-3 fetches; shared by the time plan's phases (rlhf_cli/plan/time.py,
-rlhf_cli/plan/vllm_time.py). Every rate is a peak from rlhf_cli/machine/gpus.py times an assumed share of it.
+rlhf_cli/plan/engines/vllm_time.py). Every rate is a peak from rlhf_cli/machine/gpus.py times an assumed share of it.
 """
 
 from __future__ import annotations

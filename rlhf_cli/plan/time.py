@@ -25,7 +25,8 @@ from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import StepWork
 from rlhf_cli.generation.budget import bought_total
 from rlhf_cli.machine.gpus import Gpu
-from rlhf_cli.plan import memory, vllm_time
+from rlhf_cli.plan import memory
+from rlhf_cli.plan.engines import vllm_time
 from rlhf_cli.plan.columns import Candidate
 from rlhf_cli.plan.inputs import Inputs
 from rlhf_cli.plan.model_sizes import ModelSize

@@ -30,8 +30,8 @@ def _config(config_class: type, inputs: RankInputs, **extra: Any) -> Any:
 def _install_vllm(config: Any, inputs: RankInputs) -> None:
     """TRL's colocated vLLM in the policy's training dtype, synced within the run's gather choice."""
     from rlhf_cli.models.dtype import training_dtype
-    from rlhf_cli.rank.vllm.self_check import SyncCheck
-    from rlhf_cli.rank.vllm.sync import install_vllm
+    from rlhf_cli.rank.engines.vllm.self_check import SyncCheck
+    from rlhf_cli.rank.engines.vllm.sync import install_vllm
 
     dtype = training_dtype(config.bf16, config.fp16, (config.model_init_kwargs or {}).get("dtype"),
                            inputs.model_value("model_name_or_path"))

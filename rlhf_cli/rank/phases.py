@@ -1,7 +1,7 @@
 """Where every run's optimizer steps go: seconds per step and peak memory in each phase, measured on every rank.
 
 Phases (STEP_PHASES): `generation` inside TRL's generation context (rlhf_cli/rank/zero3.py), `sync` a weight sync
-into vLLM (rlhf_cli/rank/vllm/sync.py), `saving` a checkpoint's save (from the step that asks for it to
+into vLLM (rlhf_cli/rank/engines/vllm/sync.py), `saving` a checkpoint's save (from the step that asks for it to
 transformers' on_save, rlhf_cli/rank/lifecycle.py), and `train` the rest of the step. Phases nest: a sync inside
 generation counts as sync, not twice. Loading before training and the final save after it are no step's.
 

@@ -118,13 +118,13 @@ class TrainingProgress(TrainerCallback):
 
 def vllm_sync_text() -> str:
     """`  sync 0.21 s 4.2 MiB check 3e-07`: the weight syncs into vLLM since the last log, seconds in all, their
-    largest gathered bytes and the largest difference the self-check measured (rlhf_cli/rank/vllm/self_check.py)
+    largest gathered bytes and the largest difference the self-check measured (rlhf_cli/rank/engines/vllm/self_check.py)
     between vLLM's logprobs and the policy's, when it ran; empty without vLLM."""
     import sys
 
     from rlhf_cli.sizes import readable
 
-    sync = sys.modules.get("rlhf_cli.rank.vllm.sync")  # imported only by runs with vLLM
+    sync = sys.modules.get("rlhf_cli.rank.engines.vllm.sync")  # imported only by runs with vLLM
     calls = sync.SyncLog.take() if sync is not None else []
     if not calls:
         return ""

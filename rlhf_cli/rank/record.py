@@ -35,7 +35,7 @@ def write_rank_record(trainer: Any, phases: dict[str, Any] | None = None) -> Pat
         },
         "phase_memory": PhaseMemory.active.record() if PhaseMemory.active else None,  # RLHF_PROBE_CUDA_MEMORY
         "vllm_sync": _vllm_syncs(),  # seconds, peak_bytes, buckets, limit_numel, full_bytes of each sync
-        # PPO's vLLM rollouts (rlhf_cli/rank/vllm/ppo_rollouts.py): each generation call's seconds
+        # PPO's vLLM rollouts (rlhf_cli/rank/engines/vllm/ppo_rollouts.py): each generation call's seconds
         "vllm_generation_seconds": trainer.vllm.generation_seconds if getattr(trainer, "vllm", None) else None,
     }
     path = RunDir(Path(trainer.args.output_dir)).rank_record(accelerator.process_index)
@@ -48,7 +48,7 @@ def _vllm_syncs() -> list[dict[str, Any]] | None:
     """Each weight sync into a colocated vLLM on this rank; None when the run has no vLLM."""
     import sys
 
-    sync = sys.modules.get("rlhf_cli.rank.vllm.sync")  # imported only by runs with vLLM
+    sync = sys.modules.get("rlhf_cli.rank.engines.vllm.sync")  # imported only by runs with vLLM
     return list(sync.SyncLog.calls) if sync is not None else None
 
 

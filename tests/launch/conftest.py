@@ -28,6 +28,6 @@ def passed_checks(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(autouse=True)
 def shared_passed_checks(isolated_environment: None, passed_checks: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The session's cache in place of the test's own (after `isolated_environment`, which sets that one)."""
-    from rlhf_cli.machine.calibration import CACHE_ENV
+    from rlhf_cli.machine.cache import CACHE_ENV
 
     monkeypatch.setenv(CACHE_ENV, str(passed_checks))

@@ -168,7 +168,7 @@ def test_ppo_with_lora_checkpoints_adapters_and_resumes(tmp_path: Path) -> None:
     assert [e["objective/kl"] for e in resumed[2:]] == pytest.approx([e["objective/kl"] for e in full[2:]])
 
 
-# -- vLLM rollouts (rlhf_cli/rank/vllm/ppo_rollouts.py) ----------------------------------------------------------
+# -- vLLM rollouts (rlhf_cli/rank/engines/vllm/ppo_rollouts.py) ----------------------------------------------------------
 
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
@@ -184,7 +184,7 @@ def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path
     tied Qwen2.5-style stand-in (its own reward and value model), whose head vLLM re-processes after each reload.
     vLLM's log-probs are requested: TRL's mismatch metric and importance-sampling weights are logged. (A
     whole-model sync, one bucket: the server test below, and RLOO's in tests/launch/test_vllm_end_to_end.py,
-    through the same rlhf_cli/rank/vllm/sync.py.)"""
+    through the same rlhf_cli/rank/engines/vllm/sync.py.)"""
     out = tmp_path / "run"
     tied = "--lora" in gather
     model = ("--model", str(tied_vllm_model), "--set", f"reward_model_name_or_path={tied_vllm_model}") if tied else ()

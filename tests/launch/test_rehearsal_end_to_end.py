@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import yaml
+
 from helpers import RECIPES, launch_rlhf
 
 
@@ -18,7 +20,8 @@ def test_a_rehearsal_fits_and_the_same_rehearsal_in_64_mib_names_the_phase_over(
     assert done.returncode == 0
     assert "planned s/step" in done.stdout and "rehearsal: fits" in done.stdout
     assert not out.exists()  # nothing of the run's own
-    kept = (tmp_path / "run.rehearsal" / "longest-prompts.jsonl").read_text().splitlines()
+    kept = Path(yaml.safe_load((tmp_path / "run.rehearsal" / "recipe.yaml").read_text())["dataset_name"]).read_text()
+    kept = kept.splitlines()
     assert json.loads(kept[0])["prompt"].startswith("Tell me about apples. Tell me")
     summary = json.loads((tmp_path / "run.rehearsal" / "summary.json").read_text())
     assert summary["max_steps"] == 1 and summary["phases"]["saving"]["seconds_per_step"] > 0
@@ -28,3 +31,9 @@ def test_a_rehearsal_fits_and_the_same_rehearsal_in_64_mib_names_the_phase_over(
     errors = [line for line in small.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "peaked at" in errors[0] and "Traceback" not in small.stderr
     assert any(f"rehearsal: {phase} peaked" in errors[0] for phase in ("generation", "sync", "saving", "train"))
+
+    notes = tmp_path / "run.rehearsal" / "notes.txt"
+    notes.write_text("the user's")  # beside the rehearsal's files: a third rehearsal there removes nothing
+    refused = launch_rlhf("rloo", out, "--rehearse", "--dataset", str(data))
+    assert refused.returncode == 2 and "notes.txt" in refused.stderr and notes.read_text() == "the user's"
+    assert (tmp_path / "run.rehearsal" / "summary.json").exists()

@@ -40,7 +40,7 @@ class PPOConfig(TrainingArguments):
     lam: float = field(default=0.95, metadata={"help": "Lambda of GAE."})
     ds3_gather_for_generation: bool = field(
         default=True, metadata={"help": "Under ZeRO-3, gather the whole policy on every rank to generate."})
-    # vLLM rollouts: TRL's GRPOConfig keys, names, defaults and meaning (rlhf_cli/rank/vllm/sync.py syncs them).
+    # vLLM rollouts: TRL's GRPOConfig keys, names, defaults and meaning (rlhf_cli/rank/engines/vllm/sync.py syncs them).
     use_vllm: bool = field(default=False, metadata={"help": "Generate rollouts with vLLM instead of model.generate()."})
     vllm_mode: str = field(default="colocate", metadata={
         "help": "`colocate`: vLLM in each training process; `server`: a separate vLLM server (vllm_server_host)."})

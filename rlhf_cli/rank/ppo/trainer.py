@@ -91,7 +91,7 @@ class PPOTrainer(Trainer):
                 frozen.eval()
         self.vllm = None  # rollouts from vLLM (`use_vllm`), its weights refreshed after every update
         if generation.engine.vllm:
-            from rlhf_cli.rank.vllm.ppo_rollouts import VLLMRollouts
+            from rlhf_cli.rank.engines.vllm.ppo_rollouts import VLLMRollouts
 
             self.vllm = VLLMRollouts(args, self.accelerator, policy, processing_class, self.stop_token_id,
                                      generation, vllm_sync_check_steps)

@@ -8,7 +8,7 @@ each token it sampled; old log-probs, values and reference log-probs stay the po
 truncated importance-sampling correction (rlhf_cli/rank/ppo/core.py `sampling_correction`).
 
 After every update the policy's weights go to vLLM (`sync`) through rlhf's bucketed sync
-(rlhf_cli/rank/vllm/sync.py), gathered under the run's gather choice: into the colocated engine, or through a
+(rlhf_cli/rank/engines/vllm/sync.py), gathered under the run's gather choice: into the colocated engine, or through a
 directory into the server.
 """
 
@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from rlhf_cli.generation.choice import Engine, Generation
-from rlhf_cli.rank.vllm import sync as vllm_sync
-from rlhf_cli.rank.vllm.self_check import SyncCheck
-from rlhf_cli.rank.vllm.server import ServerTarget
+from rlhf_cli.rank.engines.vllm import sync as vllm_sync
+from rlhf_cli.rank.engines.vllm.self_check import SyncCheck
+from rlhf_cli.rank.engines.vllm.server import ServerTarget
 from rlhf_cli.rank.zero3 import GenerationClock
 
 
@@ -65,7 +65,7 @@ class VLLMRollouts:
     def __init__(self, args: Any, accelerator: Any, policy: nn.Module, tokenizer: Any, stop_token_id: int | None,
                  generation: Generation, check_every: int) -> None:
         self.args, self.accelerator, self.policy = args, accelerator, policy
-        self.check = SyncCheck(check_every)  # of the colocated engine's syncs (rlhf_cli/rank/vllm/self_check.py)
+        self.check = SyncCheck(check_every)  # of the colocated engine's syncs (self_check.py)
         self.pad_token_id = tokenizer.pad_token_id
         self.limit = vllm_sync.SyncLimit.of(generation.gather, policy)
         self.settings = sampling_settings(args.response_length, args.temperature, stop_token_id)

@@ -13,7 +13,7 @@ vLLM takes the weights through one layerwise reload (rlhf_cli/compat/vllm.vllm_r
 processed as soon as its tensors have arrived, so a bucket's tensors are copied before the bucket is released.
 
 `sync_weights(model, llm, limit)` is the whole sync; `SyncLog` keeps what each sync cost (peak bytes gathered,
-seconds) and the self-check's difference (rlhf_cli/rank/vllm/self_check.py) for the progress line and the rank's
+seconds) and the self-check's difference (rlhf_cli/rank/engines/vllm/self_check.py) for the progress line and the rank's
 record.
 """
 
@@ -103,8 +103,8 @@ def sync_weights(model: Any, llm: Any, limit: SyncLimit, reload: Callable[[Any, 
                  woke: bool = False) -> dict[str, Any]:
     """Send every weight of `model` (ZeRO-3 partitioned or not, with or without LoRA) into the colocated `llm`,
     a bucket of units at a time; every rank takes part (gathering is a collective). Returns the sync's record.
-    `reload(llm, weights)` and `reset(llm)` hand the weights over elsewhere (a vLLM server: rank/vllm/server.py).
-    `check` (a rank/vllm/self_check.SyncCheck) compares vLLM's logprobs with the policy's after the syncs it is
+    `reload(llm, weights)` and `reset(llm)` hand the weights over elsewhere (a vLLM server: server.py beside this).
+    `check` (a self_check.SyncCheck) compares vLLM's logprobs with the policy's after the syncs it is
     due for (`woke`: vLLM just woke up), and stops the run when they differ."""
     with StepPhases.current().during(SYNC):  # this step's `sync` phase (rlhf_cli/rank/phases.py)
         started = time.perf_counter()
@@ -201,7 +201,7 @@ def install_vllm(gather: Gather, dtype: str, seed: int, check: Any) -> None:
     """Make TRL's colocated vLLM (RLOO, GRPO, online DPO; PPO's rollouts) hold the policy in `dtype`, the one the
     trainer holds it in (vLLM would downcast a float32 model to bfloat16), sample from the recipe's `seed` (plus
     TRL's per-rank offset), and sync through `sync_weights`, bucketed by the run's gather choice and checked by
-    `check` (a rank/vllm/self_check.SyncCheck). Server mode keeps TRL's own sync (NCCL to the server)."""
+    `check` (a rank/engines/vllm/self_check.SyncCheck). Server mode keeps TRL's own sync (NCCL to the server)."""
 
     def engine(*args: Any, **kwargs: Any) -> Any:  # trl's `LLM(...)`
         kwargs.setdefault("dtype", dtype)

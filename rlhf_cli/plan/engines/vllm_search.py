@@ -9,11 +9,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from rlhf_cli.generation.choice import Engine, Gather, Generation
-from rlhf_cli.plan import memory, vllm
+from rlhf_cli.plan import memory
+from rlhf_cli.plan.engines import vllm
 from rlhf_cli.plan.columns import Candidate, Column
 from rlhf_cli.plan.hardware import Hardware
 from rlhf_cli.plan.model_sizes import ModelSize
-from rlhf_cli.plan.vllm import VllmSettings
+from rlhf_cli.plan.engines.vllm import VllmSettings
 from rlhf_cli.plan.workload import Workload
 from rlhf_cli.sizes import gib
 

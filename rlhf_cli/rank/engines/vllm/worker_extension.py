@@ -1,5 +1,5 @@
 """What `rlhf vllm-serve` adds to the server's vLLM worker (`--worker-extension-cls`): the disk reload a run's weight
-refresh asks for (`POST /collective_rpc`, rlhf_cli/rank/vllm/server.py), with the layers that share a reloaded
+refresh asks for (`POST /collective_rpc`, rlhf_cli/rank/engines/vllm/server.py), with the layers that share a reloaded
 weight re-processed after it, as the colocated reload does (rlhf_cli/compat/vllm.vllm_reprocess_shared_layers): vLLM's
 own `reload_weights` leaves a tied LM head as it was at load."""
 

@@ -2,8 +2,8 @@
 
 Rank 0 holds TRL's `VLLMClient` (the server's OpenAI-compatible `/v1/completions`); every rank's prompts go to it
 in one request and each rank gets its share back. Weights reach the server through a directory both can read:
-rank 0 writes them as each bucket is gathered (rlhf_cli/rank/vllm/sync.py), then asks the server to reload from
-the directory (`POST /collective_rpc` `rlhf_reload_weights`, rlhf_cli/rank/vllm/worker_extension.py, through a
+rank 0 writes them as each bucket is gathered (rlhf_cli/rank/engines/vllm/sync.py), then asks the server to reload from
+the directory (`POST /collective_rpc` `rlhf_reload_weights`, rlhf_cli/rank/engines/vllm/worker_extension.py, through a
 development endpoint: `rlhf vllm-serve` starts the server with VLLM_SERVER_DEV_MODE=1 and that extension) and to
 drop its prefix cache. TRL's NCCL weight transfer needs CUDA on both sides: it is the GPU transport; the directory
 is the one that works everywhere (and the one tested on CPU).
@@ -102,7 +102,7 @@ class ServerTarget:
 
 
 def reload_server_weights(base_url: str, session: Any, weight_dir: Path) -> None:
-    from rlhf_cli.rank.vllm.worker_extension import RELOAD_METHOD
+    from rlhf_cli.rank.engines.vllm.worker_extension import RELOAD_METHOD
 
     for path, body in (("collective_rpc", {"method": RELOAD_METHOD,
                                            "kwargs": {"weights_path": os.fspath(weight_dir.resolve())}}),

@@ -10,7 +10,8 @@ hands each to vLLM: copied in place when colocated, broadcast from rank 0 to the
 from __future__ import annotations
 
 from rlhf_cli.generation.choice import Engine
-from rlhf_cli.plan import memory, vllm
+from rlhf_cli.plan import memory
+from rlhf_cli.plan.engines import vllm
 from rlhf_cli.plan.columns import Candidate
 from rlhf_cli.plan.inputs import Inputs
 from rlhf_cli.plan.rates import Rates, forward_flops
