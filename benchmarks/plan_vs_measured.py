@@ -9,6 +9,8 @@ them the plan's for exactly the same flags, its phases summed as the ranks measu
 whether the configurations come out in the same order by step time. A table (markdown) and a plot.
 
 The calibration the plan uses is the one remembered in rlhf's cache dir; with `--calibrate` it is measured first.
+A rehearsal on this machine leaves corrections the plan applies (the title says so): for the plan's own accuracy,
+point RLHF_CACHE at a folder with a calibration and no corrections.json.
 Configurations that cannot run here (vLLM not installed) are skipped with the reason.
 
     python benchmarks/plan_vs_measured.py [--repeats 5] [--steps 4] [--configs gather budget no-gather vllm]
@@ -39,8 +41,9 @@ def flags(config: str, steps: int) -> list[str]:
     return ["-r", "rloo/smoke", "--max-steps", str(steps), *CONFIGS[config]]
 
 
-def planned(config: str, steps: int) -> dict[str, float]:
-    """The plan's seconds per step of the run's own configuration, summed as the ranks measure the phases."""
+def planned(config: str, steps: int) -> tuple[dict[str, float], str]:
+    """The plan's seconds per step of the run's own configuration, summed as the ranks measure the phases, and
+    what it timed (the calibration, its age, and a rehearsal's corrections when one was kept here)."""
     from rlhf_cli.plan.measured import MEASURED_PHASES
 
     plan = json_output(run_timed(python_module("rlhf_cli", "plan", "rloo", *flags(config, steps), "--json"),
@@ -48,7 +51,8 @@ def planned(config: str, steps: int) -> dict[str, float]:
     chosen = next(column for column in plan["configurations"] if column["chosen"])
     if not chosen["time"]:
         raise CommandFailed(f"rlhf plan has no seconds here ({plan['gpu']}): run `rlhf doctor --calibrate` first")
-    return {phase: sum(chosen["time"][name] for name in MEASURED_PHASES[phase]) for phase in MEASURED}
+    return ({phase: sum(chosen["time"][name] for name in MEASURED_PHASES[phase]) for phase in MEASURED},
+            plan["gpu"]["source"])
 
 
 def measured(config: str, steps: int, out: Path) -> dict[str, float]:
@@ -105,9 +109,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.calibrate:
         run_timed(python_module("rlhf_cli", "doctor", "--calibrate"), timeout=600)
-    from rlhf_cli.machine.calibration import remembered
-
-    calibration = remembered()
     configs = list(args.configs)
     if "vllm" in configs:
         from rlhf_cli.plan.engines.vllm import installed
@@ -115,13 +116,14 @@ def main() -> None:
         if not installed():
             print("vllm: skipped, vLLM is not installed")
             configs.remove("vllm")
-    plans = {config: planned(config, args.steps) for config in configs}
+    found = {config: planned(config, args.steps) for config in configs}
+    plans = {config: phases for config, (phases, _) in found.items()}
     runs = interleaved(configs, args.repeats, args.steps, args.work_dir)
     rows, within = table(runs, plans)
     by_measured, by_plan = ordering(runs, plans)
     columns = ["configuration", "phase", "measured s/step (median)", "spread", "planned s/step", "error"]
     title = (f"rlhf rloo -r rloo/smoke, {args.steps} steps, {args.repeats} interleaved repeats; plan from "
-             f"{calibration.describe() if calibration else 'no calibration'}")
+             f"{found[configs[0]][1]}")
     print_table(title, columns, rows)
     verdict = (f"ordering (fastest first): measured {', '.join(by_measured)}; planned {', '.join(by_plan)} "
                f"({'same' if by_measured == by_plan else 'differs'}); every phase within {TARGET:.0%}: "
