@@ -2,11 +2,16 @@
 `pytest -m "not launch"` or, the same tests, `pytest tests --ignore tests/launch`. They share one cache of passed
 pre-launch checks: its key leaves out where a run writes and what it resumes (rlhf_cli/launch/prelaunch.py), so
 a launch whose values another already passed skips TRL's import in a process of its own, as a user's next run
-does; tests/test_prelaunch.py checks the check itself from an empty cache."""
+does; tests/test_prelaunch.py checks the check itself from an empty cache.
+
+A launch is the suite's unit of cost (one 2-step run is 15-20 s on 2 cores, most of it start-up), so tests whose
+needs overlap read one run: `shared_runs` starts each run once per session, whichever test asks first."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -31,3 +36,30 @@ def shared_passed_checks(isolated_environment: None, passed_checks: Path, monkey
     from rlhf_cli.machine.cache import CACHE_ENV
 
     monkeypatch.setenv(CACHE_ENV, str(passed_checks))
+
+
+Started = TypeVar("Started")
+
+
+class SharedRuns:
+    """Runs several tests read, each started once per session in a folder of its own, by a key naming what it
+    launched. A run that raised is not kept: the next test that asks starts it again and fails on its own."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.started: dict[Any, Any] = {}
+        self.folders = 0
+
+    def get(self, key: Any, start: Callable[[Path], Started]) -> Started:
+        """What `start(a fresh folder)` returned the first time `key` was asked for."""
+        if key not in self.started:
+            self.folders += 1
+            folder = self.root / f"run-{self.folders}"
+            folder.mkdir()
+            self.started[key] = start(folder)
+        return self.started[key]
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory: pytest.TempPathFactory) -> SharedRuns:
+    return SharedRuns(tmp_path_factory.mktemp("shared-runs"))

@@ -20,23 +20,27 @@ modes (48). Chat-message prompts in one of the two modes of every pair whose fam
 text in the other, arranged so that the default half gives each algorithm chat and plain prompts in both modes.
 pythia and GPT-2 have no chat template, as their real checkpoints. Every algorithm in the registry
 (rlhf_cli/algorithms) runs, from its smoke recipe: a new one is covered once registered.
+
+One RLOO case runs as two machines on this host, one rank each (TWO_MACHINES): the conformance checks read machine
+0's terminal, and test_two_machines_on_one_host_train_together reads the same run.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 from families.build import FAMILIES
-from helpers import FIXTURES, RECIPES, SMALL_BUCKETS, launch_rlhf, sets
+from helpers import FIXTURES, RECIPES, SMALL_BUCKETS, free_port, rlhf_argv, sets
 from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.algorithms.spec import Algorithm
 from rlhf_cli.output.run_dir import PROBE_CUDA_MEMORY_ENV, PROBE_GENERATION_ENV
-
-pytestmark = pytest.mark.conformance
 
 UNTRAINED_HEAD = "loaded as a sequence classifier whose score head starts untrained"
 # What libraries print on a run; it goes to each rank's log (ranks/rank-N.log), on the terminal only with -v.
@@ -91,11 +95,16 @@ def with_lora(entry: Algorithm, family_index: int, mode: str) -> bool:
     return mode == "no-gather" if entry.name == "ppo" else list(FAMILIES)[family_index] in TRL_LORA_FAMILIES
 
 
+def case_id(entry: Algorithm, family: str, mode: str, kind: str, lora: bool) -> str:
+    return f"{entry.command}-{family}-{mode}-{kind}{'-lora' if lora else ''}"
+
+
 CASES = [pytest.param(entry, family, mode, prompt_kind(f, a, mode), with_lora(entry, f, mode),
-                      id=f"{entry.command}-{family}-{mode}-{prompt_kind(f, a, mode)}"
-                         f"{'-lora' if with_lora(entry, f, mode) else ''}",
+                      id=case_id(entry, family, mode, prompt_kind(f, a, mode), with_lora(entry, f, mode)),
                       marks=() if in_default_run(f, a, mode) else pytest.mark.full_matrix)
          for a, entry in enumerate(ALGORITHMS.values()) for f, family in enumerate(FAMILIES) for mode in MODES]
+# In the default run; no LoRA, so that nothing follows the ranks on machine 0 alone.
+TWO_MACHINES = "rloo-gemma-gather-plain"
 
 
 @pytest.fixture(scope="module")
@@ -171,18 +180,65 @@ def assert_saved_model_loads_and_was_trained(out: Path, model: Path, lora: bool)
                if name in initial and weight.shape == initial[name].shape)
 
 
-@pytest.mark.parametrize(("entry", "family", "mode", "kind", "lora"), CASES)
-def test_family_trains(entry: Algorithm, family: str, mode: str, kind: str, lora: bool,
-                       family_models: dict[str, Path], prompts: dict[str, Path], tmp_path: Path) -> None:
-    model, out, samples = family_models[family], tmp_path / "run", tmp_path / "samples"
+class Launched(NamedTuple):
+    done: subprocess.CompletedProcess  # machine 0's, where the case ran on two
+    out: Path
+    samples: Path
+    machines: list[subprocess.CompletedProcess]  # each machine's; one where the case ran on one
+
+
+def on_two_machines(argv: list[str], env: dict[str, str]) -> list[subprocess.CompletedProcess]:
+    """`argv` as two machines of one process each on this host (machine 1 quiet), run to their end."""
+    port = str(free_port())
+    machines = [subprocess.Popen([*argv, "--num-machines", "2", "--num-processes", "2", "--machine-rank", str(rank),
+                                  "--main-process-ip", "127.0.0.1", "--main-process-port", port,
+                                  *(["--quiet"] if rank else [])],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+                for rank in (0, 1)]
+    done = [subprocess.CompletedProcess(machine.args, 0, *machine.communicate(timeout=480)) for machine in machines]
+    for machine, finished in zip(machines, done, strict=True):
+        finished.returncode = machine.returncode
+        print(finished.stdout[-4000:], finished.stderr[-8000:], sep="\n")
+    return done
+
+
+def launch_case(entry: Algorithm, family: str, mode: str, kind: str, lora: bool, model: Path, prompts: Path,
+                folder: Path) -> Launched:
+    """The case's run, 2 steps, its reward function keeping every rank's samples; on two machines if it is
+    TWO_MACHINES."""
+    out, samples = folder / "run", folder / "samples"
     samples.mkdir()
-    recipe = RECIPES / entry.name / "smoke.yaml"
     kl = ["beta=0.05"] if entry.name == "grpo" and lora else []  # GRPO computes no KL at its default beta 0
-    done = launch_rlhf(entry.command, out, f"--{mode}", "--model", str(model), "--reward-model", str(model),
-                       "--dataset", str(prompts[kind]), *short_run(entry),
-                       *sets(f"reward_funcs=[{FIXTURES}/rewards.py:record_samples]", *SMALL_BUCKETS, *kl),
-                       *(["--lora", "--merge-adapter"] if lora else []), recipe=recipe,
-                       env={"RLHF_TEST_SAMPLES": str(samples), PROBE_GENERATION_ENV: "1", PROBE_CUDA_MEMORY_ENV: "1"})
+    argv = rlhf_argv(entry.command, out, f"--{mode}", "--model", str(model), "--reward-model", str(model),
+                     "--dataset", str(prompts), *short_run(entry),
+                     *sets(f"reward_funcs=[{FIXTURES}/rewards.py:record_samples]", *SMALL_BUCKETS, *kl),
+                     *(["--lora", "--merge-adapter"] if lora else []), recipe=RECIPES / entry.name / "smoke.yaml")
+    env = {"RLHF_TEST_SAMPLES": str(samples), PROBE_GENERATION_ENV: "1", PROBE_CUDA_MEMORY_ENV: "1"}
+    if case_id(entry, family, mode, kind, lora) == TWO_MACHINES:
+        machines = on_two_machines(argv, env)
+    else:
+        machines = [subprocess.run(argv, capture_output=True, text=True, timeout=480, env={**os.environ, **env})]
+        print(machines[0].stdout[-4000:], machines[0].stderr[-8000:], sep="\n")
+    return Launched(machines[0], out, samples, machines)
+
+
+@pytest.fixture
+def case_run(family_models: dict[str, Path], prompts: dict[str, Path], shared_runs):
+    """A case's run, launched once per session whichever test asks first."""
+
+    def launched(entry: Algorithm, family: str, mode: str, kind: str, lora: bool) -> Launched:
+        return shared_runs.get(("conformance", case_id(entry, family, mode, kind, lora)), lambda folder: launch_case(
+            entry, family, mode, kind, lora, family_models[family], prompts[kind], folder))
+
+    return launched
+
+
+@pytest.mark.conformance
+@pytest.mark.parametrize(("entry", "family", "mode", "kind", "lora"), CASES)
+def test_family_trains(entry: Algorithm, family: str, mode: str, kind: str, lora: bool, family_models: dict[str, Path],
+                       case_run) -> None:
+    model = family_models[family]
+    done, out, samples, _ = case_run(entry, family, mode, kind, lora)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert "Traceback" not in done.stderr and UNTRAINED_HEAD in done.stderr
     assert_terminal_holds_rlhfs_lines_and_phases(done, out)
@@ -202,3 +258,22 @@ def test_family_trains(entry: Algorithm, family: str, mode: str, kind: str, lora
     assert per_rank[0] and per_rank[1]
     if entry.name == "ppo":  # one seed on every rank made random models agree on 91% of tokens
         assert agreement(*per_rank) < 0.5
+
+
+def test_two_machines_on_one_host_train_together(case_run) -> None:
+    """TWO_MACHINES's run: two launchers on this host, one rank each, machine 1 quiet."""
+    [case] = [case.values for case in CASES if case.id == TWO_MACHINES]
+    _, out, _, machines = case_run(*case)
+    (code0, said0), (code1, said1) = ((machine.returncode, machine.stderr) for machine in machines)
+    assert code0 == code1 == 0
+    assert "run finished" in said0 and "rlhf rloo" in said0  # the summary and the header
+    assert "run finished" not in said1 and "rlhf rloo" not in said1 and "Warning" not in said1  # --quiet
+    records = [json.loads((out / "ranks" / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    assert [(r["rank"], r["machine_rank"], r["local_rank"], r["world_size"]) for r in records] == \
+        [(0, 0, 0, 2), (1, 1, 0, 2)]
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 2
+    assert (out / "machines" / "machine-1" / "launch.sh").is_file() and (out / "launch.sh").is_file()
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "finished" and run["layout"]["num_machines"] == 2
+    assert {"python", "torch", "transformers", "trl", "deepspeed", "accelerate"} <= run["versions"].keys()
+    assert [rank["hostname"] for rank in run["ranks"]] == [os.uname().nodename] * 2

@@ -1,5 +1,5 @@
 """Operating real runs (2 ranks, ZeRO-3 on the CPU): preemption and resume, faults (a failing, killed or blocked rank,
-a full disk), two machines."""
+a full disk). Two machines on one host: a conformance case's run (tests/launch/test_conformance.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import FIXTURES, RECIPES, free_port, rlhf_argv
+from helpers import FIXTURES, RECIPES, rlhf_argv
 from fixtures.rewards import BLOCKED_FILE_ENV, MARKUP
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.output.checkpoints import incomplete_reason
@@ -21,8 +21,10 @@ from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.plan.estimate import plan_run
 from rlhf_cli.output.run_dir import MANIFEST, RunDir
 
-# Twelve steps: PPO counts episodes (8 per update in its smoke recipe), the others steps.
-TWELVE_STEPS = {"ppo": ("--set", "total_episodes=96")}
+# Six steps, room to stop after the second and go on: PPO counts episodes (8 per update in its smoke recipe), the
+# others steps.
+STEPS = 6
+RUN_LENGTH = {"ppo": ("--set", f"total_episodes={8 * STEPS}")}
 # What SLURM sends before it kills a job: SIGTERM on preemption, SIGUSR1 with --signal=USR1@SECONDS. PPO (our own
 # loop and checkpoints) gets one, online DPO the other: TRL's trainers stop and resume through transformers'
 # Trainer alike, and online DPO is the one whose ranks rlhf reseeds (each its own random numbers, a resume's too).
@@ -43,21 +45,21 @@ def finish(process: subprocess.Popen, lines: list[str]) -> tuple[int, str, str]:
 @pytest.mark.parametrize("command", PREEMPTION_SIGNAL)
 def test_a_preemption_signal_checkpoints_and_resume_auto_finishes_the_same_steps(command: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    argv = rlhf_argv(command, out, *TWELVE_STEPS.get(command, ("--max-steps", "12")))
+    argv = rlhf_argv(command, out, *RUN_LENGTH.get(command, ("--max-steps", str(STEPS))))
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     for line in process.stdout:  # not a terminal: one plain line per logged step
         lines.append(line)
-        if line.startswith("step 2/12"):
+        if line.startswith(f"step 2/{STEPS}"):
             process.send_signal(PREEMPTION_SIGNAL[command])
             break
     code, stdout, stderr = finish(process, lines)
     assert code == 75, "preemption has its own exit code"
     metric, label = algorithm(command).headline_metrics[0]  # logged every step, shown on its progress line
-    assert any(line.startswith("step 1/12") and f" {label} " in line and "eta" in line for line in lines)
+    assert any(line.startswith(f"step 1/{STEPS}") and f" {label} " in line and "eta" in line for line in lines)
     preempted = json.loads((out / "preempted.json").read_text())
     stopped = preempted["step"]
-    assert 2 <= stopped < 12 and preempted["signal"] == PREEMPTION_SIGNAL[command].name
+    assert 2 <= stopped < STEPS and preempted["signal"] == PREEMPTION_SIGNAL[command].name
     assert incomplete_reason(Path(preempted["checkpoint"])) is None  # whole: every file at its recorded size
     assert "--resume auto" in stderr
     written = json.loads((out / "rlhf-files.json").read_text())  # all the run's, for --overwrite to remove
@@ -69,11 +71,11 @@ def test_a_preemption_signal_checkpoints_and_resume_auto_finishes_the_same_steps
     assert code == 0
     assert f"--resume auto: continuing from {out / f'checkpoint-{stopped}'}" in stderr
     first = next(line for line in stdout.splitlines() if line.startswith("step "))
-    assert first.startswith(f"step {stopped + 1}/12")  # it went on from the checkpoint, it did not start over
+    assert first.startswith(f"step {stopped + 1}/{STEPS}")  # it went on from the checkpoint, it did not start over
     state = json.loads((out / "trainer_state.json").read_text())
-    assert state["global_step"] == 12
+    assert state["global_step"] == STEPS
     steps = [entry["step"] for entry in state["log_history"] if metric in entry]
-    assert steps == list(range(1, 13))  # every step of an uninterrupted run, each once
+    assert steps == list(range(1, STEPS + 1))  # every step of an uninterrupted run, each once
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["resumed_from_step"] == stopped
     assert not (out / "preempted.json").exists()
@@ -202,25 +204,3 @@ def test_a_full_disk_while_saving_ends_in_one_line_and_resume_auto_goes_on(tmp_p
         assert_resumed_on_fewer_processes(out, stderr, 4, "kl")
     finally:
         subprocess.run(["umount", "--lazy", str(disk)])
-
-
-def test_two_machines_on_one_host_train_together(tmp_path: Path) -> None:
-    port = str(free_port())
-    out = tmp_path / "run"
-    machines = [subprocess.Popen(rlhf_argv("rloo", out, "--num-machines", "2", "--num-processes", "2",
-                                           "--machine-rank", str(rank), "--main-process-ip", "127.0.0.1",
-                                           "--main-process-port", port, *(["--quiet"] if rank else [])),
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
-    (code0, _, said0), (code1, _, said1) = (finish(machine, []) for machine in machines)
-    assert code0 == code1 == 0
-    assert "run finished" in said0 and "rlhf rloo" in said0  # the summary and the header
-    assert "run finished" not in said1 and "rlhf rloo" not in said1 and "Warning" not in said1  # --quiet
-    records = [json.loads((out / "ranks" / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
-    assert [(r["rank"], r["machine_rank"], r["local_rank"], r["world_size"]) for r in records] == \
-        [(0, 0, 0, 2), (1, 1, 0, 2)]
-    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4
-    assert (out / "machines" / "machine-1" / "launch.sh").is_file() and (out / "launch.sh").is_file()
-    run = json.loads((out / "run.json").read_text())
-    assert run["status"] == "finished" and run["layout"]["num_machines"] == 2
-    assert {"python", "torch", "transformers", "trl", "deepspeed", "accelerate"} <= run["versions"].keys()
-    assert [rank["hostname"] for rank in run["ranks"]] == [os.uname().nodename] * 2

@@ -134,41 +134,52 @@ def assert_adapter_and_merged_model_load(out: Path) -> None:
     assert torch.allclose(completion_logits(AutoModelForCausalLM.from_pretrained(merged)), trained, atol=1e-5)
 
 
-def test_ppo_with_lora_learns_on_a_learnable_reward(tmp_path: Path) -> None:
+SAVED_AT = 18  # the LoRA learning run's one checkpoint, 2 updates before its end
+
+
+@pytest.fixture(scope="module")
+def lora_learning_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """20 updates of PPO with LoRA on a learnable reward, saving a checkpoint at update 18, which the learning test
+    reads and the checkpoint test resumes."""
+    out = tmp_path_factory.mktemp("lora-learning") / "run"
+    ppo(out, "--no-gather", "--lora", "--merge-adapter",
+        pairs=(*LEARNABLE, "lora_target_modules=[q_proj, v_proj, lm_head]", "save_strategy=steps",
+               f"save_steps={SAVED_AT}"))
+    return out
+
+
+def test_ppo_with_lora_learns_on_a_learnable_reward(lora_learning_run: Path) -> None:
     """As test_ppo_end_to_end's learning test, with adapters (rank 16) on the policy and value model and no
     reference model: the KL starts at 0 and the score rises, 0.078 -> 0.187 over the last 3 of 20 updates (Kendall's
     tau with the step 0.56; the value loss 0.019 -> 0.005). The adapters include lm_head's: in this random tiny
     model (weights of std 0.02) only the head moves the output distribution, and with PEFT's default q_proj and
     v_proj alone the score stayed flat over 20 updates (in one process: 0.063 -> 0.060, tau -0.02)."""
-    out = tmp_path / "run"
-    ppo(out, "--no-gather", "--lora", "--merge-adapter",
-        pairs=(*LEARNABLE, "lora_target_modules=[q_proj, v_proj, lm_head]"))
-    steps = logged(out)
+    steps = logged(lora_learning_run)
     scores = [entry["objective/scores"] for entry in steps]
     assert len(scores) == 20 and steps[0]["objective/kl"] == 0.0
     first, last = sum(scores[:3]) / 3, sum(scores[-3:]) / 3
     pairs = list(itertools.combinations(range(len(scores)), 2))
     tau = sum((scores[j] > scores[i]) - (scores[j] < scores[i]) for i, j in pairs) / len(pairs)
     assert last > first + 0.05 and tau > 0.4, (tau, scores)
-    assert_adapter_and_merged_model_load(out)
+    assert_adapter_and_merged_model_load(lora_learning_run)
 
 
-def test_ppo_with_lora_checkpoints_adapters_and_resumes(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    ppo(out, "--gather", "--lora", "--set", "save_strategy=steps", "--set", "save_steps=2", pairs=SMALL_BUCKETS)
-    full = logged(out)
-    checkpoint = out / "checkpoint-2"
+def test_ppo_with_lora_checkpoints_adapters_and_resumes(lora_learning_run: Path, tmp_path: Path) -> None:
+    """The learning run's checkpoint resumed, gathering (the run generated from shards: the same tokens)."""
+    full = logged(lora_learning_run)
+    checkpoint = lora_learning_run / f"checkpoint-{SAVED_AT}"
     assert (checkpoint / "adapter_config.json").is_file() and not (checkpoint / "model.safetensors").exists()
     resumed_dir = tmp_path / "resumed"
-    ppo(resumed_dir, "--gather", "--lora", "--resume", str(checkpoint), pairs=SMALL_BUCKETS)
+    ppo(resumed_dir, "--gather", "--lora", "--resume", str(checkpoint),
+        pairs=(*LEARNABLE, "lora_target_modules=[q_proj, v_proj, lm_head]"))
     resumed = logged(resumed_dir)
-    assert [entry["step"] for entry in resumed] == [1, 2, 3, 4]
+    assert [entry["step"] for entry in resumed] == list(range(1, 21))
     # The adapters, optimizer, schedule, RNG and data position came back; the frozen weights load from the base.
-    assert [e["objective/scores"] for e in resumed[2:]] == pytest.approx([e["objective/scores"] for e in full[2:]])
-    assert [e["objective/kl"] for e in resumed[2:]] == pytest.approx([e["objective/kl"] for e in full[2:]])
+    for metric in ("objective/scores", "objective/kl"):
+        assert [e[metric] for e in resumed[SAVED_AT:]] == pytest.approx([e[metric] for e in full[SAVED_AT:]])
 
 
-# -- vLLM rollouts (rlhf_cli/rank/engines/vllm/ppo_rollouts.py) ----------------------------------------------------------
+# -- vLLM rollouts (rlhf_cli/rank/engines/vllm/ppo_rollouts.py) ----------------------------------------------------
 
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
