@@ -13,7 +13,7 @@ from rlhf_cli.config.accelerate import is_zero3
 from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.generation.choice import Gather
 from rlhf_cli.generation.sync_buckets import bucket_limit, bucket_sizes
-from rlhf_cli.machine import corrections
+from rlhf_cli.machine.corrections import remembered as remembered_corrections
 from rlhf_cli.models.architectures import peft_targets
 from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
 from rlhf_cli.plan import memory
@@ -99,7 +99,7 @@ def _hardware(run: ResolvedRun) -> Hardware | str:
     if isinstance(hardware, str):
         return hardware
     hardware = replace(hardware, gpu=gpu, gpu_source=source)
-    kept = corrections.remembered(gpu.name) if gpu is not None and hardware.this_machine else {}
+    kept = remembered_corrections(gpu.name) if gpu is not None and hardware.this_machine else {}
     return replace(hardware, corrections=kept,
                    gpu_source=f"{source}; corrected by a rehearsal here: {_factors(kept)}" if kept else source)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_cli.machine import corrections
+from rlhf_cli.machine.corrections import STEP_PHASES, run_seconds, saves_left
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.columns import Plan
 from rlhf_cli.plan.time import GENERATION, OPTIMIZER_STEP, SAVING, SCORING, TRAINING, WAITING, WEIGHT_SYNC
@@ -97,9 +97,9 @@ def whole_run(summary: dict[str, Any], plan: Plan, steps: int, save_steps: int |
     """(seconds from the rehearsal's measured phases, seconds the plan predicts) for a run of `steps` saving every
     `save_steps` (None: only the final model); rlhf_cli/machine/corrections.py's model for the first."""
     phases = summary.get("phases") or {}
-    per_step = {name: (phases.get(name) or {}).get("seconds_per_step") for name in corrections.STEP_PHASES}
+    per_step = {name: (phases.get(name) or {}).get("seconds_per_step") for name in STEP_PHASES}
     save = (phases.get("saving") or {}).get("seconds_per_step") or 0.0
-    measured = corrections.run_seconds(per_step, steps, corrections.saves_left(0, steps, save_steps), save)
+    measured = run_seconds(per_step, steps, saves_left(0, steps, save_steps), save)
     chosen = plan.chosen if plan.known else None
     planned = chosen.step_seconds * steps if chosen is not None and chosen.step_seconds is not None else None
     return measured, planned

@@ -12,7 +12,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from rlhf_cli.algorithms import algorithm
-from rlhf_cli.machine import corrections
+from rlhf_cli.machine.corrections import STEP_PHASES, run_seconds, saves_left
 from rlhf_cli.rank import terminal
 from rlhf_cli.rank.phases import SAVING, StepPhases
 from rlhf_cli.rank.terminal import PHASES, output_mode
@@ -87,12 +87,12 @@ class TrainingProgress(TrainerCallback):
         step, before, _ = self.baseline
         now = StepPhases.current().snapshot()
         per_step = {phase: (now[phase] - before[phase]) / (state.global_step - step)
-                    for phase in corrections.STEP_PHASES}
+                    for phase in STEP_PHASES}
         saving = now[SAVING] / self.saves if self.saves else 0.0
         saving_by_steps = str(getattr(args, "save_strategy", "no")).lower().endswith("steps")
         save_steps = getattr(args, "save_steps", None) if saving_by_steps else None
-        left = corrections.saves_left(state.global_step, state.max_steps, int(save_steps) if save_steps else None)
-        return corrections.run_seconds(per_step, state.max_steps - state.global_step, left, saving)
+        left = saves_left(state.global_step, state.max_steps, int(save_steps) if save_steps else None)
+        return run_seconds(per_step, state.max_steps - state.global_step, left, saving)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
         metrics = self.algorithm.format_metrics(logs or {})
