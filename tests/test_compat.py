@@ -43,8 +43,9 @@ def test_trls_colocated_vllm_syncs_through_rlhf_and_server_mode_through_trl(monk
     monkeypatch.setattr(OnlineDPOTrainer, "_move_model_to_vllm", originals[1])
     monkeypatch.setattr(vllm_compat, "replace_trl_vllm_engine", lambda factory: None)  # TRL imports LLM only with vLLM
     synced, served = [], []
+    monkeypatch.setattr(vllm_sync.ColocatedVLLM, "of", lambda llm, check: (llm, check))
     monkeypatch.setattr(vllm_sync, "sync_weights",
-                        lambda model, llm, limit, check, woke: synced.append((model, llm, limit, check)))
+                        lambda model, target, limit, woke: synced.append((model, *target, limit)))
     vllm_sync.install_vllm(Gather.shards, dtype="float32", seed=0, check="the check")
     assert VLLMGeneration.sync_weights.__wrapped__ is originals[0]
     assert OnlineDPOTrainer._move_model_to_vllm.__wrapped__ is originals[1]
@@ -57,8 +58,8 @@ def test_trls_colocated_vllm_syncs_through_rlhf_and_server_mode_through_trl(monk
 
     Generation.model = torch.nn.Linear(2, 2)
     VLLMGeneration.sync_weights(Generation())
-    assert synced and synced[0][1] is Generation.llm and synced[0][2].numel == PER_UNIT
-    assert synced[0][3] == "the check"
+    assert synced and synced[0][1] is Generation.llm and synced[0][3].numel == PER_UNIT
+    assert synced[0][2] == "the check"
     Generation.mode = "server"
     VLLMGeneration.sync_weights(Generation())
     assert len(synced) == 1 and len(served) == 1  # the server's own transport, as TRL does it

@@ -1,6 +1,7 @@
-"""The weight sync into a colocated vLLM (rlhf_cli/rank/engines/vllm/sync.py): how the gather choice becomes buckets, the
-names vLLM loads, and, where vLLM is installed, that vLLM generates with the trained policy's logprobs after a
-sync with every bucket size, LoRA merged a layer at a time."""
+"""The weight sync into a colocated vLLM (rlhf_cli/rank/engines/sync.py, weights.py, delta.py): how the gather
+choice becomes buckets, the names vLLM loads, and, where vLLM is installed, that vLLM generates with the trained
+policy's logprobs after a sync with every bucket size, LoRA merged a layer at a time, and that a delta sync leaves
+vLLM with what a full sync does."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from rlhf_cli.generation.budget import Budget
 from rlhf_cli.generation.choice import Gather
 from rlhf_cli.generation.sync_buckets import PER_UNIT, WHOLE, buckets
 from rlhf_cli.models.dtype import training_dtype
-from rlhf_cli.rank.engines.vllm.sync import SyncLimit, vllm_name
+from rlhf_cli.rank.engines.weights import SyncLimit
+from rlhf_cli.rank.engines.weights import checkpoint_name as vllm_name
 
 
 
@@ -137,3 +139,29 @@ def test_every_family_is_served_as_trained(family: str, tmp_path: Path) -> None:
     result = _synced(build_family(family, tmp_path / family, vllm=True), FAMILY_LORA[family])
     _assert_faithful(result, separate_tied_head=family in ("qwen2.5", "gpt2"), reprocess_needed=family == "gemma")
     assert result["tied"] == (family in ("qwen2.5", "gpt2", "gemma"))
+
+
+@needs_vllm
+def test_a_delta_sync_sends_what_changed_and_a_lost_patch_stops_the_sync() -> None:
+    """bf16 policy and vLLM: the first sync is dense, the next sends only changed elements (fewer bytes than
+    dense), after which vLLM holds bit for bit what a full sync sends and serves the policy's logprobs; a lost
+    patch is named."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(Path(__file__).parent),
+                                                        os.environ.get("PYTHONPATH", "")]),
+           "MASTER_PORT": str(free_port())}
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("vllm_delta.py")),
+                           str(RECIPES / "smoke" / "policy")], capture_output=True, text=True, timeout=540, env=env)
+    line = next((line for line in done.stdout.splitlines() if line.startswith("RESULT ")), None)
+    assert done.returncode == 0 and line, done.stdout[-3000:] + done.stderr[-6000:]
+    result = json.loads(line[len("RESULT "):])
+    first, delta = result["first"], result["delta"]
+    assert first["mode"] == "dense" and first["dense_reason"].startswith("first sync")
+    assert first["bytes_sent"] == first["dense_bytes"] == 146240 * 2  # the smoke policy in bf16
+    assert delta["mode"] == "sparse" and 0 < delta["changed_share"] < 1
+    assert 0 < delta["bytes_sent"] < delta["dense_bytes"], delta
+    assert delta["groups_verified"] == first["groups_verified"] > 0
+    assert delta["gap"] < 0.05  # bf16 kernels: vLLM's and the policy's logprobs agree to bf16's precision
+    assert result["checksums_equal"] and result["checksums"] > 0  # the delta left what a full sync leaves
+    assert result["dropped"] == ["model.layers.1.mlp.down_proj.weight"]
+    assert result["lost"].startswith("after weight sync 2, the generator's model.layers.1.mlp.down_proj.weight "
+                                     "differs from the policy's") and "\n" not in result["lost"]

@@ -70,25 +70,30 @@ def self_check(model, llm) -> dict:
     from rlhf_cli.compat import vllm as vllm_compat
     from rlhf_cli.rank.engines.vllm.self_check import SyncCheck, SyncCheckFailed
     from rlhf_cli.generation.sync_buckets import PER_UNIT
-    from rlhf_cli.rank.engines.vllm.sync import SyncLimit, sync_weights
+    from rlhf_cli.rank.engines.sync import sync_weights
+    from rlhf_cli.rank.engines.weights import SyncLimit
+    from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
 
-    found: dict = {"passed": sync_weights(model, llm, SyncLimit(PER_UNIT), check=SyncCheck(1))}
+    found: dict = {"passed": sync_weights(model, ColocatedVLLM(llm, SyncCheck(1)), SyncLimit(PER_UNIT))}
 
-    def stale_tied_head(engine, weights):
-        vllm_compat.vllm_model_runner(engine).reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+    class StaleTiedHead(ColocatedVLLM):
+        def load(self, weights):
+            vllm_compat.vllm_model_runner(self.llm).reload_weights(weights_iterator=weights,
+                                                                    is_checkpoint_format=True)
 
     norm = next(name for name, param in model.named_parameters()  # the final norm: it scales every logit
                 if param.dim() == 1 and name.endswith("weight") and ("norm" in name or "ln_f" in name)
                 and ".layers." not in name and ".h." not in name)
 
-    def broken_norm(engine, weights):
-        vllm_compat.vllm_reload_weights(engine, ((n, t * 3 + 1 if norm.endswith(n) else t) for n, t in weights))
+    class BrokenNorm(ColocatedVLLM):
+        def load(self, weights):
+            vllm_compat.vllm_reload_weights(self.llm, ((n, t * 3 + 1 if norm.endswith(n) else t) for n, t in weights))
 
     found["broken"] = norm
-    for case, reload in (("stale_tied_head", stale_tied_head), ("broken_norm", broken_norm)):
+    for case, target in (("stale_tied_head", StaleTiedHead), ("broken_norm", BrokenNorm)):
         train_one_step(model)
         try:
-            found[case] = sync_weights(model, llm, SyncLimit(PER_UNIT), reload=reload, check=SyncCheck(1))
+            found[case] = sync_weights(model, target(llm, SyncCheck(1)), SyncLimit(PER_UNIT))
         except SyncCheckFailed as failed:
             found[case] = str(failed)
     return found
@@ -100,7 +105,9 @@ def main(policy: str, targets: list[str]) -> dict:
     from vllm import LLM
 
     from rlhf_cli.generation.sync_buckets import PER_UNIT, WHOLE
-    from rlhf_cli.rank.engines.vllm.sync import SyncLimit, sync_weights
+    from rlhf_cli.rank.engines.sync import sync_weights
+    from rlhf_cli.rank.engines.weights import SyncLimit
+    from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
 
     torch.manual_seed(0)
     llm = LLM(model=policy, dtype="float32", max_model_len=64, enforce_eager=True, seed=0,
@@ -112,13 +119,13 @@ def main(policy: str, targets: list[str]) -> dict:
     one_layer = sum(p.numel() for p in model.get_decoder().layers[0].parameters()) \
         if hasattr(model.get_decoder(), "layers") else sum(p.numel() for p in model.get_decoder().h[0].parameters())
     for name, limit in (("whole", WHOLE), ("per_unit", PER_UNIT), ("one_layer", one_layer)):
-        record = sync_weights(model, llm, SyncLimit(limit))
+        record = sync_weights(model, ColocatedVLLM(llm), SyncLimit(limit))  # a new target: a dense sync
         result["synced"][name] = {"gap": greedy_gap(llm, model), **record}
     result["check"] = self_check(model, llm)
     if targets:
         lora = adapted(model, targets)
         result["lora_stale"] = greedy_gap(llm, lora)
-        record = sync_weights(lora, llm, SyncLimit(PER_UNIT))
+        record = sync_weights(lora, ColocatedVLLM(llm), SyncLimit(PER_UNIT))
         result["lora"] = {"gap": greedy_gap(llm, lora), **record}
         result["lora_still_unmerged"] = not any(getattr(m, "merged", False) for m in lora.modules())
     return result

@@ -35,6 +35,12 @@ VLLM_INTERNALS = (
              "vLLM's layerwise reload re-processes layers that share a reloaded weight", ("layer",)),
     Internal("vllm.model_executor.layers.linear:UnquantizedLinearMethod.process_weights_after_loading",
              "as above, for a tied layer built as a linear one", "as above", ("layer",)),
+    Internal("vllm.model_executor.model_loader.checkpoint_weight_patch:load_checkpoint_weight_patches",
+             "the delta sync (rlhf_cli/rank/engines/delta.py) applies sparse patches in checkpoint coordinates "
+             "through the model's own `load_weights` (fused and packed parameters included)",
+             "vLLM's LLM offers a public sparse weight update", ("model", "patches")),
+    Internal("vllm.model_executor.model_loader.checkpoint_weight_patch:CheckpointWeightPatch", "as above",
+             "as above"),
     # TRL imports vLLM's LLM into these modules only where vLLM is installed
     Internal("trl.generation.vllm_generation:LLM",
              "TRL builds colocated vLLM without a dtype, and vLLM downcasts a float32 model to bfloat16 (on CPU and "
@@ -119,6 +125,71 @@ def vllm_reprocess_shared_layers(model: Any) -> list[str]:
     for _, module in shared:
         module.quant_method.process_weights_after_loading(module)
     return [name for name, _ in shared]
+
+
+def vllm_dtype(llm: Any) -> Any:
+    """The torch dtype a colocated `vllm.LLM` holds its weights in."""
+    return llm.llm_engine.model_config.dtype
+
+
+def vllm_keep_unpacked_weights(model: Any) -> dict[Any, Any]:
+    """From the next load on, keep each linear layer's weight as loaded where vLLM drops it after repacking it for
+    its kernels (the CPU build: oneDNN or SGL packs, `dispatch_cpu_unquantized_gemm(remove_weight=True)`): a
+    sparse patch is written into that weight (`vllm_apply_patches`). Returns the map (layer: weight) it fills;
+    empty where vLLM keeps its weights (CUDA)."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    kept: dict[Any, Any] = model.__dict__.setdefault("rlhf_kept_weights", {})  # one map per model
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, UnquantizedLinearMethod) and "rlhf_keeps" not in method.__dict__:
+            method.process_weights_after_loading = _keeping(method.process_weights_after_loading, kept)
+            method.rlhf_keeps = True
+    return kept
+
+
+def _keeping(process: Callable[[Any], None], kept: dict[Any, Any]) -> Callable[[Any], None]:
+    def process_weights_after_loading(layer: Any) -> None:
+        weight = layer._parameters.get("weight")
+        process(layer)
+        if weight is not None and not weight.is_meta and weight.numel() and layer._parameters.get("weight") \
+                is not weight:
+            kept[layer] = weight
+        else:
+            kept.pop(layer, None)
+
+    return process_weights_after_loading
+
+
+def vllm_apply_patches(model: Any, patches: list[tuple[str, tuple[int, ...], Any, Any, Any]],
+                       kept: dict[Any, Any]) -> set[str]:
+    """Write (name, shape, dtype, values, flat indices) patches into a loaded vLLM model in place, through vLLM's
+    checkpoint-coordinate loader, then re-process every layer that took one (and the layers sharing a weight: a
+    tied head) as a load does; returns the names of vLLM's parameters written. Layers whose weight vLLM dropped
+    after repacking it get their kept weight back for the patches (`vllm_keep_unpacked_weights`)."""
+    from vllm.model_executor.model_loader.checkpoint_weight_patch import (CheckpointWeightPatch,
+                                                                          load_checkpoint_weight_patches)
+
+    dropped = {layer: layer._parameters["weight"] for layer in kept}
+    for layer, weight in kept.items():
+        layer.weight = weight
+    loaded: set[str] = set()
+    try:
+        loaded = load_checkpoint_weight_patches(model, [CheckpointWeightPatch(name, shape, dtype, values, indices)
+                                                        for name, shape, dtype, values, indices in patches])
+    finally:
+        modules = dict(model.named_modules())
+        touched = {modules.get(name.rpartition(".")[0]) for name in loaded}
+        for layer, weight in dropped.items():
+            if layer not in touched:
+                layer.weight = weight
+    for layer in touched:
+        method = getattr(layer, "quant_method", None)
+        if layer is not None and hasattr(method, "process_weights_after_loading") and \
+                getattr(layer, "weight", None) is not None:
+            method.process_weights_after_loading(layer)
+    vllm_reprocess_shared_layers(model)
+    return loaded
 
 
 def vllm_reset_prefix_cache(llm: Any) -> None:

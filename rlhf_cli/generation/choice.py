@@ -5,7 +5,7 @@ In a recipe it is TRL's keys, `ds3_gather_for_generation` (`gather`: true, false
 (rlhf_cli/config/run_checks.py), and this module reads them once into a `Generation`. The resolved recipe still
 writes those keys (`trl_settings`), so the ranks and TRL read what they always did; the ranks build their
 `Generation` from it the same way. With vLLM the gather choice governs its weight sync
-(rlhf_cli/rank/engines/vllm/sync.py).
+(rlhf_cli/rank/engines/weights.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where every run's optimizer steps go: seconds per step and peak memory in each phase, measured on every rank.
 
 Phases (STEP_PHASES): `generation` inside TRL's generation context (rlhf_cli/rank/zero3.py), `sync` a weight sync
-into vLLM (rlhf_cli/rank/engines/vllm/sync.py), `saving` a checkpoint's save (from the step that asks for it to
+into vLLM (rlhf_cli/rank/engines/sync.py), `saving` a checkpoint's save (from the step that asks for it to
 transformers' on_save, rlhf_cli/rank/lifecycle.py), and `train` the rest of the step. Phases nest: a sync inside
 generation counts as sync, not twice. Loading before training and the final save after it are no step's.
 
@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 GENERATION, SYNC, SAVING, TRAIN = "generation", "sync", "saving", "train"
 STEP_PHASES = (GENERATION, SYNC, SAVING, TRAIN)
-CONSUMERS = ("steps", "probe")  # StepPhases and PhaseMemory
+CONSUMERS = ("steps", "probe", "sync")  # StepPhases, PhaseMemory and the weight sync
 PEAK_KEY = "peak_bytes"
 STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
 

@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from rlhf_cli.rank.engines.sync_log import SYNC_LOG
 from rlhf_cli.rank.phases import merged
 from rlhf_cli.rank.probes import GenerationProbe, PhaseMemory
 from rlhf_cli.output.run_dir import RunDir, checkpoint_step
@@ -34,7 +35,9 @@ def write_rank_record(trainer: Any, phases: dict[str, Any] | None = None) -> Pat
             "per_call": calls,  # seconds, all_gathers, peak_bytes, rss_peak_bytes, ... of each call
         },
         "phase_memory": PhaseMemory.active.record() if PhaseMemory.active else None,  # RLHF_PROBE_CUDA_MEMORY
-        "vllm_sync": _vllm_syncs(),  # seconds, peak_bytes, buckets, limit_numel, full_bytes of each sync
+        # each weight sync into the generator: seconds, mode (dense|sparse), bytes_sent, dense_bytes,
+        # changed_share, peak_memory_bytes, buckets, peak_bytes gathered, ... (rlhf_cli/rank/engines/weights.py)
+        "vllm_sync": SYNC_LOG.records(),
         # PPO's vLLM rollouts (rlhf_cli/rank/engines/vllm/ppo_rollouts.py): each generation call's seconds
         "vllm_generation_seconds": trainer.vllm.generation_seconds if getattr(trainer, "vllm", None) else None,
     }
@@ -42,14 +45,6 @@ def write_rank_record(trainer: Any, phases: dict[str, Any] | None = None) -> Pat
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path
-
-
-def _vllm_syncs() -> list[dict[str, Any]] | None:
-    """Each weight sync into a colocated vLLM on this rank; None when the run has no vLLM."""
-    import sys
-
-    sync = sys.modules.get("rlhf_cli.rank.engines.vllm.sync")  # imported only by runs with vLLM
-    return list(sync.SyncLog.calls) if sync is not None else None
 
 
 def write_summary(trainer: Any, algorithm: str, status: str, wall_seconds: float,
@@ -75,8 +70,16 @@ def write_summary(trainer: Any, algorithm: str, status: str, wall_seconds: float
         "wall_seconds": round(wall_seconds, 1),  # this launch: loading, training and saving
         "steps_per_second": round((state.global_step - first_step) / wall_seconds, 4) if wall_seconds else None,
         **(merged(ranks) or {"phases": None, "memory": None}),
+        "weight_syncs": _sync_summary(),
         "final_metrics": {key: value for key, value in (step_logs[-1] if step_logs else {}).items()
                           if isinstance(value, (int, float))},
         "saved": str(output_dir.path if status == "finished" else output_dir.checkpoint(state.global_step)),
     }
     output_dir.summary.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def _sync_summary() -> list[dict[str, Any]] | None:
+    """Rank 0's weight syncs, compactly: the bytes sent count every rank's patches, so rank 0's say it all."""
+    keys = ("mode", "dense_reason", "bytes_sent", "dense_bytes", "changed_share", "seconds", "peak_memory_bytes")
+    records = SYNC_LOG.records()
+    return [{key: record.get(key) for key in keys} for record in records] if records else None

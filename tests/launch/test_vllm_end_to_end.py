@@ -70,3 +70,29 @@ def _model_bytes(path: Path) -> int:
 
     with safe_open(str(path / "model.safetensors"), "pt") as saved:
         return sum(math.prod(saved.get_slice(name).get_shape()) * 4 for name in saved.keys())
+
+
+def test_a_bf16_generator_is_synced_by_deltas_of_what_changed(tmp_path: Path, tied_vllm_model: Path) -> None:
+    """GRPO with a bf16 policy and generator at an RL learning rate (1e-6), on the tied stand-in: the first sync is
+    dense, every later one a shard-local delta of at most 10 % of the dense bytes, checked bit for bit against the
+    policy's weights after every sync (all parameter groups) and by the logprob self-check after a delta."""
+    out = tmp_path / "run"
+    done = launch_rlhf("grpo", out, "--vllm", "colocate", "--no-gather", "--model", str(tied_vllm_model),
+                       "--max-steps", "4", *sets(*SMALL_BUCKETS, f"reward_model_name_or_path={tied_vllm_model}",
+                                                 "bf16=true", "learning_rate=1e-6", "vllm_sync_check_steps=2"),
+                       timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    progress = [line for line in done.stdout.splitlines() if line.startswith("step ")]
+    assert " dense " in progress[0] and all(" sparse " in line for line in progress[1:]), progress
+    for records in _sync_records(out):
+        assert len(records) == 4 and records[0]["mode"] == "dense", records
+        assert records[0]["bytes_sent"] == records[0]["dense_bytes"] == _model_bytes(tied_vllm_model) // 2
+        assert records[0]["groups_verified"] > 0 and records[0]["groups_unverified"] == []
+        for record in records[1:]:
+            assert record["mode"] == "sparse" and record["bytes_sent"] <= record["dense_bytes"] / 10, record
+            assert 0 <= record["changed_share"] < 0.1 and record["peak_bytes"] == 0  # nothing gathered
+            assert record["groups_verified"] == records[0]["groups_verified"]
+            assert record["peak_memory_bytes"] > 0
+        assert records[1]["check_logp_difference"] < 0.1  # the self-check passes after a delta (bf16 tolerance)
+    summary = json.loads((out / "summary.json").read_text())
+    assert [sync["mode"] for sync in summary["weight_syncs"]] == ["dense", "sparse", "sparse", "sparse"]

@@ -8,7 +8,7 @@ each token it sampled; old log-probs, values and reference log-probs stay the po
 truncated importance-sampling correction (rlhf_cli/rank/ppo/core.py `sampling_correction`).
 
 After every update the policy's weights go to vLLM (`sync`) through rlhf's bucketed sync
-(rlhf_cli/rank/engines/vllm/sync.py), gathered under the run's gather choice: into the colocated engine, or through a
+(rlhf_cli/rank/engines/weights.py), gathered under the run's gather choice: into the colocated engine, or through a
 directory into the server.
 """
 
@@ -21,9 +21,11 @@ import torch
 from torch import nn
 
 from rlhf_cli.generation.choice import Engine, Generation
-from rlhf_cli.rank.engines.vllm import sync as vllm_sync
+from rlhf_cli.rank.engines.sync import sync_weights
+from rlhf_cli.rank.engines.weights import SyncLimit
 from rlhf_cli.rank.engines.vllm.self_check import SyncCheck
 from rlhf_cli.rank.engines.vllm.server import ServerTarget
+from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
 from rlhf_cli.rank.zero3 import GenerationClock
 
 
@@ -67,7 +69,7 @@ class VLLMRollouts:
         self.args, self.accelerator, self.policy = args, accelerator, policy
         self.check = SyncCheck(check_every)  # of the colocated engine's syncs (self_check.py)
         self.pad_token_id = tokenizer.pad_token_id
-        self.limit = vllm_sync.SyncLimit.of(generation.gather, policy)
+        self.limit = SyncLimit.of(generation.gather, policy)
         self.settings = sampling_settings(args.response_length, args.temperature, stop_token_id)
         self.generation_seconds: list[float] = []  # of every call, for the rank record
         self.server = ServerTarget(args, accelerator) if generation.engine == Engine.server else None
@@ -108,11 +110,8 @@ class VLLMRollouts:
         A sleeping colocated engine dropped its weights: its next `generate` sends them (TRL's VLLMGeneration)."""
         if self.generation is not None and self.args.vllm_enable_sleep_mode:
             return {}
-        if self.generation is not None:
-            measured = vllm_sync.sync_weights(self.policy, self.generation.llm, self.limit, check=self.check)
-        else:
-            measured = vllm_sync.sync_weights(self.policy, self.server, self.limit, reload=ServerTarget.write_weights,
-                                              reset=ServerTarget.reload)
+        target = ColocatedVLLM.of(self.generation.llm, self.check) if self.generation is not None else self.server
+        measured = sync_weights(self.policy, target, self.limit)
         checked = {"vllm/sync_check_logp_difference": measured["check_logp_difference"]} \
             if "check_logp_difference" in measured else {}
         return {"vllm/sync_seconds": measured["seconds"], "vllm/sync_peak_bytes": float(measured["peak_bytes"]),

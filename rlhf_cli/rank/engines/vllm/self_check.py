@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rlhf_cli.compat import vllm as vllm_compat
-from rlhf_cli.rank.engines.vllm.sync import checkpoint_names, gathered
+from rlhf_cli.rank.engines.weights import checkpoint_names, gathered
 
 PROBE_PROMPTS = 3
 PROBE_PROMPT_TOKENS = 6

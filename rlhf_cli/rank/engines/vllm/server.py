@@ -52,12 +52,16 @@ def write_weight_files(directory: Path, weights: Iterable[tuple[str, torch.Tenso
 
 
 class ServerTarget:
-    """Generation from, and weights into, the run's vLLM server."""
+    """Generation from, and weights into, the run's vLLM server: a WeightTarget
+    (rlhf_cli/rank/engines/weights.py) that takes whole weights only."""
+
+    dense_reason = "the vLLM server reloads whole weight files"
 
     def __init__(self, args: Any, accelerator: Any) -> None:
         self.accelerator = accelerator
         self.weight_dir = Path(args.output_dir, "vllm-weights")
         self.client = None
+        self.dtype = None  # the server's: every sync into it is dense
         if accelerator.is_main_process:
             from trl.generation.vllm_client import VLLMClient
 
@@ -84,8 +88,8 @@ class ServerTarget:
         ids, logprobs = completions[0]
         return ids[start:start + len(prompts)], logprobs[start:start + len(prompts)]
 
-    def write_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """The sync's `reload`: rank 0 writes the weights as they are gathered; the other ranks take part in the
+    def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Rank 0 writes the weights as they are gathered; the other ranks take part in the
         gathering only."""
         if self.client is None:
             for _ in weights:
@@ -93,12 +97,21 @@ class ServerTarget:
             return
         write_weight_files(self.weight_dir, weights)
 
-    def reload(self) -> None:
-        """The sync's `reset`: the server reloads the weight files, then forgets the prompts it cached under the
-        old weights."""
+    def reset(self) -> None:
+        """The server reloads the weight files, then forgets the prompts it cached under the old weights."""
         if self.client is not None:
             reload_server_weights(self.client.base_url, self.client.session, self.weight_dir)
         self.accelerator.wait_for_everyone()
+
+
+    def patch(self, patches: list[Any]) -> None:
+        raise NotImplementedError(self.dense_reason)
+
+    def checksums(self) -> dict[str, tuple[int, int]]:
+        return {}  # the server's weights are not readable from here: its dense reload is checked by the server
+
+    def after_sync(self, model: Any, woke: bool) -> dict[str, Any]:
+        return {}
 
 
 def reload_server_weights(base_url: str, session: Any, weight_dir: Path) -> None:

@@ -1,0 +1,306 @@
+"""The shard-local delta sync: after an optimizer step every rank compares its own ZeRO-3 partition of each
+parameter, cast to the generator's dtype, with the partition it last sent (a snapshot in that dtype on the host,
+1/N of the model), and sends only (flat index into the full checkpoint tensor, value) for what changed. No
+parameter is gathered: patches are exchanged between ranks a bucket at a time (the run's gather choice bounds a
+bucket: rlhf_cli/rank/engines/weights.py) and every rank's generator applies every rank's patches.
+
+DeepSpeed (0.19.8, partition_parameters._partition_param) partitions a parameter's flattened tensor, padded to a
+multiple of the world size, into equal contiguous slices: rank r holds flat indices [r*n, (r+1)*n) in
+`param.ds_tensor` (n its numel), the last one's tail padding past `param.ds_numel`.
+
+Between two RL steps most half-precision weights keep their bits (an update of lr 1e-6 moves few across a bf16
+step), so the patches are small; a partition of which so many elements changed that patching costs more bytes
+than the slice itself is sent whole. The first sync, a wake from a sleep that dropped the weights, a generator
+in float32 (every element changes at every step) and LoRA are dense, and the record says why.
+
+Exact, and checked: after every sync the generator's weights are compared with the policy's by checksums of
+their bits (`bit_sums`, exact integer sums that do not depend on how the generator lays a tensor out: fused,
+transposed or padded), per group of parameters of one module; a difference stops the run with one line naming
+the parameter. A group the generator already holds differently after a dense sync (it transforms the values at
+load) is left out of the check, and the record counts it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any, ClassVar
+
+from rlhf_cli.generation.sync_buckets import buckets
+from rlhf_cli.rank.engines.weights import (Patch, SyncLimit, WeightTarget, bucket_contents, full_numel, sent_names,
+                                           unique_params)
+from rlhf_cli.rank.zero3 import policy_units
+
+CHECKSUM_CHUNK = 1 << 24  # elements
+INDEX_BYTES = 4  # an int32 flat index; int64 for a tensor of 2**31 elements or more
+FLOAT32_REASON = "the generator holds float32 weights, of which every step changes about all: dense syncs"
+LORA_REASON = "LoRA: the merged adapters are sent whole (a layer at a time)"
+FIRST_REASON = "first sync: the generator holds the checkpoint"
+WOKE_REASON = "the generator woke from a sleep that dropped its weights"
+
+
+class SyncMismatch(RuntimeError):
+    """The generator's weights differ from the policy's after a sync."""
+
+
+class PatchesRefused(RuntimeError):
+    """The generator cannot take a patch (its loader writes otherwise than by one same-shaped copy): dense from
+    now on; what it took so far is overwritten by the dense sync that follows."""
+
+
+class Tracker:
+    """What this rank last sent one generator: its own partition of each parameter, in the generator's dtype."""
+
+    _of: ClassVar[weakref.WeakKeyDictionary[Any, Tracker]] = weakref.WeakKeyDictionary()
+
+    def __init__(self, target: WeightTarget) -> None:
+        self.dtype = target.dtype
+        self.snapshot: dict[int, Any] | None = None  # by the parameter's id
+        self.unverified: set[str] = set()  # groups the generator transforms at load
+        self.refused: str | None = None  # why the generator cannot take patches, once it said so
+        self.lora = False  # the policy carries adapters: its merged layers go whole
+        self.syncs = 0
+
+    @classmethod
+    def of(cls, model: Any, target: WeightTarget) -> Tracker:
+        """The tracker of `target` (a new one for a new target)."""
+        if target not in cls._of:
+            cls._of[target] = cls(target)
+        tracker = cls._of[target]
+        tracker.lora = hasattr(model, "peft_config")
+        return tracker
+
+    def dense_reason(self, woke: bool, target: WeightTarget | None = None) -> str | None:
+        """Why the sync due now is dense, or None for a delta."""
+        import torch
+
+        reasons = [(getattr(target, "dense_reason", None), True), (self.refused, True),
+                   (FLOAT32_REASON, self.dtype == torch.float32),
+                   (LORA_REASON, self.lora), (FIRST_REASON, self.snapshot is None), (WOKE_REASON, woke)]
+        return next((reason for reason, applies in reasons if reason and applies), None)
+
+    def after_dense(self, model: Any, target: WeightTarget, woke: bool) -> dict[str, Any]:
+        """After a dense sync: this rank's snapshot, and the groups the generator holds as sent."""
+        reason = self.dense_reason(woke, target)
+        self.syncs += 1
+        if getattr(target, "dense_reason", None):  # it never takes patches: nothing to keep, nothing it shows
+            sent = sum(full_numel(p) * p.element_size() for p in unique_params(model) if id(p) in sent_names(model))
+            return {"mode": "dense", "dense_reason": reason, "bytes_sent": sent, "dense_bytes": sent,
+                    "changed_share": None, "groups_verified": 0, "groups_unverified": []}
+        self.snapshot = None if self.lora else {id(param): own_slice(param)[1].to(self.dtype, copy=True).cpu()
+                                                for param in unique_params(model)}
+        expected = self._expected(model)
+        found = _group(target.checksums())
+        self.unverified = {group for group, sums in _group(expected).items()
+                           if found.get(group, {}).get("sum") != sums["sum"]}
+        dense_bytes = _dense_bytes(model, self.dtype)
+        return {"mode": "dense", "dense_reason": reason, "bytes_sent": dense_bytes, "dense_bytes": dense_bytes,
+                "changed_share": None, "groups_verified": len(_group(expected)) - len(self.unverified),
+                "groups_unverified": sorted(self.unverified)}
+
+    def send_patches(self, model: Any, target: WeightTarget, limit: SyncLimit) -> dict[str, Any]:
+        """Send what changed since the last sync, a bucket at a time, then check the generator's weights."""
+        import torch
+
+        names = sent_names(model)
+        units = policy_units(model)
+        sizes = torch.zeros(3, dtype=torch.int64)  # bytes sent, elements changed, elements
+        patched: set[str] = set()
+        packed = buckets([unit.unit.numel for unit in units], limit.numel)
+        for params, _ in bucket_contents(model, units, packed):
+            mine = [self._diff(param, names[id(param)], sizes) for param in params if id(param) in names]
+            everyone = _all_gather([piece for piece in mine if piece is not None])
+            patches = _merge(everyone, {names[id(p)]: tuple(_shape(p)) for p in params if id(p) in names})
+            if patches:
+                try:
+                    target.patch(patches)
+                except NotImplementedError as refused:  # vLLM's sparse-loader contract
+                    self.refused = (f"the generator cannot take patches of {', '.join(p.name for p in patches)} "
+                                    f"({refused}): dense syncs")
+                    raise PatchesRefused(self.refused) from refused
+                patched.update(patch.name for patch in patches)
+        self.syncs += 1
+        verified = self.check(model, target, patched)
+        sent, changed, total = (int(value) for value in _all_reduce(sizes))
+        return {"mode": "sparse", "dense_reason": None, "bytes_sent": sent,
+                "dense_bytes": _dense_bytes(model, self.dtype), "changed_share": changed / total if total else 0.0,
+                "buckets": len(packed), "limit_numel": limit.numel, "peak_bytes": 0,
+                "full_bytes": sum(full_numel(p) * p.element_size() for p in unique_params(model)),
+                "merged_lora_layers": 0, "groups_verified": verified}
+
+    def _diff(self, param: Any, name: str, sizes: Any) -> tuple[str, int, Any, Any] | None:
+        """(name, start, flat indices or None for the whole slice, values) of this rank's changed elements of
+        `param`, or None when none changed; the snapshot takes them. `sizes` adds bytes, changed, elements."""
+        import torch
+
+        start, own = own_slice(param)
+        current = own.to(self.dtype).cpu()
+        snapshot = self.snapshot[id(param)]
+        changed = torch.nonzero(_bits(current) != _bits(snapshot)).flatten()
+        sizes += torch.tensor([0, changed.numel(), current.numel()])
+        if not changed.numel():
+            return None
+        value_bytes = current.element_size()
+        index_dtype = torch.int32 if full_numel(param) < 2**31 else torch.int64
+        if changed.numel() * (value_bytes + INDEX_BYTES) >= current.numel() * value_bytes:  # the slice is cheaper
+            snapshot.copy_(current)
+            sizes[0] += current.numel() * value_bytes
+            return name, start, None, current.clone()
+        values = current[changed]
+        snapshot[changed] = values
+        sizes[0] += changed.numel() * (value_bytes + torch.empty((), dtype=index_dtype).element_size())
+        return name, start, (changed + start).to(index_dtype), values
+
+    def _expected(self, model: Any) -> dict[str, tuple[int, int]]:
+        """`bit_sums` of every full tensor the generator should hold, from the snapshots of all ranks."""
+        import torch
+
+        names = sent_names(model)
+        params = [param for param in unique_params(model) if id(param) in names]
+        local = torch.stack([torch.tensor(bit_sums(self._held(param))) for param in params]) if params else \
+            torch.zeros((0, 2), dtype=torch.int64)
+        total = _all_reduce(local)
+        return {names[id(param)]: (int(sums[0]), int(sums[1])) for param, sums in zip(params, total, strict=True)}
+
+    def _held(self, param: Any) -> Any:
+        if self.snapshot is not None:
+            return self.snapshot[id(param)]
+        return own_slice(param)[1].to(self.dtype)
+
+    def check(self, model: Any, target: WeightTarget, patched: set[str]) -> int:
+        """How many groups of the generator's weights equal what was sent; SyncMismatch, naming the parameter,
+        when one of them differs."""
+        expected, held = _group(self._expected(model)), _group(target.checksums())
+        for group, sums in expected.items():
+            if group not in self.unverified and held.get(group, {}).get("sum") != sums["sum"]:
+                suspects = _suspects(sums, held.get(group, {}).get("members", {}), patched)
+                raise SyncMismatch(
+                    f"after weight sync {self.syncs}, the generator's {suspects} differs from the policy's (bit "
+                    "checksums of the patched weights): a patch was lost or misapplied. Run with --vllm server or "
+                    "without --vllm until this is fixed, and report it with the model's config.json")
+        return len(expected) - len(self.unverified & set(expected))
+
+
+def own_slice(param: Any) -> tuple[int, Any]:
+    """(flat start, this rank's part of the flattened full tensor): its ZeRO-3 partition without the padding, or,
+    for a parameter ZeRO-3 does not partition, all of it on the first rank and nothing elsewhere."""
+    import torch.distributed as dist
+
+    if hasattr(param, "ds_tensor"):
+        rank = dist.get_rank(group=param.ds_process_group)
+        size = param.ds_tensor.numel()
+        start = rank * size
+        return start, param.ds_tensor.data.flatten()[:max(0, min(size, param.ds_numel - start))]
+    flat = param.data.flatten()
+    return 0, flat if not dist.is_initialized() or dist.get_rank() == 0 else flat[:0]
+
+
+def bit_sums(tensor: Any) -> tuple[int, int]:
+    """Σb and Σb² (wrapping int64) over the bit patterns b of `tensor`'s elements: equal for equal multisets of
+    values, whatever their order."""
+    import torch
+
+    views = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    flat = tensor.detach().contiguous().flatten().view(views[tensor.element_size()])
+    first = second = 0
+    for start in range(0, flat.numel(), CHECKSUM_CHUNK):  # int64 copies of a chunk at a time, not of the tensor
+        bits = flat[start:start + CHECKSUM_CHUNK].to(torch.int64)
+        first, second = first + int(bits.sum()), second + int((bits * bits).sum())
+    return _wrap(first), _wrap(second)
+
+
+def _bits(tensor: Any) -> Any:
+    import torch
+
+    return tensor.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[tensor.element_size()])
+
+
+def _shape(param: Any) -> Any:
+    return getattr(param, "ds_shape", None) or param.shape
+
+
+def group_of(name: str) -> str:
+    """The module whose parameters a generator may fuse, transpose or pad together: `model.layers.0.self_attn`
+    for `model.layers.0.self_attn.q_proj.weight` (vLLM's `qkv_proj`), '' for `lm_head.weight`."""
+    parts = name.split(".")
+    return ".".join(parts[:-2])
+
+
+def _group(sums: dict[str, tuple[int, int]]) -> dict[str, dict[str, Any]]:
+    grouped: dict[str, dict[str, Any]] = {}
+    for name, pair in sums.items():
+        grouped.setdefault(group_of(name), {"members": {}})["members"][name] = pair
+    for entry in grouped.values():
+        entry["sum"] = _total(list(entry["members"].values()))
+    return grouped
+
+
+def _total(pairs: list[tuple[int, int]]) -> tuple[int, int]:
+    """The sum of `bit_sums` pairs, wrapping as int64 does."""
+    return _wrap(sum(pair[0] for pair in pairs)), _wrap(sum(pair[1] for pair in pairs))
+
+
+def _wrap(value: int) -> int:
+    return (value + 2**63) % 2**64 - 2**63
+
+
+def _suspects(sent: dict[str, Any], held: dict[str, tuple[int, int]], patched: set[str]) -> str:
+    """The sent parameters no held tensor accounts for (a held tensor may be several sent ones fused): the one
+    that differs, or those it is one of."""
+    members = sent["members"]
+    unexplained = set(members)
+    if len(members) <= 12:
+        for pair in held.values():
+            for size in range(1, len(members) + 1):
+                match = next((combo for combo in itertools.combinations(sorted(unexplained), size)
+                              if _total([members[n] for n in combo]) == tuple(pair)), None)
+                if match:
+                    unexplained -= set(match)
+                    break
+    names = sorted(unexplained & patched) or sorted(unexplained) or sorted(members)
+    return names[0] if len(names) == 1 else "one of " + ", ".join(names)
+
+
+def _merge(pieces: list[tuple[str, int, Any, Any]], shapes: dict[str, tuple[int, ...]]) -> list[Patch]:
+    """Every rank's pieces of one bucket as one patch per checkpoint tensor (the ranks' slices are disjoint)."""
+    import torch
+
+    by_name: dict[str, list[tuple[Any, Any]]] = {}
+    for name, start, indices, values in pieces:
+        flat = torch.arange(start, start + values.numel()) if indices is None else indices.long()
+        by_name.setdefault(name, []).append((flat, values))
+    return [Patch(name, shapes[name], torch.cat([values for _, values in found]),
+                  torch.cat([flat for flat, _ in found])) for name, found in by_name.items()]
+
+
+def _dense_bytes(model: Any, dtype: Any) -> int:
+    import torch
+
+    names = sent_names(model)
+    size = torch.empty((), dtype=dtype).element_size()
+    return sum(full_numel(param) * size for param in unique_params(model) if id(param) in names)
+
+
+def _all_gather(mine: list[Any]) -> list[Any]:
+    """Every rank's pieces, in rank order (this rank's alone outside a process group)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return mine
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return [piece for pieces in everyone for piece in pieces]
+
+
+def _all_reduce(tensor: Any) -> Any:
+    """`tensor` summed over the ranks (int64 wraps alike everywhere)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return tensor
+    import torch
+
+    on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else tensor.device
+    summed = tensor.to(on, copy=True)
+    dist.all_reduce(summed)
+    return summed.cpu()

@@ -1,0 +1,160 @@
+"""The shard-local delta sync (rlhf_cli/rank/engines/delta.py) into a generator that holds checkpoint tensors as
+they are sent: dense first, then only what changed, bit for bit what a full sync sends; a lost patch named, a
+partition that changed too much sent whole, a refused patch turned into dense syncs. Single process: the rank's
+partition is the whole tensor (the ZeRO-3 partition arithmetic is the launched test's)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from rlhf_cli.generation.sync_buckets import PER_UNIT
+from rlhf_cli.rank.engines.delta import INDEX_BYTES, SyncMismatch, bit_sums, group_of
+from rlhf_cli.rank.engines.sync import sync_weights
+from rlhf_cli.rank.engines.weights import Patch, SyncLimit
+
+
+class Holder:
+    """A generator holding each checkpoint tensor flat, in bf16; q/k/v fused into one tensor, as vLLM does."""
+
+    dense_reason = None
+    dtype = torch.bfloat16
+
+    def __init__(self) -> None:
+        self.held: dict[str, torch.Tensor] = {}
+        self.lose: str | None = None  # a checkpoint name whose patches never arrive
+        self.refuse = False
+        self.patches: list[Patch] = []
+
+    def load(self, weights: Any) -> None:
+        for name, tensor in weights:
+            self.held[name] = tensor.detach().to(self.dtype).flatten().clone()
+
+    def patch(self, patches: list[Patch]) -> None:
+        if self.refuse:
+            raise NotImplementedError("Sparse checkpoint patches require a same-shaped floating-point final copy")
+        for patch in patches:
+            self.patches.append(patch)
+            if patch.name != self.lose:
+                self.held[patch.name][patch.indices.long()] = patch.values
+
+    def checksums(self) -> dict[str, tuple[int, int]]:
+        fused = [name for name in self.held if name.endswith(("q_proj.weight", "k_proj.weight"))]
+        found = {name: bit_sums(tensor) for name, tensor in self.held.items() if name not in fused}
+        for name in fused:  # q and k held as one tensor of the same module
+            together = torch.cat([self.held[name], self.held[name.replace("q_proj", "k_proj")]]) \
+                if "q_proj" in name else None
+            if together is not None:
+                found[name.replace("q_proj", "qk_proj")] = bit_sums(together)
+        return found
+
+    def reset(self) -> None:
+        pass
+
+    def after_sync(self, model: Any, woke: bool) -> dict[str, Any]:
+        return {}
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.o_proj = (torch.nn.Linear(16, 16, bias=False) for _ in range(3))
+
+
+class Policy(torch.nn.Module):
+    """Two blocks and a norm, in bf16 as a bf16 run trains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = torch.nn.ModuleList([Block(), Block()])
+        self.norm = torch.nn.LayerNorm(16)
+        self.to(torch.bfloat16)
+
+
+def _step(model: torch.nn.Module, share: float) -> None:
+    """Move about `share` of every weight's elements by more than bf16's resolution."""
+    with torch.no_grad():
+        for param in model.parameters():
+            picked = torch.rand(param.shape) < share
+            param[picked] = param[picked] * 1.5 + 0.01
+
+
+def test_after_a_dense_first_sync_only_what_changed_is_sent_and_the_generator_holds_every_bit() -> None:
+    model, holder = Policy(), Holder()
+    first = sync_weights(model, holder, SyncLimit(PER_UNIT))
+    assert first["mode"] == "dense" and first["dense_reason"].startswith("first sync")
+    assert first["bytes_sent"] == first["dense_bytes"] == sum(p.numel() * 2 for p in model.parameters())
+    _step(model, 0.02)
+    changed = sum(int((p.detach() != holder.held[n].view(p.shape)).sum()) for n, p in model.named_parameters())
+    second = sync_weights(model, holder, SyncLimit(PER_UNIT))
+    assert second["mode"] == "sparse" and second["changed_share"] == changed / second["dense_bytes"] * 2
+    assert second["bytes_sent"] == changed * (2 + INDEX_BYTES) < second["dense_bytes"] / 5
+    for name, param in model.named_parameters():
+        assert torch.equal(holder.held[name], param.detach().flatten()), name  # what a full sync sends
+    assert second["groups_verified"] == 3  # layers.0, layers.1, the top (the norm)
+    unchanged = sync_weights(model, holder, SyncLimit(PER_UNIT))
+    assert unchanged["bytes_sent"] == 0 and unchanged["changed_share"] == 0
+
+
+def test_a_lost_patch_stops_the_sync_naming_the_parameter() -> None:
+    model, holder = Policy(), Holder()
+    sync_weights(model, holder, SyncLimit(PER_UNIT))
+    _step(model, 0.05)
+    holder.lose = "layers.1.o_proj.weight"
+    with pytest.raises(SyncMismatch, match=r"^after weight sync 2, the generator's layers\.1\.o_proj\.weight differs"):
+        sync_weights(model, holder, SyncLimit(PER_UNIT))
+    holder.lose = "layers.0.k_proj.weight"  # held fused with q: the line names both it could be
+    _step(model, 0.05)
+    with pytest.raises(SyncMismatch, match=r"one of layers\.0\.k_proj\.weight, layers\.0\.q_proj\.weight differs"):
+        sync_weights(model, holder, SyncLimit(PER_UNIT))
+
+
+def test_a_partition_that_changed_too_much_goes_whole_and_a_refused_patch_turns_dense() -> None:
+    model, holder = Policy(), Holder()
+    sync_weights(model, holder, SyncLimit(PER_UNIT))
+    with torch.no_grad():
+        model.norm.weight.add_(1.0)  # every element of one parameter changes
+    record = sync_weights(model, holder, SyncLimit(PER_UNIT))
+    whole = [patch for patch in holder.patches if patch.name == "norm.weight"]
+    assert record["mode"] == "sparse" and len(whole) == 1 and whole[0].values.numel() == 16
+    assert record["bytes_sent"] == 16 * 2  # the slice's values alone: cheaper than 16 indices and values
+    _step(model, 0.02)
+    holder.refuse = True
+    refused = sync_weights(model, holder, SyncLimit(PER_UNIT))
+    assert refused["mode"] == "dense" and "cannot take patches" in refused["dense_reason"]
+    assert all(torch.equal(holder.held[n], p.detach().flatten()) for n, p in model.named_parameters())
+    assert sync_weights(model, holder, SyncLimit(PER_UNIT))["mode"] == "dense"  # from then on
+
+
+def test_a_float32_generator_is_synced_whole_and_says_why() -> None:
+    model, holder = Policy().float(), Holder()
+    holder.dtype = torch.float32
+    sync_weights(model, holder, SyncLimit(PER_UNIT))
+    _step(model, 0.01)
+    record = sync_weights(model, holder, SyncLimit(PER_UNIT))
+    assert record["mode"] == "dense" and "float32" in record["dense_reason"]
+
+
+def test_checksums_do_not_depend_on_layout_and_groups_are_modules() -> None:
+    tensor = torch.randn(4, 6).to(torch.bfloat16)
+    assert bit_sums(tensor) == bit_sums(tensor.t().contiguous()) == bit_sums(tensor.flatten().flip(0))
+    large = torch.randn(3 << 23).to(torch.bfloat16)  # over one chunk
+    assert bit_sums(large) == bit_sums(large.flip(0))
+    bumped = tensor.clone()
+    bumped[0, 0] = bumped[0, 0] * 2
+    assert bit_sums(bumped) != bit_sums(tensor)
+    assert group_of("model.layers.0.self_attn.q_proj.weight") == "model.layers.0.self_attn"
+    assert group_of("lm_head.weight") == ""
+
+
+def test_a_target_that_takes_no_patches_gets_every_weight_at_every_sync() -> None:
+    model, holder = Policy(), Holder()
+    holder.dense_reason, holder.dtype = "the vLLM server reloads whole weight files", None
+    for _ in range(2):
+        record = sync_weights(model, holder, SyncLimit(PER_UNIT))
+        assert record["mode"] == "dense" and record["dense_reason"] == holder.dense_reason
+        assert record["bytes_sent"] == sum(p.numel() * 2 for p in model.parameters())
+        _step(model, 0.02)

@@ -1,0 +1,83 @@
+"""Run by tests/test_vllm_sync.py in its own process (vLLM's colocated engine takes the process's distributed
+state): a bf16 policy and a bf16 colocated vLLM, synced once (dense), trained a step with a small learning rate and
+synced again (a shard-local delta); then the same weights sent whole into the same engine (a full sync), and a
+sync of which one patch is lost. Prints as JSON what each sync recorded, vLLM's logprob gap to the policy, the
+engine's weight checksums after the delta and after the full sync, and the lost patch's error.
+
+    python tests/vllm_delta.py POLICY_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from vllm_logprobs import greedy_gap, prompts
+
+
+def train_one_step(model, lr: float) -> None:
+    """One AdamW step on a bf16 policy: at a small `lr` few of its bf16 weights change."""
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    batch = torch.tensor([prompts(model.config.vocab_size)[1]])
+    model.train()
+    model(batch, labels=batch).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def main(policy: str) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+    from vllm import LLM
+
+    from rlhf_cli.generation.sync_buckets import PER_UNIT
+    from rlhf_cli.rank.engines.delta import SyncMismatch
+    from rlhf_cli.rank.engines.sync import sync_weights
+    from rlhf_cli.rank.engines.weights import SyncLimit
+    from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
+
+    torch.manual_seed(0)
+    llm = LLM(model=policy, dtype="bfloat16", max_model_len=64, enforce_eager=True, seed=0,
+              distributed_executor_backend="external_launcher", max_num_batched_tokens=4096,
+              logprobs_mode="processed_logprobs")
+    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.bfloat16)
+    target, limit = ColocatedVLLM(llm), SyncLimit(PER_UNIT)
+    train_one_step(model, 1e-2)
+    result = {"first": sync_weights(model, target, limit)}
+    train_one_step(model, 1e-3)
+    result["delta"] = {**sync_weights(model, target, limit), "gap": greedy_gap(llm, model)}
+    after_delta = target.checksums()
+    result["full"] = sync_weights(model, ColocatedVLLM(llm), limit)  # a new target: the same weights, whole
+    result["checksums_equal"] = after_delta == target.checksums()
+    result["checksums"] = len(after_delta)
+
+    train_one_step(model, 1e-3)
+    lossy = ColocatedVLLM(llm)
+    sync_weights(model, lossy, limit)  # dense: its first
+    train_one_step(model, 1e-3)
+    patch = lossy.patch
+    dropped = []
+
+    def lose_one(patches):  # the down projection of the last layer never arrives
+        kept = [p for p in patches if not (p.name.endswith("mlp.down_proj.weight") and ".1." in p.name)]
+        dropped.extend(p.name for p in patches if p not in kept)
+        patch(kept)
+
+    lossy.patch = lose_one
+    try:
+        sync_weights(model, lossy, limit)
+        result["lost"] = None
+    except SyncMismatch as failed:
+        result["lost"] = str(failed)
+    result["dropped"] = dropped
+    return result
+
+
+if __name__ == "__main__":
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                        "VLLM_CPU_KVCACHE_SPACE": "1"}.items():
+        os.environ.setdefault(name, value)
+    print("RESULT " + json.dumps(main(sys.argv[1]), default=str))
