@@ -111,3 +111,18 @@ def test_measured_phases_sit_beside_the_plans_own_prediction() -> None:
     assert rows["train"].planned_seconds == 2.75 and rows["generation"].planned_seconds == 1.0
     assert list(rows) == ["generation", "train"] and rows["train"].seconds == 4.0
     assert phase_rows({}, plan) == []
+
+
+def test_the_sync_records_what_it_added_above_where_memory_stood(tmp_path: Path) -> None:
+    """The sync's own memory: its peak less the resident set when it began (a process at 1 MiB peaking at 3 MiB
+    added 2); unknown where the high-water mark cannot be restarted (it would be an earlier phase's)."""
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nVmHWM:\t    1024 kB\nVmRSS:\t    1024 kB\n")
+    meter = PeakMeter.of_process(status, tmp_path / "clear_refs")
+    with meter.added("sync") as memory:
+        status.write_text("Name:\tpython\nVmHWM:\t    3072 kB\nVmRSS:\t    1536 kB\n")
+    assert memory == {"peak_memory_bytes": 3072 * 1024, "added_peak_bytes": 2048 * 1024}
+    refused = PeakMeter.of_process(status, tmp_path / "missing" / "clear_refs")
+    with refused.added("sync") as memory:
+        pass
+    assert memory == {"peak_memory_bytes": None, "added_peak_bytes": None}

@@ -497,6 +497,10 @@ def test_colocated_vllm_takes_its_share_of_the_total_memory_and_the_sync_its_buc
     assert sharded["sync bucket"] == max(unit.numel for unit in policy.units) * 2 == policy.largest_layer * 2
     training = sum(value for name, value in sharded.items() if name.startswith("train "))
     assert sharded["sync: train reserve"] == training and sharded["sync: vLLM weights"] == 0
+    # the copies vLLM holds while it takes a sync do not depend on the bucket: the largest module's (Qwen2.5's
+    # vocabulary, 151936 rows, is a multiple of 64: vLLM pads nothing)
+    assert gathered["sync: vLLM copies"] == sharded["sync: vLLM copies"] == policy.largest_layer * 2
+    assert vllm.sync_copies(100, vocab=50257, hidden=8, element_bytes=4) == (100 + 2 * 50257 * 8) * 4  # padded
     hf = {part.name: part.gpu for part in plan.column(WHOLE, "none", "none").components}
     assert hf["gen weights"] == policy.params * 2 and hf["vLLM"] == hf["sync bucket"] == 0
     assert plan.chosen.candidate.vllm is not None and plan.chosen.candidate.generation.gather == Gather.whole

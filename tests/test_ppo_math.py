@@ -74,18 +74,45 @@ def test_clipped_policy_loss_with_padding_masked() -> None:
 
 
 def test_importance_sampling_weights_the_policy_loss_as_trls_token_truncate() -> None:
-    """TRL's GRPO `token_truncate`: min(exp(policy - vLLM), cap) per token; NaN (unscored by vLLM) and masked
-    tokens weigh 1 and are left out of the logp difference."""
+    """TRL's GRPO `token_truncate`: exp(policy - vLLM) per token clipped into [clip_min, clip_max]; NaN (unscored
+    by vLLM) and masked tokens weigh 1 and are left out of the logp difference."""
     policy = T([[math.log(0.5), math.log(0.5), math.log(0.9), -1.0]])
     sampling = T([[math.log(0.25), math.log(0.05), float("nan"), -50.0]])
     mask = T([[True, True, True, False]])
-    ratio, difference = core.sampling_correction(policy, sampling, mask, cap=3.0)
+    ratio, difference = core.sampling_correction(policy, sampling, mask, "token_truncate", None, 3.0)
     assert ratio[0, :3].tolist() == pytest.approx([2.0, 3.0, 1.0]) and ratio[0, 3].item() == 1.0
     assert difference.tolist() == pytest.approx([math.log(2.0), math.log(10.0)])
+    floored, _ = core.sampling_correction(policy, sampling, mask, "token_truncate", 1.5, None)
+    assert floored[0].tolist() == pytest.approx([2.0, 10.0, 1.5, 1.5])  # the lower clip, no upper
     new, old, advantages = T([[0.0, 0.0]]), T([[0.0, 0.0]]), T([[1.0, 1.0]])
     weighted, _, _ = core.policy_loss(new, old, advantages, cliprange=0.2, mask=T([[True, True]]),
                                       weights=T([[2.0, 0.5]]))
     assert weighted.item() == pytest.approx((-2.0 - 0.5) / 2)
+
+
+def test_importance_sampling_masks_and_weighs_sequences_as_trls_modes() -> None:
+    """`token_mask` zeroes each token whose ratio is outside [clip_min, clip_max]; the sequence modes take one ratio
+    per sequence, exp of its tokens' summed log-ratios (B x 1), clipped (`sequence_truncate`) or zeroed outside the
+    bounds (`sequence_mask`, TRL's default), and weigh each of its tokens with it."""
+    policy = T([[math.log(0.5), math.log(0.5), 0.0], [math.log(0.2), math.log(0.9), 0.0]])
+    sampling = T([[math.log(0.25), math.log(0.05), 7.0], [math.log(0.4), math.log(0.9), 0.0]])
+    mask = T([[True, True, False], [True, True, False]])  # token ratios: [2, 10, -], [0.5, 1, -]
+    token_mask, _ = core.sampling_correction(policy, sampling, mask, "token_mask", 0.6, 3.0)
+    assert token_mask.flatten().tolist() == pytest.approx([2.0, 0.0, 1.0, 0.0, 1.0, 1.0])
+    sequence_truncate, _ = core.sampling_correction(policy, sampling, mask, "sequence_truncate", 0.6, 3.0)
+    assert sequence_truncate.shape == (2, 1) and sequence_truncate.flatten().tolist() == pytest.approx([3.0, 0.6])
+    sequence_mask, _ = core.sampling_correction(policy, sampling, mask, "sequence_mask", None, 30.0)
+    assert sequence_mask.flatten().tolist() == pytest.approx([20.0, 0.5])  # 2 x 10, 0.5 x 1
+    sequence_mask, _ = core.sampling_correction(policy, sampling, mask, "sequence_mask", 0.6, 3.0)
+    assert sequence_mask.tolist() == [[0.0], [0.0]]
+    assert core.sampling_weights_seen(sequence_truncate, mask).tolist() == pytest.approx([3.0, 0.6])
+    assert core.sampling_weights_seen(token_mask, mask).tolist() == pytest.approx([2.0, 0.0, 0.0, 1.0])
+    new = old = T([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    advantages = T([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    loss, _, _ = core.policy_loss(new, old, advantages, cliprange=0.2, mask=mask, weights=sequence_truncate)
+    assert loss.item() == pytest.approx(-(3.0 * 2 + 0.6 * 2) / 4)
+    with pytest.raises(ValueError, match="token_truncate, token_mask, sequence_truncate, sequence_mask"):
+        core.sampling_correction(policy, sampling, mask, "sequence", None, 3.0)
 
 
 def test_clipped_value_loss() -> None:

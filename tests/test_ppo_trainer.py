@@ -338,3 +338,37 @@ def test_max_grad_norm_clips_without_deepspeed_too(family_models: dict[str, Path
     with torch.random.fork_rng():
         unclipped, clipped = moved(0.0), moved(1e-12)
     assert unclipped > 1e-4 and clipped < unclipped / 100, (unclipped, clipped)
+
+
+def test_vllms_importance_sampling_weights_reach_the_policy_loss(family_models: dict[str, Path], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same rollouts, scored by "vLLM" far below the policy (-100 a token): every importance-sampling ratio
+    is above clip_max (3). `token_truncate` weighs each token 3, so a plain SGD step (no clipping) moves the policy
+    three times as far as without the correction; TRL's default `sequence_mask` weighs every sequence 0, so the
+    update leaves the policy as it was."""
+    import torch
+
+    def update(name: str, **settings: Any) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+        trainer = build(family_models["gemma"], tmp_path / name, total_episodes=4, optim="sgd", learning_rate=0.1,
+                        max_grad_norm=0.0, recorder=Recorder(lambda n: [float(i % 2) for i in range(n)]),
+                        **settings)
+        generate = trainer._responses
+
+        def sampled_by_vllm(queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            responses, _ = generate(queries)
+            return responses, torch.full(responses.shape, -100.0)
+
+        monkeypatch.setattr(trainer, "_responses", sampled_by_vllm)
+        policy = trainer.policy_and_value.policy
+        before = {key: param.detach().clone() for key, param in policy.named_parameters()}
+        trainer.train()
+        return logged(trainer)[0], {key: param.detach() - before[key] for key, param in policy.named_parameters()}
+
+    _, plain = update("plain", vllm_importance_sampling_correction=False)
+    truncated, tripled = update("truncated", vllm_importance_sampling_mode="token_truncate")
+    masked, unmoved = update("masked")  # TRL's default mode
+    assert max(step.abs().max().item() for step in plain.values()) > 1e-4
+    assert all(torch.allclose(tripled[key], 3 * plain[key], rtol=1e-3, atol=1e-7) for key in plain)
+    assert truncated["sampling/importance_sampling_ratio/min"] == 3.0
+    assert all(step.abs().max().item() == 0 for step in unmoved.values())
+    assert masked["sampling/importance_sampling_ratio/max"] == 0

@@ -82,6 +82,30 @@ def test_every_problem_is_reported_at_once_with_place_and_fix(tmp_path: Path) ->
     assert len(found) == 4
 
 
+def test_ppo_takes_trls_importance_sampling_keys_and_their_deprecated_name(tmp_path: Path) -> None:
+    """TRL 1.16's names and defaults (sequence_mask, clip_max 3); the deprecated cap is clip_max under its old
+    name; bounds that cannot work are refused before launch, as TRL's GRPOConfig refuses them."""
+    smoke = str(RECIPES / "ppo" / "smoke.yaml")
+    run = resolve(RunRequest("ppo", smoke), cwd=tmp_path, cuda=False)
+    assert (run.value("vllm_importance_sampling_mode"), run.value("vllm_importance_sampling_clip_max"),
+            run.value("vllm_importance_sampling_clip_min")) == ("sequence_mask", 3.0, None)
+    old = resolve(RunRequest("ppo", smoke, sets=("vllm_importance_sampling_cap=2",)), cwd=tmp_path, cuda=False)
+    assert old.value("vllm_importance_sampling_clip_max") == 2
+    assert ("--set vllm_importance_sampling_cap: `vllm_importance_sampling_cap` is the old name of "
+            "`vllm_importance_sampling_clip_max`; using it as `vllm_importance_sampling_clip_max`") in old.notes
+    crossed = problems(RunRequest("ppo", smoke, sets=("vllm_importance_sampling_clip_min=3",)), tmp_path)
+    assert crossed == ["`vllm_importance_sampling_clip_min` (3) must be less than "
+                       "`vllm_importance_sampling_clip_max` (3.0)"]
+    unbounded = problems(RunRequest("ppo", smoke, sets=("vllm_importance_sampling_mode=token_truncate",
+                                                        "vllm_importance_sampling_clip_max=null")), tmp_path)
+    assert unbounded == ["`vllm_importance_sampling_mode: token_truncate` clips the importance-sampling ratios and "
+                         "neither `vllm_importance_sampling_clip_min` nor `vllm_importance_sampling_clip_max` is set: "
+                         "set one"]
+    wrong = problems(RunRequest("ppo", smoke, sets=("vllm_importance_sampling_mode=sequence",)), tmp_path)
+    assert len(wrong) == 1 and "expected one of token_truncate, token_mask, sequence_truncate, sequence_mask" in \
+        wrong[0]
+
+
 def test_legacy_names_are_mapped_with_a_note_or_refused_with_todays_field(tmp_path: Path) -> None:
     path = recipe(tmp_path, "rloo_k: 4\nsft_model_path: ./other-policy\n", "legacy.yaml")
     found = problems(RunRequest("rloo", path), tmp_path)

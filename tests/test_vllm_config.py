@@ -78,3 +78,37 @@ def test_a_tied_models_head_or_embedding_is_not_adapted_under_vllm(cli, vllm_ins
     untied = cli("grpo", "-r", "grpo/smoke", "--lora", "--set", "lora_target_modules=[q_proj, embed_tokens]",
                  "--vllm", "colocate", "--dry-run")
     assert untied.exit_code == 0, untied.output
+
+
+@pytest.mark.parametrize(("family", "architecture"), [("olmo2", "Olmo2ForCausalLM"),
+                                                      ("smollm3", "SmolLM3ForCausalLM")])
+def test_a_colocated_engine_on_vllms_transformers_backend_is_refused_before_launch(cli, vllm_installed, family: str,
+                                                                                  architecture: str,
+                                                                                  tmp_path: Path) -> None:
+    """vLLM 0.30 runs OLMo-2 and SmolLM3 on its Transformers backend only, which rebuilds the trainer's own class
+    (under ZeRO-3: "Cannot copy out of meta tensor"): refused in one line, as `vllm_model_impl: transformers` is."""
+    from families.build import build_family
+
+    model = build_family(family, tmp_path / family, vllm=True)
+    args = ("grpo", "-r", "grpo/smoke", "--model", str(model), "--set", f"reward_model_name_or_path={model}",
+            "--dry-run")
+    refused = cli(*args, "--vllm", "colocate")
+    lines = refused.output.strip().splitlines()
+    assert refused.exit_code == 2 and len(lines) == 1, refused.output
+    assert f"--vllm colocate: vLLM 0.30 runs {model} ({architecture}) on its Transformers backend only" in lines[0]
+    assert "--vllm server or without --vllm" in lines[0]
+    assert cli(*args).exit_code == 0  # generate() runs the policy itself
+    chosen = cli("grpo", "-r", "grpo/smoke", "--vllm", "colocate", "--set", "vllm_model_impl=transformers",
+                 "--dry-run")
+    assert chosen.exit_code == 2 and "`vllm_model_impl: transformers`" in chosen.output, chosen.output
+
+
+def test_the_transformers_backend_table_is_vllms_registry() -> None:
+    pytest.importorskip("vllm")
+    from vllm.model_executor.models.registry import _TRANSFORMERS_SUPPORTED_MODELS
+
+    from rlhf_cli.config.engines.vllm import TRANSFORMERS_BACKEND
+
+    causal = {name for name, (_, implementation) in _TRANSFORMERS_SUPPORTED_MODELS.items()
+              if implementation in ("TransformersForCausalLM", "TransformersMoEForCausalLM")}
+    assert TRANSFORMERS_BACKEND == causal

@@ -76,6 +76,8 @@ def test_vllm_serve_starts_the_runs_model_on_loopback_with_its_settings() -> Non
     options = dict(zip(argv[3::2], argv[4::2], strict=True))
     assert options["--model"] == str(RECIPES / "smoke" / "policy")
     assert options["--dtype"] == "float32"  # the checkpoint's, as the trainer holds it: not vLLM's auto (bf16)
+    # logprobs of the sampling distribution (temperature applied), as PPO's importance sampling compares them
+    assert options["--logprobs-mode"] == "processed_logprobs"
     assert (options["--host"], options["--port"], options["--max-model-len"], options["--seed"]) == \
         ("127.0.0.1", "8123", "64", "7")
     # the weight refresh reloads through rlhf's worker method, tied layers re-processed after

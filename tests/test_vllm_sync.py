@@ -43,6 +43,18 @@ def test_the_gather_choice_is_the_bucket_limit() -> None:
     assert SyncLimit.of(Gather.of(Budget(fraction=0)), model).numel == PER_UNIT
 
 
+def test_the_self_check_is_due_after_the_first_two_syncs_every_wake_and_every_nth() -> None:
+    """The first sync sends the starting weights vLLM already holds; the second, the first update's: a 3-step run
+    with a broken sync is checked where it shows."""
+    from rlhf_cli.rank.engines.vllm.self_check import SyncCheck
+
+    every_tenth = SyncCheck(10)
+    assert [sync for sync in range(1, 21) if every_tenth.due(woke=False)] == [1, 2, 10, 20]
+    assert every_tenth.due(woke=True)  # the 21st: after a wake from sleep
+    never = SyncCheck(0)
+    assert not any(never.due(woke=True) for _ in range(3))
+
+
 def test_vllm_names_are_checkpoint_names() -> None:
     assert vllm_name("model.layers.0.self_attn.q_proj.weight") == "model.layers.0.self_attn.q_proj.weight"
     assert vllm_name("base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight") == \
@@ -119,6 +131,37 @@ def test_vllm_generates_with_the_trained_policys_logprobs_after_each_sync() -> N
     assert result["lora"]["peak_bytes"] >= full
 
 
+@pytest.mark.parametrize("family", ["granite", "gemma"])
+def test_the_probe_scores_with_the_models_own_logits(family: str, tmp_path: Path) -> None:
+    """The self-check's probe reads the LM head as TRL's fused head does, with the multiplier the model's forward
+    applies after it (Granite divides by `logits_scaling`: 8): its logits are the model's own."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from families.build import build_family
+    from rlhf_cli.rank.engines.vllm.self_check import _logits, probe_prompts
+
+    model = AutoModelForCausalLM.from_pretrained(build_family(family, tmp_path / family)).eval()
+    ids = torch.tensor(probe_prompts(model.config.vocab_size))
+    with torch.no_grad():
+        own, probed = model(ids).logits, _logits(model, ids)
+    assert probed.shape == own.shape and torch.allclose(probed, own, atol=1e-5), (probed - own).abs().max()
+
+
+def test_the_logit_multiplier_is_read_as_trl_reads_it() -> None:
+    from types import SimpleNamespace as Config
+
+    from rlhf_cli.rank.engines.vllm.self_check import logit_multiplier
+
+    assert logit_multiplier(Config(model_type="granite", logits_scaling=8.0)) == 1 / 8
+    assert logit_multiplier(Config(model_type="hyperclovax", logits_scaling=8.0)) == 8.0
+    assert logit_multiplier(Config(model_type="cohere", logit_scale=0.0625, logits_scaling=8.0)) == 0.0625
+    assert logit_multiplier(Config(model_type="falcon_h1", lm_head_multiplier=0.5)) == 0.5
+    assert logit_multiplier(Config(model_type="x", output_multiplier=2.0)) == 2.0
+    assert logit_multiplier(Config(model_type="mpt", logit_scale=None)) == 1.0
+    assert logit_multiplier(Config(model_type="x", logit_scale=0.0)) == 0.0  # a real 0 is kept, as TRL keeps it
+
+
 # LoRA on attention and MLP everywhere; on the LM head and the embedding where they are not tied (a tied model
 # refuses them before launch: rlhf_cli/config/lora.py).
 FAMILY_LORA = {
@@ -128,6 +171,7 @@ FAMILY_LORA = {
     "pythia": ["query_key_value", "dense_4h_to_h", "embed_out", "embed_in"],  # fused QKV, untied, partial rotary
     "mistral": ["q_proj", "up_proj", "lm_head"],  # sliding window
     "gemma": ["q_proj", "down_proj"],  # scaled embedding, tied, one KV head
+    "granite": ["k_proj", "up_proj"],  # embedding, attention, residual and logits multipliers, tied
 }
 
 
@@ -137,8 +181,10 @@ def test_every_family_is_served_as_trained(family: str, tmp_path: Path) -> None:
     from families.build import build_family
 
     result = _synced(build_family(family, tmp_path / family, vllm=True), FAMILY_LORA[family])
-    _assert_faithful(result, separate_tied_head=family in ("qwen2.5", "gpt2"), reprocess_needed=family == "gemma")
-    assert result["tied"] == (family in ("qwen2.5", "gpt2", "gemma"))
+    _assert_faithful(result, separate_tied_head=family in ("qwen2.5", "gpt2"),
+                     reprocess_needed=family in ("gemma", "granite"))
+    assert result["tied"] == (family in ("qwen2.5", "gpt2", "gemma", "granite"))
+
 
 
 @needs_vllm

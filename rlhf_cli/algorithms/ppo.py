@@ -56,6 +56,21 @@ def resized_for_pad(policy: Path) -> tuple[int, int] | None:
     return (rows, len(ids) + 1) if len(ids) + 1 > rows else None
 
 
+def importance_sampling_problems(values: Values) -> list[str]:
+    """The bounds of vLLM's importance sampling as TRL's GRPOConfig checks them: clip_min below clip_max, and a
+    `*_truncate` mode with at least one of them."""
+    low, high = values("vllm_importance_sampling_clip_min"), values("vllm_importance_sampling_clip_max")
+    if low is not None and high is not None and low >= high:
+        return [f"`vllm_importance_sampling_clip_min` ({low}) must be less than `vllm_importance_sampling_clip_max` "
+                f"({high})"]
+    mode = values("vllm_importance_sampling_mode")
+    unbounded = low is None and high is None
+    if values("vllm_importance_sampling_correction") and str(mode).endswith("_truncate") and unbounded:
+        return [f"`vllm_importance_sampling_mode: {mode}` clips the importance-sampling ratios and neither "
+                "`vllm_importance_sampling_clip_min` nor `vllm_importance_sampling_clip_max` is set: set one"]
+    return []
+
+
 def _checks(values: Values, num_processes: int) -> list[str]:
     """Batch sizes that tile, one stop token setting, a tokenizer with EOS, a stop token inside the vocabulary (each
     size is at least 1 by then: rlhf_cli/schema/ranges.yaml), no vLLM on a policy the ranks resize."""
@@ -79,6 +94,7 @@ def _checks(values: Values, num_processes: int) -> list[str]:
         problems.append(f"`total_episodes` ({episodes}) is less than one batch of rollouts ({local_batch} per process "
                         f"x {num_processes} processes = {batch})")
 
+    problems += importance_sampling_problems(values)
     policy = values("model_name_or_path")
     if not isinstance(policy, str) or not Path(policy, "config.json").is_file():
         return problems
@@ -120,7 +136,8 @@ ALGORITHM = Algorithm(
     logits=LogitsModel(sequence_copies=2, completion_copies=4),
     headline_metrics=(("objective/scores", "score"), ("objective/kl", "kl"), ("loss/policy_avg", "loss"),
                       ("loss/value_avg", "value loss")),
-    renamed=COMMON_RENAMED,
+    # TRL 1.16 deprecated `vllm_importance_sampling_cap` for `vllm_importance_sampling_clip_max` (its GRPOConfig)
+    renamed={**COMMON_RENAMED, "vllm_importance_sampling_cap": "vllm_importance_sampling_clip_max"},
     retired=COMMON_RETIRED,
     starter_models=(StarterEntry("value_model_name_or_path", "the value model's start; default: the reward model",
                                  "./my-value-model", enabled=False),),

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from rlhf_cli.cli.flags import TABLE, given_once
+from rlhf_cli.config.engines.vllm import LOGPROBS_MODE
 from rlhf_cli.errors import RlhfError
 from rlhf_cli.models.dtype import training_dtype
 
@@ -25,7 +26,6 @@ LOOPBACK = "127.0.0.1"
 # the weight refresh's disk reload, tied layers re-processed (rlhf_cli/rank/engines/vllm/worker_extension.py; by
 # name: the CLI imports no rank code)
 WORKER_EXTENSION = "rlhf_cli.rank.engines.vllm.worker_extension.ReloadWithTiedLayers"
-
 
 
 def _training_option(parameter: str) -> Any:
@@ -48,6 +48,7 @@ def server_command(run: Any, host: str, port: int | None, dtype: str) -> list[st
             "--tensor-parallel-size", str(run.value("vllm_tensor_parallel_size")),
             "--gpu-memory-utilization", str(run.value("vllm_gpu_memory_utilization")),
             "--seed", str(run.value("seed")),
+            "--logprobs-mode", LOGPROBS_MODE,  # what PPO's importance sampling compares with the policy's
             "--worker-extension-cls", WORKER_EXTENSION]
     if run.value("vllm_max_model_length") is not None:
         argv += ["--max-model-len", str(run.value("vllm_max_model_length"))]

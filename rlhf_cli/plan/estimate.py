@@ -94,8 +94,9 @@ def components(inputs: Inputs, candidate: Candidate) -> list[Component]:
     # vLLM's rows: its copy of the policy is the policy with its adapters merged, synced a bucket at a time
     synced = policy.params + (inputs.roles[0].adapter.params if candidate.lora and inputs.roles[0].adapter else 0)
     bucket = max(numel for numel, _, _ in inputs.sync_buckets(candidate.generation.gather, candidate.lora)) * size_bytes
+    copies = vllm.sync_copies(policy.largest_layer, policy.vocab, policy.hidden, size_bytes)
     return rows + vllm.components(candidate.vllm, candidate.generation.engine, hw.gpu_memory, hw.gpus_per_machine,
-                                  synced, size_bytes, memory.phase_totals(rows)[TRAINING], bucket)
+                                  synced, size_bytes, memory.phase_totals(rows)[TRAINING], bucket, copies)
 
 
 def _generation_weights(inputs: Inputs, candidate: Candidate, engine: int, largest: int) -> int:

@@ -9,7 +9,8 @@ Peak memory per phase: on CUDA torch's allocator peaks (reserved, plus what the 
 allocator), on CPU the process's resident high-water mark (Linux's VmHWM, restarted at each phase change by
 writing 5 to /proc/self/clear_refs). Where that restart is refused only the run's overall peak is known, and the
 record says so. The one PeakMeter of a rank is shared with the CUDA probe (rlhf_cli/rank/probes.PhaseMemory):
-each reading restarts the peaks, so both take theirs from the same readings.
+each reading restarts the peaks, so both take theirs from the same readings. The weight sync also takes its own:
+how far memory rose above where it stood when the sync began (`PeakMeter.added`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, ClassVar
 
 GENERATION, SYNC, SAVING, TRAIN = "generation", "sync", "saving", "train"
 STEP_PHASES = (GENERATION, SYNC, SAVING, TRAIN)
-CONSUMERS = ("steps", "probe", "sync")  # StepPhases, PhaseMemory and the weight sync
+CONSUMERS = ("steps", "probe", "sync")  # StepPhases, PhaseMemory and the weight sync's own (`added`)
 PEAK_KEY = "peak_bytes"
 STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
 
@@ -34,9 +35,11 @@ class PeakMeter:
 
     shared: ClassVar[PeakMeter | None] = None
 
-    def __init__(self, kind: str, read: Callable[[], dict[str, int]], restart: Callable[[], bool]) -> None:
+    def __init__(self, kind: str, read: Callable[[], dict[str, int]], restart: Callable[[], bool],
+                 level: Callable[[], int | None] = lambda: None) -> None:
         self.kind = kind  # "cuda" | "rss"
         self.read, self.restart = read, restart
+        self.level = level  # the memory held now, as PEAK_KEY counts it; None where it cannot be read
         self.per_phase = True  # every restart worked so far: peaks are per phase, not the run's overall one
         self.overall = 0
         self.accounts: dict[str, dict[str, int]] = {name: {} for name in CONSUMERS}
@@ -64,7 +67,11 @@ class PeakMeter:
             cuda.reset_peak_memory_stats()
             return True
 
-        return cls("cuda", read, restart)
+        def level() -> int:
+            free, total = cuda.mem_get_info()
+            return total - free
+
+        return cls("cuda", read, restart, level)
 
     @classmethod
     def of_process(cls, status: Path = STATUS, clear_refs: Path = CLEAR_REFS) -> PeakMeter:
@@ -82,7 +89,14 @@ class PeakMeter:
             except OSError:
                 return False
 
-        return cls("rss", read, restart)
+        def level() -> int | None:
+            try:
+                return int(next(line for line in status.read_text().splitlines()
+                                if line.startswith("VmRSS:")).split()[1]) * 1024
+            except (OSError, StopIteration, ValueError, IndexError):
+                return None
+
+        return cls("rss", read, restart, level)
 
     def take(self, consumer: str) -> dict[str, int]:
         """The peaks since `consumer` last took them."""
@@ -94,6 +108,21 @@ class PeakMeter:
                 account[key] = max(account.get(key, 0), value)
         taken, self.accounts[consumer] = self.accounts[consumer], {}
         return taken
+
+
+    @contextlib.contextmanager
+    def added(self, consumer: str) -> Iterator[dict[str, int | None]]:
+        """The block's peak (`peak_memory_bytes`) and how far it rose above what was held when the block began
+        (`added_peak_bytes`), filled in when the block ends; None where the peak cannot be restarted (it would be an
+        earlier one's) or the level cannot be read."""
+        self.take(consumer)  # the peak restarts here: what the block's own reading shows is the block's
+        start = self.level()
+        found: dict[str, int | None] = {}
+        yield found
+        peak = self.take(consumer).get(PEAK_KEY)
+        usable = self.per_phase and start is not None and peak is not None
+        found["peak_memory_bytes"] = peak if self.per_phase else None
+        found["added_peak_bytes"] = max(0, peak - start) if usable else None
 
 
 class StepPhases:

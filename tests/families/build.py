@@ -152,6 +152,58 @@ def gemma(tokenizer: Any) -> Any:
         bos_token_id=_id(tokenizer, "<bos>"), architectures=["GemmaForCausalLM"])
 
 
+def granite(tokenizer: Any) -> Any:
+    from transformers import GraniteConfig
+
+    end = _id(tokenizer, "<|end_of_text|>")
+    # ibm-granite/granite-3.1-2b-instruct's multipliers (attention 1/64: 1/head_dim at head size 64)
+    return GraniteConfig(
+        vocab_size=_rows(tokenizer, False), **SIZE, num_key_value_heads=2, hidden_act="silu",
+        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_parameters={"rope_type": "default",
+                                                                             "rope_theta": 5000000.0},
+        tie_word_embeddings=True, attention_bias=False, attention_dropout=0.1, mlp_bias=False,
+        embedding_multiplier=12.0, logits_scaling=8.0, residual_multiplier=0.22, attention_multiplier=0.015625,
+        bos_token_id=end, eos_token_id=end, pad_token_id=end, architectures=["GraniteForCausalLM"])
+
+
+def olmo2(tokenizer: Any) -> Any:
+    from transformers import Olmo2Config
+
+    return Olmo2Config(
+        vocab_size=_rows(tokenizer, True), **SIZE, num_key_value_heads=4, hidden_act="silu",
+        max_position_embeddings=4096, rms_norm_eps=1e-6, rope_parameters={"rope_type": "default",
+                                                                           "rope_theta": 500000.0},
+        tie_word_embeddings=False, attention_bias=False, attention_dropout=0.0,
+        eos_token_id=_id(tokenizer, "<|endoftext|>"), pad_token_id=_id(tokenizer, "<|pad|>"),
+        architectures=["Olmo2ForCausalLM"])
+
+
+def smollm3(tokenizer: Any) -> Any:
+    from transformers import SmolLM3Config
+
+    # No rotary embedding in every 4th layer (`no_rope_layers`): layer 1 of 2 here keeps it, layer 2 has none
+    return SmolLM3Config(
+        vocab_size=_rows(tokenizer, False), **SIZE, num_key_value_heads=1, hidden_act="silu",
+        max_position_embeddings=65536, rms_norm_eps=1e-6, rope_parameters={"rope_type": "default",
+                                                                            "rope_theta": 5000000.0},
+        no_rope_layers=[1, 0], no_rope_layer_interval=4, use_sliding_window=False, sliding_window=None,
+        tie_word_embeddings=True, attention_bias=False, attention_dropout=0.0, mlp_bias=False,
+        bos_token_id=None, eos_token_id=_id(tokenizer, "<|im_end|>"),
+        pad_token_id=_id(tokenizer, "<|finetune_right_pad_id|>"), architectures=["SmolLM3ForCausalLM"])
+
+
+GRANITE_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|start_of_role|>' + message['role'] + '<|end_of_role|>' + "
+    "message['content'] + '<|end_of_text|>\n' }}{%- endfor %}{%- if add_generation_prompt %}"
+    "{{- '<|start_of_role|>assistant<|end_of_role|>' }}{%- endif %}")
+GRANITE_SPECIALS = ["<|end_of_text|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>", "<filename>",
+                    "<gh_stars>", "<issue_start>", "<issue_comment>", "<issue_closed>", "<jupyter_start>",
+                    "<jupyter_text>", "<jupyter_code>", "<jupyter_output>", "<empty_output>", "<commit_before>",
+                    "<commit_msg>", "<commit_after>", "<reponame>"]
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}")
+
 FAMILIES: dict[str, Family] = {family.name: family for family in (
     Family("pythia", "gpt_neox", "EleutherAI/pythia-70m ... pythia-12b", gpt_neox,
            specials_first=["<|endoftext|>", "<|padding|>"], bos="<|endoftext|>", eos="<|endoftext|>",
@@ -180,6 +232,26 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (
            eos="<eos>", pad="<pad>", unk="<unk>", adds_bos=True, chat_template=GEMMA_TEMPLATE,
            generation={"bos_token_id": "<bos>", "eos_token_id": "<eos>", "pad_token_id": "<pad>"}),
 )}
+# Families the vLLM sync's fidelity is checked on (tests/test_vllm_sync.py), outside the launched conformance matrix:
+# a head scaled by `logits_scaling` (Granite), and two that vLLM 0.30 serves through its Transformers backend.
+VLLM_FAMILIES: dict[str, Family] = {family.name: family for family in (
+    Family("granite", "granite", "ibm-granite/granite-3.1-2b-instruct", granite, specials_first=GRANITE_SPECIALS,
+           specials_last=["<|start_of_role|>", "<|end_of_role|>", "<|tool_call|>"], bos="<|end_of_text|>",
+           eos="<|end_of_text|>", pad="<|end_of_text|>", unk="<|end_of_text|>", chat_template=GRANITE_TEMPLATE,
+           generation={"bos_token_id": "<|end_of_text|>", "eos_token_id": "<|end_of_text|>",
+                       "pad_token_id": "<|end_of_text|>"}),
+    Family("olmo2", "olmo2", "allenai/OLMo-2-0425-1B-Instruct", olmo2,
+           specials_last=["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"], bos="<|endoftext|>",
+           eos="<|endoftext|>", pad="<|pad|>", chat_template=CHATML_TEMPLATE, spare_rows=True,
+           generation={"bos_token_id": "<|endoftext|>", "eos_token_id": "<|endoftext|>",
+                       "pad_token_id": "<|pad|>"}),
+    Family("smollm3", "smollm3", "HuggingFaceTB/SmolLM3-3B", smollm3, specials_last=LLAMA3_SPECIALS[:5] + [
+               "<|im_start|>", "<|im_end|>"], bos=None, eos="<|im_end|>", pad="<|finetune_right_pad_id|>",
+           chat_template=CHATML_TEMPLATE,
+           generation={"eos_token_id": "<|im_end|>", "pad_token_id": "<|finetune_right_pad_id|>",
+                       "do_sample": True, "temperature": 0.6, "top_p": 0.95}),
+)}
+EVERY_FAMILY = {**FAMILIES, **VLLM_FAMILIES}
 
 
 def build_tokenizer(family: Family, corpus: Path = CORPUS) -> Any:
@@ -235,12 +307,12 @@ def build_family(name: str, out: Path, vllm: bool = False) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    family = FAMILIES[name]
+    family = EVERY_FAMILY[name]
     tokenizer = build_tokenizer(family)
     config = family.architecture(tokenizer)
     if vllm:
         config = for_vllm(config)
-    torch.manual_seed(SEED + list(FAMILIES).index(name))
+    torch.manual_seed(SEED + list(EVERY_FAMILY).index(name))
     model = AutoModelForCausalLM.from_config(config)
     model.generation_config = _generation_config(family, tokenizer)
     model.save_pretrained(out)
@@ -256,14 +328,14 @@ def build_all(out: Path, names: list[str] | None = None, vllm: bool = False) -> 
 def main(argv: list[str]) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip())
-        print(f"\nfamilies: {', '.join(FAMILIES)}")
+        print(f"\nfamilies: {', '.join(EVERY_FAMILY)}")
         return
     out, names = Path(argv[0]), argv[1:]
-    unknown = [name for name in names if name not in FAMILIES]
+    unknown = [name for name in names if name not in EVERY_FAMILY]
     if unknown:
-        sys.exit(f"unknown family {', '.join(unknown)}; one of {', '.join(FAMILIES)}")
+        sys.exit(f"unknown family {', '.join(unknown)}; one of {', '.join(EVERY_FAMILY)}")
     for name, path in build_all(out, names or None).items():
-        print(f"{name}: {path} ({FAMILIES[name].real})")
+        print(f"{name}: {path} ({EVERY_FAMILY[name].real})")
 
 
 if __name__ == "__main__":

@@ -255,9 +255,11 @@ def _greedy_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> list[f
 @needs_vllm
 @pytest.mark.timeout(1500)  # a server start and a launched run, one after the other
 def test_vllm_server_rollouts_and_the_trained_weights_reach_the_server(tmp_path: Path) -> None:
-    """`rlhf vllm-serve` starts the run's server; PPO samples through it and, after every update, refreshes its
-    weights through a directory (the CPU transport). After the run the server's greedy log-probs are the saved
-    policy's (fp32) and not the starting policy's."""
+    """`rlhf vllm-serve` starts the run's server; PPO sends it the run's weights before its first rollout and after
+    every update, through a directory (the CPU transport). After the run the server's greedy log-probs are the
+    saved policy's (fp32) and not the starting policy's. A second run on the same server samples its first rollout
+    from its own starting weights, not from the first run's; in both, vLLM's log-probs are those of the
+    distribution it sampled from (at PPO's temperature 0.7), as the importance-sampling weights need them."""
     import requests
     from transformers import AutoModelForCausalLM
 
@@ -275,7 +277,7 @@ def test_vllm_server_rollouts_and_the_trained_weights_reach_the_server(tmp_path:
             "--set", "learning_rate=1e-2", timeout=900)
         for rank in (0, 1):
             record = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())
-            assert len(record["vllm_generation_seconds"]) == 2 and len(record["vllm_sync"]) == 2
+            assert len(record["vllm_generation_seconds"]) == 2 and len(record["vllm_sync"]) == 3
             # The smoke recipe gathers: each sync sends the whole policy in one bucket.
             assert all(sync["buckets"] == 1 and sync["peak_bytes"] == sync["full_bytes"]
                        for sync in record["vllm_sync"])
@@ -290,6 +292,10 @@ def test_vllm_server_rollouts_and_the_trained_weights_reach_the_server(tmp_path:
                                    choice["token_ids"])
         assert served == pytest.approx(trained, abs=1e-3)
         assert max(abs(a - b) for a, b in zip(served, initial, strict=True)) > 1e-2
+        again = tmp_path / "again"
+        ppo(again, "--max-steps", "1", "--vllm", "server", "--set", f"vllm_server_base_url={url}", timeout=900)
+        differences = [entry["sampling/sampling_logp_difference/mean"] for entry in logged(out) + logged(again)]
+        assert len(differences) == 3 and max(differences) < 0.05, differences
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)

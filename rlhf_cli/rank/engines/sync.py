@@ -12,7 +12,7 @@ from rlhf_cli.generation.sync_buckets import buckets
 from rlhf_cli.rank.engines import delta
 from rlhf_cli.rank.engines.sync_log import SYNC_LOG
 from rlhf_cli.rank.engines.weights import GatheredBytes, SyncLimit, WeightTarget, bucket_weights
-from rlhf_cli.rank.phases import PEAK_KEY, SYNC, PeakMeter, StepPhases
+from rlhf_cli.rank.phases import SYNC, PeakMeter, StepPhases
 from rlhf_cli.rank.zero3 import policy_units
 
 
@@ -22,21 +22,20 @@ def sync_weights(model: Any, target: WeightTarget, limit: SyncLimit, woke: bool 
     units at a time. Every rank takes part (the sync is a collective). `woke`: the generator just woke from a
     sleep that dropped its weights. Returns the sync's record, also added to the rank's sync log."""
     with StepPhases.current().during(SYNC):  # this step's `sync` phase (rlhf_cli/rank/phases.py)
-        meter = PeakMeter.current()
-        meter.take("sync")  # the sync's own peak from here
         started = time.perf_counter()
-        tracker = delta.Tracker.of(model, target)
-        record = None
-        if tracker.dense_reason(woke, target) is None:
-            with contextlib.suppress(delta.PatchesRefused):  # every rank's generator refuses the same patch
-                record = tracker.send_patches(model, target, limit)
-        if record is None:
-            record = _send_dense(model, target, limit)
-            record.update(tracker.after_dense(model, target, woke))
-        target.reset()
+        with PeakMeter.current().added(SYNC) as memory:  # the sync's own peak, and what it added
+            tracker = delta.Tracker.of(model, target)
+            record = None
+            if tracker.dense_reason(woke, target) is None:
+                with contextlib.suppress(delta.PatchesRefused):  # every rank's generator refuses the same patch
+                    record = tracker.send_patches(model, target, limit)
+            if record is None:
+                record = _send_dense(model, target, limit)
+                record.update(tracker.after_dense(model, target, woke))
+            target.reset()
         record["seconds"] = time.perf_counter() - started
+        record.update(memory)
         record.update(target.after_sync(model, woke))
-        record["peak_memory_bytes"] = meter.take("sync").get(PEAK_KEY)
         SYNC_LOG.add(record)
         return record
 

@@ -61,11 +61,19 @@ class PPOConfig(TrainingArguments):
     vllm_server_timeout: float = field(default=240.0, metadata={
         "help": "Seconds to wait for the vLLM server to be up."})
     vllm_group_port: int = field(default=51216, metadata={"help": "Port of the weight-update group with the server."})
+    # TRL 1.16's GRPOConfig keys for vLLM's importance sampling (its deprecated `vllm_importance_sampling_cap` is
+    # accepted as the old name of `vllm_importance_sampling_clip_max`: rlhf_cli/algorithms/ppo.py)
     vllm_importance_sampling_correction: bool = field(default=True, metadata={
-        "help": "Weight each token's policy loss by min(pi_policy / pi_vLLM, vllm_importance_sampling_cap): TRL's "
-                "truncated importance sampling for the mismatch between vLLM's and the policy's log-probs."})
-    vllm_importance_sampling_cap: float = field(default=3.0, metadata={
-        "help": "The largest importance-sampling weight (TRL's vllm_importance_sampling_clip_max)."})
+        "help": "Weight the policy loss by importance-sampling ratios pi_policy / pi_vLLM (vllm_importance_sampling_"
+                "mode): TRL's correction for the mismatch between vLLM's and the policy's log-probs."})
+    vllm_importance_sampling_mode: str = field(default="sequence_mask", metadata={
+        "help": "How the ratios weigh the loss: token_truncate, token_mask, sequence_truncate or sequence_mask. "
+                "Per token or one per sequence (its tokens' log-ratios summed); clipped into [clip_min, clip_max] "
+                "(*_truncate) or 0 outside it (*_mask)."})
+    vllm_importance_sampling_clip_max: float | None = field(default=3.0, metadata={
+        "help": "Importance sampling upper bound C_max used by `vllm_importance_sampling_mode`."})
+    vllm_importance_sampling_clip_min: float | None = field(default=None, metadata={
+        "help": "Importance sampling lower bound C_min used by `vllm_importance_sampling_mode`."})
     model_init_kwargs: dict[str, Any] | None = field(
         default=None, metadata={"help": "Keyword arguments for `from_pretrained` of the models."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})

@@ -231,8 +231,8 @@ class PPOTrainer(Trainer):
                                                            for steps in (args.logging_steps, args.save_steps))
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         batches = self._batches(loader, skip=self.state.global_step)
-        if self.vllm is not None and self.state.global_step:  # vLLM loaded the starting weights, not the checkpoint's
-            self.vllm.sync()
+        if self.vllm is not None:
+            self.vllm.start(resumed=self.state.global_step > 0)
         started = time.time()
         while self.state.global_step < self.num_updates:
             queries = next(batches)["input_ids"]
@@ -284,7 +284,8 @@ class PPOTrainer(Trainer):
                    "non_score": non_score, "values": values, "advantages": advantages, "returns": returns}
         if rollout["sampling_logprobs"] is not None:  # vLLM sampled: TRL's mismatch and its correction
             targets["importance_sampling_ratio"], targets["sampling_difference"] = core.sampling_correction(
-                rollout["logprobs"], rollout["sampling_logprobs"], ~padding, args.vllm_importance_sampling_cap)
+                rollout["logprobs"], rollout["sampling_logprobs"], ~padding, args.vllm_importance_sampling_mode,
+                args.vllm_importance_sampling_clip_min, args.vllm_importance_sampling_clip_max)
         return targets
 
     def _epochs(self, model: nn.Module, rollout: dict[str, torch.Tensor],
@@ -365,7 +366,7 @@ class PPOTrainer(Trainer):
         stats = {"sampling/sampling_logp_difference/mean": gather(delta.mean() if delta.numel() else zero).mean(),
                  "sampling/sampling_logp_difference/max": gather(delta.max() if delta.numel() else zero).max()}
         if self.args.vllm_importance_sampling_correction:
-            ratio = targets["importance_sampling_ratio"][~targets["padding"]]
+            ratio = core.sampling_weights_seen(targets["importance_sampling_ratio"], ~targets["padding"])
             empty = not ratio.numel()
             stats["sampling/importance_sampling_ratio/min"] = gather(zero if empty else ratio.min()).min()
             stats["sampling/importance_sampling_ratio/mean"] = gather(zero if empty else ratio.mean()).mean()

@@ -7,9 +7,9 @@ each token it sampled; old log-probs, values and reference log-probs stay the po
 `generate`, and the difference between vLLM's and the policy's log-probs is TRL's mismatch metrics and its
 truncated importance-sampling correction (rlhf_cli/rank/ppo/core.py `sampling_correction`).
 
-After every update the policy's weights go to vLLM (`sync`) through rlhf's bucketed sync
-(rlhf_cli/rank/engines/weights.py), gathered under the run's gather choice: into the colocated engine, or through a
-directory into the server.
+After every update (and, to a server, before the first rollout: `start`) the policy's weights go to vLLM (`sync`)
+through rlhf's bucketed sync (rlhf_cli/rank/engines/weights.py), gathered under the run's gather choice: into the
+colocated engine, or through a directory into the server.
 """
 
 from __future__ import annotations
@@ -104,6 +104,13 @@ class VLLMRollouts:
         self.generation_seconds.append(seconds)
         return (padded([list(ids) for ids in completions], self.pad_token_id, torch.long, queries.device),
                 padded(sampled_logprobs(logprobs), 0.0, torch.float32, queries.device))
+
+    def start(self, resumed: bool) -> None:
+        """Before the first rollout: a colocated engine loaded the starting weights itself and needs the policy's
+        only after a resume (the checkpoint's); a server holds whatever it was last sent, maybe by an earlier run,
+        so it always gets this run's weights before it samples for it."""
+        if resumed or self.server is not None:
+            self.sync()
 
     def sync(self) -> dict[str, float]:
         """Send the policy's weights to vLLM; the seconds and the most policy bytes gathered at once, for the log.

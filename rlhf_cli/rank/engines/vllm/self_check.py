@@ -25,6 +25,7 @@ PROBE_TOKENS = 4
 # Mean |vLLM logprob - policy logprob| over the probe's tokens above which the sync is broken: a float32 sync is
 # exact to ~1e-5 on CPU; half precision kernels differ by ~1e-2 (TRL's own bf16 runs log 0.01-0.05).
 TOLERANCE = {"float32": 1e-2, "bfloat16": 1e-1, "float16": 1e-1}
+FIRST_CHECKED = 2  # syncs checked from the start: the starting weights', then the first update's
 
 
 class SyncCheckFailed(RuntimeError):
@@ -45,9 +46,12 @@ class SyncCheck:
         self.syncs = 0
 
     def due(self, woke: bool) -> bool:
-        """Whether the sync just done is checked: the first, the one after a wake from sleep, every `every`-th."""
+        """Whether the sync just done is checked: the first two, the one after a wake from sleep, every `every`-th.
+        TRL's trainers sync the starting weights before the first generation, which vLLM already holds: a sync that
+        drops a parameter passes that check, so the second (the first update's weights) is checked too; a short
+        run would otherwise end before the `every`-th."""
         self.syncs += 1
-        return self.every > 0 and (self.syncs == 1 or woke or self.syncs % self.every == 0)
+        return self.every > 0 and (self.syncs <= FIRST_CHECKED or woke or self.syncs % self.every == 0)
 
     def run(self, model: Any, llm: Any, woke: bool = False) -> dict[str, float]:
         """The probe's logprob differences (mean and max over its tokens); SyncCheckFailed above the tolerance.
@@ -113,9 +117,23 @@ def _logits(model: Any, ids: Any) -> Any:
     with gathered(list(head.parameters())):
         logits = head.forward(hidden)  # the module's own hooks bypassed, as TRL's fused head does
     config = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
-    logits = logits * (getattr(config, "logit_scale", None) or 1.0)
+    logits = logits * logit_multiplier(config)
     cap = getattr(config, "final_logit_softcapping", None)
     return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def logit_multiplier(config: Any) -> float:
+    """What the model's own forward multiplies the LM head's output by before any softcap, read from its text
+    config as TRL 1.16's fused LM head reads it (trl/trainer/utils.py `add_fused_lm_head`): Cohere's `logit_scale`,
+    Muse Glimmer's `output_multiplier`, Falcon-H1's `lm_head_multiplier`, and `logits_scaling`, which Granite and
+    MiniCPM3 divide by and HyperCLOVA X multiplies by. None is unscaled; a real 0.0 is kept."""
+    for name in ("logit_scale", "output_multiplier", "lm_head_multiplier"):
+        if getattr(config, name, None) is not None:
+            return getattr(config, name)
+    scaling = getattr(config, "logits_scaling", None)
+    if scaling is None:
+        return 1.0
+    return scaling if getattr(config, "model_type", None) == "hyperclovax" else 1 / scaling
 
 
 @contextlib.contextmanager

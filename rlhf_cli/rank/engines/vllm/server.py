@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from rlhf_cli.config.engines.vllm import LOGPROBS_MODE
+
 FLUSH_BYTES = 512 * 2**20  # rank 0 writes a weight file whenever it holds this much: its host memory stays bounded
 
 
@@ -66,6 +68,8 @@ class ServerTarget:
             from trl.generation.vllm_client import VLLMClient
 
             self.client = VLLMClient(base_url=server_url(args), connection_timeout=args.vllm_server_timeout)
+            if args.vllm_importance_sampling_correction:
+                check_logprobs_mode(self.client)
         accelerator.wait_for_everyone()
 
     def generate(self, prompts: list[list[int]], settings: dict[str, Any]) -> tuple[list[list[int]], list[Any]]:
@@ -103,7 +107,6 @@ class ServerTarget:
             reload_server_weights(self.client.base_url, self.client.session, self.weight_dir)
         self.accelerator.wait_for_everyone()
 
-
     def patch(self, patches: list[Any]) -> None:
         raise NotImplementedError(self.dense_reason)
 
@@ -112,6 +115,17 @@ class ServerTarget:
 
     def after_sync(self, model: Any, woke: bool) -> dict[str, Any]:
         return {}
+
+
+def check_logprobs_mode(client: Any) -> None:
+    """Refuse a server that reports other log-probabilities than those of the distribution it samples from (a server
+    not started by `rlhf vllm-serve`): the importance-sampling weights would correct for the temperature."""
+    mode = client.get_server_info()["model_config"]["logprobs_mode"]
+    if mode != LOGPROBS_MODE:
+        raise RuntimeError(f"the vLLM server at {client.base_url} reports `--logprobs-mode {mode}`, not the sampled "
+                           f"distribution's ({LOGPROBS_MODE}) that PPO's importance sampling compares with the "
+                           "policy's: restart it with `rlhf vllm-serve`, or set "
+                           "vllm_importance_sampling_correction=false")
 
 
 def reload_server_weights(base_url: str, session: Any, weight_dir: Path) -> None:

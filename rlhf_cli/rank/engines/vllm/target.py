@@ -4,6 +4,7 @@ engine needs after a load (rlhf_cli/compat/vllm.py), and the logprob self-check 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -56,5 +57,7 @@ class ColocatedVLLM:
     def after_sync(self, model: Any, woke: bool) -> dict[str, Any]:
         if self.check is None or not self.check.due(woke):
             return {}
+        started = time.perf_counter()
         difference = self.check.run(model, self.llm, woke)
-        return {"check_logp_difference": difference["mean"], "check_logp_difference_max": difference["max"]}
+        return {"check_logp_difference": difference["mean"], "check_logp_difference_max": difference["max"],
+                "check_seconds": time.perf_counter() - started}
