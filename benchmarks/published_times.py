@@ -79,10 +79,10 @@ def _qwen3_moe_sync(bucket_bytes: float | None, gpu: str = "h100", gpus: int = 8
         rates = Rates.of(GPUS[gpu], gpus, 1, False)
         tensor = QWEN3_30B_A3B_BYTES / QWEN3_30B_A3B_TENSORS
         if bucket_bytes is None:
-            buckets = [(tensor, 1)] * QWEN3_30B_A3B_TENSORS
+            buckets = [(tensor, 1, QWEN3_30B_A3B_TENSORS)]
         else:
             count = math.ceil(QWEN3_30B_A3B_BYTES / bucket_bytes)
-            buckets = [(QWEN3_30B_A3B_BYTES / count, QWEN3_30B_A3B_TENSORS // count)] * count
+            buckets = [(QWEN3_30B_A3B_BYTES / count, QWEN3_30B_A3B_TENSORS // count, count)]
         return Prediction(buckets_seconds(buckets, rates, server=server))
     return predict
 
