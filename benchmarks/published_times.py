@@ -79,10 +79,10 @@ def _qwen3_moe_sync(bucket_bytes: float | None, gpu: str = "h100", gpus: int = 8
         rates = Rates.of(GPUS[gpu], gpus, 1, False)
         tensor = QWEN3_30B_A3B_BYTES / QWEN3_30B_A3B_TENSORS
         if bucket_bytes is None:
-            buckets = [(tensor, 1)] * QWEN3_30B_A3B_TENSORS
+            buckets = [(tensor, 1, QWEN3_30B_A3B_TENSORS)]
         else:
             count = math.ceil(QWEN3_30B_A3B_BYTES / bucket_bytes)
-            buckets = [(QWEN3_30B_A3B_BYTES / count, QWEN3_30B_A3B_TENSORS // count)] * count
+            buckets = [(QWEN3_30B_A3B_BYTES / count, QWEN3_30B_A3B_TENSORS // count, count)]
         return Prediction(buckets_seconds(buckets, rates, server=server))
     return predict
 
@@ -119,17 +119,17 @@ NEMO_RL = ("NeMo RL [performance summary v0.5](https://github.com/NVIDIA-NeMo/RL
 NEMO_ASSUMED = (f"{CAPS}: prompt 256 (assumed) + completion 3840, where the published mean sequence is 1,019 "
                 "(Llama) and 3,251 (Qwen) tokens; Megatron's tensor and pipeline parallelism replayed as ZeRO-3 "
                 "over every GPU; the KL to a reference model (NeMo's default) kept")
-NEMO_H100 = f"{NEMO_ASSUMED}; the plan's 25 GB/s a GPU between machines (a DGX H100 has 50)"
+NEMO_H100 = f"{NEMO_ASSUMED}; the plan's default link between H100 machines, 50 GB/s a GPU (a DGX H100)"
 NEMO_GB200 = (f"{NEMO_ASSUMED}; GB200's GPU as a B200 (2.25 against 2.5 PFLOP/s dense bf16); the NVL72 rack's "
               "trays share one NVLink domain: one machine")
 
 
 def _nemo(model: str, gpus: int, machines: int, gpu: str, vllm_tp: int) -> Callable[[Path], Prediction]:
-    """`gpus` per machine; a rendezvous address, which a plan across machines asks for."""
+    """`gpus` per machine."""
     per_gpu = 2048 // (gpus * machines)
     recipe = {"model_name_or_path": model, "beta": 0.01, "reward_funcs": ["think_format_reward"],
               "dataset_name": "published/math", "dtype": "bfloat16", "bf16": True, "num_machines": machines,
-              "main_process_ip": "10.0.0.1", "per_device_train_batch_size": 1,
+              "per_device_train_batch_size": 1,
               "gradient_accumulation_steps": per_gpu // 4, "steps_per_generation": per_gpu, "num_generations": 32,
               "plan_prompt_length": 256, "max_completion_length": 3840, "gradient_checkpointing": True,
               "use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.6,

@@ -159,13 +159,13 @@ def test_an_output_dir_full_before_launch_is_a_one_line_error(tmp_path: Path, mo
 def test_the_supervisor_records_how_its_ranks_ended_and_stops_the_other_machines(tmp_path: Path, monkeypatch) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    from rlhf_cli import compat
+    from rlhf_cli.compat import launcher
 
     failed = ChildFailedError("rlhf_cli.rank", {
         4: ProcessFailure(local_rank=0, pid=11, exitcode=1, error_file="<N/A>"),
         5: ProcessFailure(local_rank=1, pid=12, exitcode=-9, error_file="<N/A>")})
     monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path))
-    record_exits(2, compat.rank_exits(failed))
+    record_exits(2, launcher.rank_exits(failed))
     run_dir = RunDir(tmp_path)
     record = json.loads(run_dir.rank_exits(2).read_text())
     assert record["host"] == HOST and record["memory"] > 0

@@ -1,5 +1,6 @@
-"""A property over random output dirs: whatever a record says, `--overwrite`'s removal, the run's end and
-`rlhf report` change nothing outside the run's own files (what runs write, right inside the output dir).
+"""A property over random output dirs: whatever a record says, `--overwrite`'s removal, the run's end,
+`rlhf report`, a rehearsal into such a folder and `rlhf init --out NAME --force` change nothing outside the run's
+own files (what runs write, right inside the output dir), or NAME itself.
 
 Trees are drawn from a seeded generator (the same ones every run): the run's files, the user's files beside them,
 links named like the run's files pointing outside, and records that list the run's files, the user's, `../x`,
@@ -157,3 +158,66 @@ def _lists_report(out: Path) -> bool:
     entries = record.get("entries") if isinstance(record, dict) else None
     plain = (out / "report.png").is_file() and not (out / "report.png").is_symlink()
     return isinstance(entries, list) and "report.png" in entries and plain
+
+
+def test_a_rehearsal_into_a_drawn_folder_changes_nothing_outside_an_earlier_rehearsals_files(tmp_path: Path) -> None:
+    """The rehearsal's folder is drawn like any output dir: refused with everything in place, or accepted and then
+    cleared by the launcher's removal (`--overwrite`) of the run's own files only."""
+    from rlhf_cli.config.rehearsal import checked_folder
+    from rlhf_cli.errors import ConfigError
+
+    outcomes, removed = [], 0
+    for index, rng in trees(TREES // 4, seed=20261203):
+        root = tmp_path / f"tree-{index}"
+        run = draw_tree(rng, root)
+        folder = root / "out.rehearsal"
+        (root / "out").rename(folder)
+        run = {folder / path.name for path in run}
+        record = {folder / "rlhf-files.json"}
+        if index % 2:  # half of them an earlier rehearsal alone: the user's files and links taken out
+            for entry in folder.iterdir():
+                if entry not in run | record:
+                    entry.unlink() if entry.is_symlink() or entry.is_file() else shutil.rmtree(entry)
+        before = snapshot(root, set())
+        try:
+            checked_folder(folder)
+        except ConfigError as refused:
+            assert len(refused.problems) == 1 and snapshot(root, set()) == before, index
+            outcomes.append("refused")
+            continue
+        remove_owned(RunDir(folder))
+        assert snapshot(root, run | record) == snapshot_without(before, root, run | record), index
+        removed += sum(not path.exists() for path in run)
+        outcomes.append("replaced")
+        shutil.rmtree(root)
+    assert {"refused", "replaced"} <= set(outcomes) and removed > 0  # the trees reach both sides
+
+
+def snapshot_without(found: dict[str, tuple], root: Path, skip: set[Path]) -> dict[str, tuple]:
+    """`found` (a snapshot of `root`) less the entries under `skip`."""
+    return {key: value for key, value in found.items()
+            if not any(root / key == s or s in (root / key).parents for s in skip)}
+
+
+def test_init_force_onto_any_drawn_entry_changes_only_that_name(cli, tmp_path: Path, monkeypatch) -> None:
+    """`rlhf init --out NAME --force`, NAME any entry of a drawn tree (a file, a link out, a hard link, a dir):
+    the tree holds exactly what it held, but NAME, which is a new plain file or was refused."""
+    written = 0
+    for index, rng in trees(20, seed=3):
+        root = tmp_path / f"tree-{index}"
+        draw_tree(rng, root)
+        out = root / "out"
+        files = [entry for entry in out.iterdir() if entry.is_file() and not entry.is_symlink()]
+        if files:
+            os.link(files[0], out / "hard-link.yaml")
+        name = rng.choice(sorted(entry.name for entry in out.iterdir()))
+        before = snapshot(root, {out / name})
+        monkeypatch.chdir(out)
+        result = cli("init", "rloo", "--out", name, "--force")
+        assert snapshot(root, {out / name}) == before, (index, name, result.output)
+        if result.exit_code == 0:
+            assert (out / name).is_file() and not (out / name).is_symlink()
+            written += 1
+        else:
+            assert result.exit_code == 2 and (out / name).is_dir()
+    assert written > 10

@@ -651,6 +651,23 @@ def test_the_plan_of_any_depth_handles_alike_layers_once() -> None:
     assert one.params * 100_000 == deep.params  # two adapters in one layer, against two in each of 100,000
 
 
+def test_a_20000_layer_plan_is_not_quadratic_in_the_depth(tmp_path: Path) -> None:
+    """Every dry run and launch plans: the plan of 20,000 decoder layers, vLLM and gather budgets timed on a GPU,
+    takes seconds, not minutes (it took 258 s when every budget re-counted every layer). The bound is generous
+    for a loaded machine; benchmarks/plan_depth.py measures the real time."""
+    import time as clock
+
+    config = {**json.loads((RECIPES / "smoke" / "policy" / "config.json").read_text()), "num_hidden_layers": 20_000}
+    write(tmp_path / "deep" / "config.json", json.dumps(config))
+    flags = {"model_name_or_path": ("--model", str(tmp_path / "deep")), "gpu": ("--gpu", "h100"),
+             "gpu_memory": ("--gpu-memory", "160GB")}
+    started = clock.perf_counter()
+    _, plan = planned(resolve(RunRequest("rloo", "rloo/smoke", flags, ("gather=auto",), planning=True), cuda=False))
+    elapsed = clock.perf_counter() - started
+    assert plan.known and plan.chosen is not None and plan.chosen.step_seconds is not None
+    assert elapsed < 15, f"planning 20,000 layers took {elapsed:.1f} s"
+
+
 def test_the_recipes_env_block_names_the_hub_cache_the_plan_reads(tmp_path: Path) -> None:
     cache_model("org/model", "pythia-70m")
     moved = Path(os.environ["HF_HOME"]) / "hub"

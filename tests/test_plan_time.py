@@ -15,7 +15,7 @@ from rlhf_cli.config.run_checks import VLLM_SYNC_DEFAULT
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.generation.budget import Budget
 from rlhf_cli.generation.choice import Engine, Gather, Generation
-from rlhf_cli.generation.sync_buckets import PER_UNIT, WHOLE, bucket_limit, buckets
+from rlhf_cli.generation.sync_buckets import PER_UNIT, WHOLE, bucket_limit, bucket_sizes, buckets
 from rlhf_cli.machine import gpus
 from rlhf_cli.plan import time
 from rlhf_cli.plan.columns import Candidate
@@ -154,11 +154,17 @@ def test_offloading_the_optimizer_moves_adam_to_the_cpu_and_nvme_is_slower_still
     assert on["none"] < on["cpu"] < on["nvme"]
 
 
-def test_saving_is_one_checkpoint_over_save_steps_and_none_without_saving() -> None:
-    every_ten = _seconds(timed_seed_run("h100", "save_steps=10"), lambda c: c)["saving"]
-    every_hundred = _seconds(timed_seed_run("h100", "save_steps=100"), lambda c: c)["saving"]
-    assert every_ten == pytest.approx(10 * every_hundred)
-    assert _seconds(timed_seed_run("h100", "save_strategy='no'"), lambda c: c)["saving"] == 0
+def test_saving_is_the_checkpoints_the_run_writes_and_its_final_model_over_its_steps() -> None:
+    """100 steps: a checkpoint every 10 steps is 10 checkpoints, every 100 one, none without saving; the final
+    model's weights are written whatever the strategy. Spread over the steps at the disk's rate."""
+    def saving(*sets: str) -> float:
+        return _seconds(timed_seed_run("h100", "max_steps=100", *sets), lambda c: c)["saving"]
+
+    every_ten, every_hundred, never = saving("save_steps=10"), saving("save_steps=100"), saving("save_strategy='no'")
+    assert never > 0 and every_ten - never == pytest.approx(10 * (every_hundred - never))
+    inputs = read_inputs(timed_seed_run("h100", "max_steps=100"))
+    final = inputs.roles[0].size.params * inputs.work.element_bytes
+    assert never == pytest.approx(final / time.DISK_BANDWIDTH / 100)
 
 
 def test_vllm_generates_faster_than_hf_and_larger_sync_buckets_sync_faster() -> None:
@@ -179,6 +185,24 @@ def test_one_bucket_packing_for_the_plan_and_the_ranks() -> None:
     assert buckets([10, 10, 10, 40], WHOLE) == [[0, 1, 2, 3]]
     assert buckets([10, 10, 10, 40], PER_UNIT) == [[0], [1], [2], [3]]
     assert buckets([10, 10, 10, 40], 25) == [[0, 1], [2], [3]]  # a unit is never split
+
+
+@pytest.mark.parametrize("limit", [WHOLE, PER_UNIT, 1, 25, 30, 45, 100, 1000])
+def test_buckets_counted_by_stretches_are_the_ranks_buckets(limit) -> None:
+    """The plan counts buckets over stretches of alike units (a cost that does not grow with the depth); what it
+    counts must be what the ranks pack unit by unit, whatever the limit, zero-element units included."""
+    import random
+
+    rng = random.Random(limit)
+    for _ in range(200):
+        parts = [(rng.choice([0, 5, 10, 25, 40, 60]), rng.randint(1, 9), rng.randint(1, 12))
+                 for _ in range(rng.randint(1, 5))]
+        numels = [numel for numel, _, count in parts for _ in range(count)]
+        modules = [each for _, each, count in parts for _ in range(count)]
+        packed = [(sum(numels[i] for i in bucket), sum(modules[i] for i in bucket))
+                  for bucket in buckets(numels, limit)]
+        counted = [(numel, each) for numel, each, alike in bucket_sizes(parts, limit) for _ in range(alike)]
+        assert counted == packed, (parts, limit)
 
 
 # -- the choice ------------------------------------------------------------------------------------------------
@@ -256,3 +280,65 @@ def test_published_times_keep_their_orderings(tmp_path: Path, monkeypatch) -> No
     assert any("2 GiB buckets faster" in line for line in right)
     assert sum("faster than GKD Qwen2.5-7B" in line for line in right) == 2
     assert any("8 x H200" in line.split(" faster than ")[0] for line in right)
+
+
+# -- the inputs ------------------------------------------------------------------------------------------------
+
+def test_a_named_gpu_brings_its_memory_unless_gpu_memory_says_otherwise() -> None:
+    def hardware(**flags):
+        return read_inputs(resolve(RunRequest("rloo", "rloo/smoke", flags, planning=True), cuda=False)).hardware
+
+    named = hardware(gpu=("--gpu", "rtx3090"))
+    assert named.gpu_memory == 24 * 10**9 and "--gpu rtx3090" in named.source
+    assert hardware(gpu=("--gpu", "rtx3090"), gpu_memory=("--gpu-memory", "10GiB")).gpu_memory == 10 * 2**30
+
+
+def test_a_plan_across_machines_needs_no_address_and_its_network_rate_is_a_flag(cli) -> None:
+    """`rlhf plan` starts nothing: two machines plan without --main-process-ip (a launch still asks for it); the
+    link between them is the GPU class's default, with its source, unless --network gives it."""
+    def training(*network: str) -> tuple[float, str]:
+        flags = {"gpu": ("--gpu", "h100"), "num_machines": ("--num-machines", 2), "num_gpus": ("--num-gpus", 8),
+                 **({"network": ("--network", network[0])} if network else {})}
+        run = resolve(RunRequest("rloo", "rloo/smoke", flags, planning=True), cuda=True)
+        gpu = read_inputs(run).hardware.gpu
+        return _seconds(run, lambda c: c)["training"], gpu.network_source
+
+    default, source = training()
+    slow, given = training("1GB")
+    assert "400 Gb/s" in source and given == "given: --network 1GB" and slow > default
+    launch = cli("rloo", "-r", "rloo/smoke", "--num-machines", "2", "--dry-run")
+    assert launch.exit_code == 2 and "--main-process-ip" in launch.output
+    assert cli("plan", "rloo", "-r", "rloo/smoke", "--num-machines", "2", "--gpu", "h100").exit_code == 0
+    bad = cli("plan", "rloo", "-r", "rloo/smoke", "--network", "fast")
+    assert bad.exit_code == 2 and "--network 'fast'" in bad.output
+
+
+def test_a_sleeping_vllm_pays_its_wake_and_level_1_its_weights_over_the_host_link() -> None:
+    awake = qwen_run("use_vllm=true", "vllm_mode=colocate", "gather=true")
+    asleep = qwen_run("use_vllm=true", "vllm_mode=colocate", "gather=true", "vllm_enable_sleep_mode=true")
+    seconds = [_seconds(run, lambda c: c) for run in (awake, asleep)]
+    seconds.append(_seconds(asleep, lambda c: replace(c, vllm=replace(c.vllm, sleep_level=1))))
+    assert seconds[0]["generation"] < seconds[1]["generation"]  # the KV cache re-allocated
+    assert seconds[0]["weight_sync"] < seconds[1]["weight_sync"] < seconds[2]["weight_sync"]
+
+
+# -- this machine, calibrated ----------------------------------------------------------------------------------
+
+def test_a_remembered_calibration_times_every_configuration_and_says_how_old_it_is(cli, monkeypatch) -> None:
+    """No GPU here and none named: the calibration `rlhf doctor --calibrate` kept gives every configuration its
+    seconds per phase, on the CPU's rates shared by the processes; without one, no seconds and the way to them."""
+    import os
+    import time as clock
+
+    from rlhf_cli.machine import calibration
+
+    monkeypatch.setattr("rlhf_cli.machine.gpus.nvidia_smi", lambda query: [])
+    bare = json.loads(cli("plan", "rloo", "-r", "rloo/smoke", "--json").stdout)
+    assert all(column["time"] is None for column in bare["configurations"])
+    measured = calibration.Calibration("cpu", 20e9, 4e9, 1e9, 1e-3, "gloo", clock.time() - 7200, "here")
+    write(calibration.cache_dir() / calibration.FILE_NAME, json.dumps(measured.__dict__))
+    plan = json.loads(cli("plan", "rloo", "-r", "rloo/smoke", "--json").stdout)
+    assert plan["gpu"]["source"].startswith("calibrated here (cpu, 2 hours old)")
+    assert plan["gpu"]["bf16_flops"] == 20e9 / 2 and plan["gpu"]["fetch_latency"] == 1e-3  # 2 processes share it
+    assert all(column["time"] and column["step_seconds"] > 0 for column in plan["configurations"])
+    assert os.environ["RLHF_CACHE"] in str(calibration.cache_dir())

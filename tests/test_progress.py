@@ -77,3 +77,27 @@ def test_generation_seconds_per_step_since_the_last_log() -> None:
     progress.on_log(None, state, None, logs=LOGGED["ppo"])  # nothing generated since
     _, first, second = out.getvalue().splitlines()
     assert "gen 1.5 s/step" in first and "gen" not in second
+
+
+def test_the_eta_comes_from_the_runs_own_phases_not_a_line_through_its_start_up(monkeypatch) -> None:
+    """A first step slowed by start-up (15 s), then steps of 1 s generating and 1 s training: at step 3 of 12 the
+    rest is 9 steps of 2 s, as the phases measured since the first step say, where a straight line through the
+    elapsed time would say 57 s."""
+    from rlhf_cli.rank.phases import GENERATION, TRAIN, PeakMeter, StepPhases
+
+    now = [0.0]
+    phases = StepPhases(PeakMeter("rss", lambda: {}, lambda: True), clock=lambda: now[0])
+    monkeypatch.setattr(StepPhases, "active", phases)
+    monkeypatch.setattr("rlhf_cli.rank.progress.time.monotonic", lambda: now[0])
+    progress = TrainingProgress("rloo", Console(file=io.StringIO(), force_terminal=False))
+    state = SimpleNamespace(global_step=0, max_steps=12)
+    args = SimpleNamespace(save_strategy="no", save_steps=500)
+    progress.on_train_begin(args, state, None)
+    for step, (generating, training) in enumerate([(10.0, 5.0), (1.0, 1.0), (1.0, 1.0)], start=1):
+        for phase, seconds in ((GENERATION, generating), (TRAIN, training)):
+            phases.begin(phase)
+            now[0] += seconds
+            phases.end(phase)
+        state.global_step = step
+        progress.on_step_end(args, state, None)
+    assert progress.eta(args, state) == pytest.approx(18.0)

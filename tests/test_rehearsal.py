@@ -148,3 +148,37 @@ def test_the_verdict_names_the_phase_over_the_memory_and_what_would_fit() -> Non
     overall_only = {"phases": {"train": {"seconds_per_step": 2.0, "peak_bytes": None}},
                     "memory": {"overall_peak_bytes": 900 * 2**20}}
     assert "overall peak only" in verdict(overall_only, _plan(64 * 2**20)).line
+
+
+def test_the_rehearsal_predicts_the_whole_run_and_keeps_this_machines_corrections(monkeypatch, capsys) -> None:
+    """From a rehearsal's phases (1 s generating, 2 s training per step, a 4 s save) a 10-step run saving every 5
+    steps takes 10 x 3 + 2 x 4 s (the final save is the 10th step's); beside it the plan's; measured / planned is
+    kept for this machine (calibrated here), and the next plan on it is multiplied by it, and says so."""
+    from rlhf_cli.cli.output import print_rehearsal
+    from rlhf_cli.machine import calibration, corrections
+    from rlhf_cli.plan.estimate import plan_run
+    from rlhf_cli.plan.measured import whole_run
+
+    monkeypatch.setattr("rlhf_cli.machine.gpus.nvidia_smi", lambda query: [])
+    measured = calibration.Calibration("cpu", 20e9, 4e9, 1e9, 1e-3, "gloo", 0.0, "here")
+    path = calibration.cache_dir() / calibration.FILE_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(measured.__dict__))
+    run = resolve(RunRequest("rloo", "rloo/smoke", {}, ("max_steps=10", "save_strategy=steps", "save_steps=5"),
+                             planning=True), cuda=False)
+    plan = plan_run(run)
+    summary = {"phases": {"generation": {"seconds_per_step": 1.0, "peak_bytes": 2**20},
+                          "train": {"seconds_per_step": 2.0, "peak_bytes": 2**20},
+                          "saving": {"seconds_per_step": 4.0, "peak_bytes": 2**20}},
+               "memory": {"overall_peak_bytes": 2**20}}
+    total, planned = whole_run(summary, plan, 10, 5)
+    assert total == 10 * 3.0 + 2 * 4.0 and planned == pytest.approx(plan.chosen.step_seconds * 10)
+    assert print_rehearsal(summary, plan, run) == 0
+    printed = capsys.readouterr().out
+    assert "planned for this machine: this machine (cpu, calibrated)" in printed
+    assert "whole run (10 steps): 0:00:38 from the rehearsal's phases" in printed
+    factors = corrections.remembered(plan.hardware.gpu.name)
+    assert factors["generation"] == pytest.approx(1.0 / plan.chosen.seconds["generation"])
+    again = plan_run(run)
+    assert again.chosen.seconds["generation"] == pytest.approx(1.0)
+    assert "corrected by a rehearsal here" in again.hardware.gpu_source

@@ -9,7 +9,7 @@ import typer
 
 from rlhf_cli.cli.flags import NO_VALUE
 
-EXAMPLE = "rlhf doctor   (on the GPU node, before its first run)"
+EXAMPLE = "rlhf doctor   (on the GPU node, before its first run);  rlhf doctor --calibrate   (measure it for the plan)"
 STYLES = {"ok": "green", "warning": "yellow", "problem": "bold red"}
 
 
@@ -29,13 +29,30 @@ def environment_checks() -> list:
 def doctor(
     json_: Annotated[bool, typer.Option(
         "--json", metavar=NO_VALUE, help="Print the checks as a JSON list, for scripts.")] = False,
+    calibrate: Annotated[bool, typer.Option(
+        "--calibrate", metavar=NO_VALUE,
+        help="Measure this machine's matmul, memory and all-gather rates again (about a minute) and remember them "
+             "for the time plan.")] = False,
 ) -> None:
     """Check python, pinned packages, GPUs, DeepSpeed's build tools and accelerator, the hub; exit 1 on a problem."""
     from rich.table import Table
     from rich.text import Text
 
-    from rlhf_cli.cli.output import print_json, stdout
+    from rlhf_cli.cli.output import print_error, print_json, stdout
     from rlhf_cli.machine import readiness as checks
+
+    if calibrate:
+        from rlhf_cli.machine.cache import cache_dir
+        from rlhf_cli.machine.calibration import CalibrationFailed
+        from rlhf_cli.machine.calibration import calibrate as measure
+
+        try:
+            found = measure()
+        except CalibrationFailed as error:
+            print_error(f"rlhf doctor --calibrate: {error}")
+            raise typer.Exit(1) from None
+        if not json_:
+            stdout.print(f"{found.describe()}; kept in {cache_dir()}", highlight=False, markup=False)
 
     found = checks.run_checks() + environment_checks()
     problems = [check for check in found if check.status == checks.PROBLEM]

@@ -117,6 +117,9 @@ TABLE: tuple[Flag, ...] = (
     Flag("interconnect", ("--interconnect",), key="interconnect", panel=LAUNCH, metavar="nvlink|pcie|RATE",
          help="How the GPUs of a machine reach each other, for the time plan: nvlink, pcie, or a rate each way per "
               "GPU (50GB). Default: the GPU's usual link."),
+    Flag("network", ("--network",), key="network", panel=LAUNCH, metavar="RATE",
+         help="The link between machines for the time plan: a rate each way per GPU (25GB: one 200 Gb/s port per "
+              "GPU). Default: by GPU class (DGX-style InfiniBand, a server's or workstation's Ethernet)."),
     Flag("hardware_file", ("--hardware",), key="hardware_file", panel=LAUNCH, metavar="FILE",
          help="A YAML file describing a GPU the table lacks: name, bf16_tflops, memory_bandwidth_gbs, "
               "interconnect, interconnect_gbs, host_gbs."),

@@ -16,7 +16,8 @@ from rich.text import Text
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.launch.runner import Outcome
-from rlhf_cli.plan.measured import phase_rows, usable_memory, verdict
+from rlhf_cli.machine import corrections
+from rlhf_cli.plan.measured import corrected_factors, phase_rows, usable_memory, verdict, whole_run
 from rlhf_cli.plan.memory import MARGIN
 from rlhf_cli.plan.summary import time_lines
 from rlhf_cli.plan.time import PHASES
@@ -308,12 +309,21 @@ def _overall_peak(summary: dict[str, Any]) -> str:
     return f"{readable(memory.get('overall_peak_bytes') or 0)} overall ({memory.get('note') or 'not per phase'})"
 
 
+def planned_for(plan: Plan) -> str:
+    """Which machine the planned column is for: the GPU the plan timed (named, detected or calibrated here)."""
+    hardware = plan.hardware if plan.known else None
+    if hardware is None or hardware.gpu is None:
+        return "planned: no seconds (no GPU known; pass --gpu NAME, or run `rlhf doctor --calibrate`)"
+    where = "this machine" if hardware.this_machine else "another machine than this one"
+    return f"planned for {where}: {hardware.gpu.name} ({hardware.gpu_source})"
+
+
 def phase_table(summary: dict[str, Any], plan: Plan) -> Table:
     """The rehearsal's table: each phase measured beside the plan's prediction, its peak beside the memory the plan
     planned against."""
     usable = usable_memory(plan)
     table = Table(title="rehearsal: one step at the longest prompts and full-length completions", title_justify="left",
-                  box=box.SIMPLE_HEAD)
+                  box=box.SIMPLE_HEAD, caption=planned_for(plan), caption_justify="left")
     for header in ("phase", "s/step", "planned s/step", "peak memory", "fits in"):
         table.add_column(header, justify="left" if header == "phase" else "right", no_wrap=True)
     for row in phase_rows(summary, plan):
@@ -341,10 +351,35 @@ def print_outcome(outcome: Outcome, run: ResolvedRun, quiet: bool, plan: Plan | 
         stderr.print(f"Interrupted (exit code {outcome.exit_code})", style="yellow", markup=False)
 
 
-def print_rehearsal(summary: dict[str, Any], plan: Plan) -> int:
-    """The rehearsal's phases beside the plan, and its verdict: 0 when the measured peak fits the memory the plan
+def _whole_run_line(summary: dict[str, Any], plan: Plan, run: ResolvedRun) -> str:
+    """`whole run (12 steps): 0:00:41 from the rehearsal's phases, 0:00:35 planned`, and whether this machine's
+    corrections were kept."""
+    steps = run.value("max_steps") or 0
+    if steps <= 0:
+        return "whole run: max_steps is not set, so no time for it (the rehearsal's phases are per step)"
+    save_steps = run.value("save_steps") if str(run.value("save_strategy")) == "steps" else None
+    measured, planned = whole_run(summary, plan, steps, int(save_steps) if save_steps else None)
+    line = f"whole run ({steps} steps): {_clock(measured)} from the rehearsal's phases"
+    line += f", {_clock(planned)} planned" if planned is not None else ", none planned (no GPU known)"
+    factors = corrected_factors(summary, plan)
+    hardware = plan.hardware if plan.known else None
+    if factors and hardware is not None and hardware.this_machine and hardware.gpu is not None:
+        corrections.remember(hardware.gpu.name, factors)
+        line += f"; the next plan here corrects by {', '.join(f'{k} x{v:.3g}' for k, v in factors.items())}"
+    return line
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def print_rehearsal(summary: dict[str, Any], plan: Plan, run: ResolvedRun) -> int:
+    """The rehearsal's phases beside the plan, the whole run's time from them beside the plan's (kept as this
+    machine's corrections for its next plan), and its verdict: 0 when the measured peak fits the memory the plan
     planned against, else 1 after one line naming the phase that went over and what would fit."""
     print_whole(phase_table(summary, plan))
+    stdout.print(_whole_run_line(summary, plan, run), highlight=False, markup=False)
     found = verdict(summary, plan)
     if not found.fits:
         print_error(found.line)

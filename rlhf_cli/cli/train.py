@@ -40,6 +40,7 @@ def train(ctx: typer.Context, **options: Any) -> None:
         print_plan_compact(plan)
         print_run_json(run, plan) if options["json_"] else print_run_human(run)
         return
+    rehearsed = run
     if options["rehearse"]:
         from rlhf_cli.config.rehearsal import rehearsal_run
 
@@ -57,7 +58,7 @@ def train(ctx: typer.Context, **options: Any) -> None:
     if options["rehearse"] and outcome.exit_code == 0:
         from rlhf_cli.cli.output import print_rehearsal
 
-        raise typer.Exit(print_rehearsal(outcome.summary or {}, plan))
+        raise typer.Exit(print_rehearsal(outcome.summary or {}, plan, rehearsed))
     raise typer.Exit(outcome.exit_code)
 
 

@@ -47,6 +47,7 @@ class AccelerateChoices:
     # key -> how a problem names its value and where it came from: `--machine-rank {value}`, `SLURM_NODEID={value}`
     sources: Mapping[str, str] = field(default_factory=dict)
     refused: frozenset[str] = frozenset()  # keys whose given value was refused already: not judged again
+    launching: bool = True  # False for `rlhf plan`: it starts nothing, so machine rank 0 needs no address
 
 
 def _checked(config: dict[str, Any], source: Path, lines: Mapping[str, int], problems: list[str],
@@ -174,7 +175,8 @@ def build_accelerate_config(choices: AccelerateChoices, problems: list[str]) -> 
     config.update(choices.machines)
     if choices.num_gpus is not None:
         _apply_num_gpus(config, choices.num_gpus, choices.num_processes, problems)
-    _check_machines(config, said, problems, missing_ip="main_process_ip" not in choices.refused)
+    _check_machines(config, said, problems,
+                    missing_ip=choices.launching and "main_process_ip" not in choices.refused)
 
     if not is_zero3(config):
         what = f"{source} is not a DeepSpeed ZeRO-3 config"

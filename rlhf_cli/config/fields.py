@@ -122,6 +122,8 @@ OWN_FIELDS = (
     Field("interconnect", "launch", ("str", "null"), None,
           "How the GPUs of a machine reach each other, for the time plan: nvlink, pcie, or a rate each way per GPU "
           "(50GB); default: the GPU's."),
+    Field("network", "launch", ("str", "null"), None,
+          "The link between machines for the time plan: a rate each way per GPU (25GB); default: by GPU class."),
     Field("hardware_file", "launch", ("str", "null"), None,
           "A YAML file describing a GPU the table lacks, for the time plan: name, bf16_tflops, "
           "memory_bandwidth_gbs, interconnect, interconnect_gbs, host_gbs."),

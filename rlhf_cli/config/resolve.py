@@ -133,4 +133,5 @@ def _accelerate_choices(draft: Draft, cpu_only: bool) -> AccelerateChoices:
         cpu_only=cpu_only,
         sources={name: said for name in LAYOUT_KEYS if (said := draft.said(name))},
         refused=frozenset(draft.refused),
+        launching=not draft.request.planning,
     )

@@ -25,7 +25,7 @@ from rlhf_cli.config.paths import path_state, writable_dir_problem
 from rlhf_cli.config.run import Setting
 from rlhf_cli.generation.budget import BudgetError, parse_budget
 from rlhf_cli.generation.choice import Engine
-from rlhf_cli.machine.gpus import GPUS, HardwareError, from_file, named, with_interconnect
+from rlhf_cli.machine.gpus import GPUS, HardwareError, from_file, named, with_interconnect, with_network
 from rlhf_cli.sizes import SizeError, parse_size
 
 # The trainers' collective timeout, unless the recipe sets one: a backstop for what the stall watch does not judge
@@ -88,7 +88,7 @@ def check_gpu_memory(draft: Draft) -> None:
 
 
 def check_hardware(draft: Draft) -> None:
-    """`gpu`, `hardware_file` and `interconnect` as the time plan reads them (rlhf_cli/machine/gpus.py)."""
+    """`gpu`, `hardware_file`, `interconnect` and `network` as the time plan reads them (rlhf_cli/machine/gpus.py)."""
     gpu = None
     for key, read in (("gpu", named), ("hardware_file", lambda text: from_file(Path(text)))):
         if draft.value(key) is not None:
@@ -103,6 +103,11 @@ def check_hardware(draft: Draft) -> None:
             with_interconnect(gpu or GPUS["h100"], str(draft.value("interconnect")))
         except HardwareError as error:  # with no GPU named, nvlink is checked against nvidia-smi's by the plan
             draft.problems.append(f"{draft.layers['interconnect'][1]}: `interconnect`: {error}")
+    if draft.value("network") is not None:
+        try:
+            with_network(GPUS["h100"], str(draft.value("network")))
+        except HardwareError as error:
+            draft.problems.append(f"{draft.layers['network'][1]}: `network`: {error}")
 
 
 def check_stall_timeout(draft: Draft) -> None:

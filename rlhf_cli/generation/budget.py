@@ -86,17 +86,52 @@ class Unit:
     modules: int  # modules whose ZeRO-3 hooks it takes out of every generated token
 
 
-def ranked(units: Sequence[Unit]) -> list[int]:
-    """Indices of `units`, best buy first: most modules per parameter; among units alike (the decoder layers)
-    the earlier first."""
-    return sorted(range(len(units)), key=lambda i: (-units[i].modules / max(units[i].numel, 1), i))
+@dataclass(frozen=True)
+class Stretch:
+    """`count` alike units side by side from index `first` (a model's decoder layers): the plan counts a model in
+    stretches, so that its arithmetic does not grow with the depth."""
+
+    unit: Unit
+    first: int
+    count: int
+
+
+def stretches(units: Sequence[Unit]) -> tuple[Stretch, ...]:
+    """`units` in index order, alike neighbours together."""
+    found: list[Stretch] = []
+    for index, unit in enumerate(units):
+        if found and found[-1].unit == unit:
+            found[-1] = Stretch(unit, found[-1].first, found[-1].count + 1)
+        else:
+            found.append(Stretch(unit, index, 1))
+    return tuple(found)
+
+
+def ranked(parts: Sequence[Stretch]) -> list[Stretch]:
+    """Best buy first: most modules per parameter; among units alike (the decoder layers) the earlier first."""
+    return sorted(parts, key=lambda part: (-part.unit.modules / max(part.unit.numel, 1), part.first))
+
+
+def bought(parts: Sequence[Stretch], budget_numel: int) -> list[tuple[Stretch, int]]:
+    """How many units of each stretch the budget buys, taking the best buys first, each unit that still fits: of
+    alike units, the earliest."""
+    taken, left = [], budget_numel
+    for part in ranked(parts):
+        numel = part.unit.numel
+        count = part.count if numel == 0 else min(part.count, left // numel)
+        taken.append((part, count))
+        left -= count * numel
+    return taken
+
+
+def bought_total(parts: Sequence[Stretch], budget_numel: int) -> tuple[int, int]:
+    """(elements, modules) the budget buys."""
+    taken = bought(parts, budget_numel)
+    return (sum(part.unit.numel * count for part, count in taken),
+            sum(part.unit.modules * count for part, count in taken))
 
 
 def choose(units: Sequence[Unit], budget_numel: int) -> list[int]:
     """Indices (ascending) of the units to gather: the best buys first, each that still fits."""
-    chosen, left = [], budget_numel
-    for index in ranked(units):
-        if units[index].numel <= left:
-            chosen.append(index)
-            left -= units[index].numel
-    return sorted(chosen)
+    return sorted(part.first + offset for part, count in bought(stretches(units), budget_numel)
+                  for offset in range(count))

@@ -39,3 +39,34 @@ def buckets(numels: Sequence[int], limit: int | None) -> list[list[int]]:
             held = numel
     return packed
 
+
+
+def bucket_sizes(parts: Sequence[tuple[int, int, int]], limit: int | None) -> list[tuple[int, int, int]]:
+    """`buckets` counted without listing them: `parts` are (elements, modules, count) of alike units side by side,
+    in order; the answer is (elements, modules, how many buckets alike) of the buckets `buckets` packs, in order.
+    Its cost grows with the parts, not with the units (a 20,000-layer model is a few parts)."""
+    packed: list[tuple[int, int, int]] = []
+    held = modules = 0
+    open_ = False
+
+    def close() -> None:
+        if open_:
+            packed.append((held, modules, 1))
+
+    for numel, unit_modules, count in parts:
+        left = count
+        while left:
+            if open_ and (limit is None or held + numel <= limit):
+                joining = left if limit is None or numel == 0 else min(left, (limit - held) // numel)
+                held, modules, left = held + joining * numel, modules + joining * unit_modules, left - joining
+                continue
+            close()
+            per_bucket = left if limit is None or numel == 0 else max(1, limit // numel)
+            full, rest = divmod(left, per_bucket)
+            if rest == 0:  # the last full bucket stays open: a following unit may still join it
+                full, rest = full - 1, per_bucket
+            if full:
+                packed.append((per_bucket * numel, per_bucket * unit_modules, full))
+            held, modules, left, open_ = rest * numel, rest * unit_modules, 0, True
+    close()
+    return packed

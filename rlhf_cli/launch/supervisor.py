@@ -57,9 +57,9 @@ def gate_opens() -> bool:
 def main(argv: list[str]) -> int:
     from accelerate.commands.launch import launch_command, launch_command_parser
 
-    from rlhf_cli import compat
+    from rlhf_cli.compat import launcher
 
-    signal_stopped, rank_failed = compat.launch_errors()
+    signal_stopped, rank_failed = launcher.launch_errors()
     if os.environ.get(OUTPUT_MODE_ENV) != "verbose":
         # "Sending process N closing signal SIGTERM", "failed (exitcode: -9) local_rank: 1": the launcher says what
         # happened, once, from what this supervisor records.
@@ -67,14 +67,14 @@ def main(argv: list[str]) -> int:
     args = launch_command_parser().parse_args(argv)
     # torch's agent passes the signals it handles on to the ranks, which checkpoint on SIGTERM and SIGUSR1;
     # any other signal kills the supervisor itself.
-    compat.forward_signals_to_ranks(args, "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
-    compat.keep_working_directory_off_rank_path()  # a user's logging.py there must not replace the stdlib's
+    launcher.forward_signals_to_ranks(args, "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+    launcher.keep_working_directory_off_rank_path()  # a user's logging.py there must not replace the stdlib's
     if not gate_opens():
         return 0
     try:
         launch_command(args)
     except rank_failed as failed:
-        record_exits(int(args.machine_rank or 0), compat.rank_exits(failed))
+        record_exits(int(args.machine_rank or 0), launcher.rank_exits(failed))
         return 1  # a rank failed, whether it raised or was killed; the launcher says which and how
     except signal_stopped as stopped:
         return signal_exit_code(int(stopped.sigval))

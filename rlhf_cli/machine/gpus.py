@@ -21,8 +21,24 @@ TERA, GB = 10**12, 10**9
 NVLINK, PCIE = "nvlink", "pcie"
 # PCI-SIG: 16 GT/s (Gen4) and 32 GT/s (Gen5) per lane, 128b/130b encoding, 16 lanes: 31.5 and 63 GB/s each way
 PCIE_GEN4, PCIE_GEN5 = int(31.5 * GB), 63 * GB
-# Between machines, per GPU: one 200 Gb/s InfiniBand or RoCE port each (assumed: a common rail-per-GPU cluster)
+# Between machines, bytes/s each way per GPU, by class of machine (`--network RATE` overrides):
+# NVIDIA DGX A100 datasheet: 8 single-port ConnectX-6 200 Gb/s HDR InfiniBand for 8 GPUs, one per GPU
 NETWORK = 25 * GB
+NETWORK_SOURCE = "DGX A100: one 200 Gb/s InfiniBand port per GPU"
+# NVIDIA DGX H100 / H200 / B200 datasheets: 8 single-port ConnectX-7 400 Gb/s NDR for 8 GPUs
+NETWORK_NDR = 50 * GB
+NETWORK_NDR_SOURCE = "DGX H100/H200/B200: one 400 Gb/s ConnectX-7 port per GPU"
+# AWS g5.48xlarge (8 A10G) and g6.48xlarge (8 L4): 100 Gb/s for the machine, shared by its 8 GPUs
+NETWORK_CLOUD = 100e9 / 8 / 8
+NETWORK_CLOUD_SOURCE = "a PCIe server's 100 Gb/s Ethernet shared by 8 GPUs (AWS g5.48xlarge)"
+# A workstation's 10 Gb/s Ethernet shared by 4 cards (assumed)
+NETWORK_WORKSTATION = 10e9 / 8 / 4
+NETWORK_WORKSTATION_SOURCE = "a workstation's 10 Gb/s Ethernet shared by 4 cards (assumed)"
+
+
+# NCCL's ring all-gather reaches about 75% of a link's rate each way (nccl-tests' bus bandwidth on NVLink;
+# assumed for PCIe as well)
+COLLECTIVE_EFFICIENCY = 0.75
 
 
 class HardwareError(ValueError):
@@ -39,7 +55,10 @@ class Gpu:
     interconnect: str  # nvlink or pcie: how GPUs of one machine reach each other
     interconnect_bandwidth: float  # bytes/s each way per GPU over that link
     host_bandwidth: float  # bytes/s each way between the GPU and CPU memory (PCIe)
-    memory: int = 0  # bytes, as sold (the plan's memory comes from --gpu-memory or nvidia-smi)
+    memory: int = 0  # bytes, as sold (the plan's memory: --gpu-memory, else this for --gpu NAME, else nvidia-smi)
+    network: float = NETWORK  # bytes/s each way per GPU between machines
+    network_source: str = NETWORK_SOURCE
+    fetch_latency: float | None = None  # seconds ZeRO-3 pays per module fetched, when measured (else assumed)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -47,12 +66,15 @@ class Gpu:
 
 def _pcie(name: str, flops: float, bandwidth: float, memory_gb: int, host: int = PCIE_GEN4, peer: bool = True) -> Gpu:
     """A PCIe card; without peer-to-peer (`peer` False: GeForce cards, whose drivers turn it off) NCCL stages every
-    transfer through host memory, crossing PCIe twice: half the rate between GPUs."""
-    return Gpu(name, flops, bandwidth, PCIE, host if peer else host / 2, host, memory_gb * GB)
+    transfer through host memory, crossing PCIe twice: half the rate between GPUs. Between machines a data-centre
+    card shares a server's Ethernet, a GeForce card a workstation's."""
+    network = (NETWORK_CLOUD, NETWORK_CLOUD_SOURCE) if peer else (NETWORK_WORKSTATION, NETWORK_WORKSTATION_SOURCE)
+    return Gpu(name, flops, bandwidth, PCIE, host if peer else host / 2, host, memory_gb * GB, *network)
 
 
-def _nvlink(name: str, flops: float, bandwidth: float, memory_gb: int, link: float, host: int) -> Gpu:
-    return Gpu(name, flops, bandwidth, NVLINK, link, host, memory_gb * GB)
+def _nvlink(name: str, flops: float, bandwidth: float, memory_gb: int, link: float, host: int,
+            network: tuple[float, str] = (NETWORK, NETWORK_SOURCE)) -> Gpu:
+    return Gpu(name, flops, bandwidth, NVLINK, link, host, memory_gb * GB, *network)
 
 
 GPUS = {
@@ -75,13 +97,16 @@ GPUS = {
     "a100-pcie": _pcie("A100 PCIe", 312 * TERA, 1935 * GB, 80),
     # NVIDIA H100 datasheet: SXM BF16 989 TF (1979 sparse), 3.35 TB/s, NVLink 4 900 GB/s (450 each way), PCIe Gen5;
     # PCIe card 756 TF, 2.0 TB/s
-    "h100": _nvlink("H100 SXM", 989 * TERA, 3350 * GB, 80, 450 * GB, PCIE_GEN5),
+    "h100": _nvlink("H100 SXM", 989 * TERA, 3350 * GB, 80, 450 * GB, PCIE_GEN5,
+                     (NETWORK_NDR, NETWORK_NDR_SOURCE)),
     "h100-pcie": _pcie("H100 PCIe", 756 * TERA, 2000 * GB, 80, PCIE_GEN5),
     # NVIDIA H200 datasheet: SXM BF16 989 TF (1979 sparse), 4.8 TB/s, 141 GB, NVLink 900 GB/s, PCIe Gen5
-    "h200": _nvlink("H200", 989 * TERA, 4800 * GB, 141, 450 * GB, PCIE_GEN5),
+    "h200": _nvlink("H200", 989 * TERA, 4800 * GB, 141, 450 * GB, PCIE_GEN5,
+                     (NETWORK_NDR, NETWORK_NDR_SOURCE)),
     # NVIDIA HGX B200 datasheet: BF16 Tensor Core 4.5 PF with sparsity (2.25 dense); DGX B200: 64 TB/s of HBM3e
     # over 8 GPUs (8 TB/s each); NVLink 5 1.8 TB/s (900 GB/s each way); PCIe Gen5
-    "b200": _nvlink("B200", 2250 * TERA, 8000 * GB, 180, 900 * GB, PCIE_GEN5),
+    "b200": _nvlink("B200", 2250 * TERA, 8000 * GB, 180, 900 * GB, PCIE_GEN5,
+                     (NETWORK_NDR, NETWORK_NDR_SOURCE)),
 }
 ALIASES = {"3090": "rtx3090", "4090": "rtx4090", "a100": "a100-80gb", "a100-40": "a100-40gb",
            "a100-80": "a100-80gb", "h100-sxm": "h100"}
@@ -144,6 +169,16 @@ def with_interconnect(gpu: Gpu, interconnect: str) -> Gpu:
         raise HardwareError(f"--interconnect {interconnect!r}: write nvlink, pcie, or a rate each way per GPU "
                             "(50GB)") from None
     return replace(gpu, interconnect=f"{gpu.interconnect} ({interconnect})", interconnect_bandwidth=float(rate))
+
+
+def with_network(gpu: Gpu, network: str) -> Gpu:
+    """`--network RATE`: bytes per second each way per GPU between machines (`25GB`: a 200 Gb/s port each)."""
+    try:
+        rate = parse_size(network.strip().lower().removesuffix("/s"))
+    except SizeError:
+        raise HardwareError(f"--network {network!r}: write a rate each way per GPU between machines (25GB for "
+                            "one 200 Gb/s port per GPU)") from None
+    return replace(gpu, network=float(rate), network_source=f"given: --network {network}")
 
 
 HARDWARE_KEYS = {"name": str, "bf16_tflops": float, "memory_bandwidth_gbs": float, "interconnect": str,

@@ -168,7 +168,9 @@ class Plan:
                  "time": {phase: round(seconds, 6) for phase, seconds in c.seconds.items()} if c.seconds else None,
                  "step_seconds": c.step_seconds}
                 for c in self.columns],
-            "gpu": self.hardware.gpu.as_dict() | {"source": self.hardware.gpu_source} if self.hardware.gpu else None,
+            "gpu": self.hardware.gpu.as_dict() | {"source": self.hardware.gpu_source,
+                                                  "corrections": dict(self.hardware.corrections)}
+            if self.hardware.gpu else None,
             "fastest": self.fastest.candidate.label if self.fastest else None,
             "smallest": self.smallest.candidate.label if self.smallest else None,
             "checkpoint_bytes": self.checkpoint_bytes,

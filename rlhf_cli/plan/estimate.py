@@ -35,6 +35,7 @@ from rlhf_cli.sizes import gib
 
 LORA_OFFLOADS = (("none", "none"), ("cpu", "cpu"))
 MAX_MACHINES_SEARCHED = 256
+MAX_BUDGETS_TRIED = 128  # gather budgets `gather: auto` times per configuration (gather_choices)
 MAX_GENERATION_BATCH = 1 << 16  # sequences per GPU: the search for the largest generation batch stops there
 
 
@@ -93,7 +94,7 @@ def components(inputs: Inputs, candidate: Candidate) -> list[Component]:
         trained_params, largest_trained, size_bytes, hw.total_gpus, optimizer_offloaded)))
     # vLLM's rows: its copy of the policy is the policy with its adapters merged, synced a bucket at a time
     synced = policy.params + (inputs.roles[0].adapter.params if candidate.lora and inputs.roles[0].adapter else 0)
-    bucket = max(numel for numel, _ in inputs.sync_buckets(candidate.generation.gather, candidate.lora)) * size_bytes
+    bucket = max(numel for numel, _, _ in inputs.sync_buckets(candidate.generation.gather, candidate.lora)) * size_bytes
     copies = vllm.sync_copies(policy.largest_layer, policy.vocab, policy.hidden, size_bytes)
     return rows + vllm.components(candidate.vllm, candidate.generation.engine, hw.gpu_memory, hw.gpus_per_machine,
                                   synced, size_bytes, memory.phase_totals(rows)[TRAINING], bucket, copies)
@@ -105,7 +106,7 @@ def _generation_weights(inputs: Inputs, candidate: Candidate, engine: int, large
     size_bytes, policy, gather = inputs.work.element_bytes, inputs.roles[0].size, candidate.generation.gather
     if gather.budget is None:
         return memory.generation_weights(engine, size_bytes, gather == Gather.whole, inputs.max_live, largest)
-    return memory.gather_budget(policy.units, gather.budget.numel(policy.params, size_bytes), engine, size_bytes,
+    return memory.gather_budget(policy.stretches, gather.budget.numel(policy.params, size_bytes), engine, size_bytes,
                                 inputs.max_live, largest)
 
 
@@ -115,6 +116,9 @@ def _column(inputs: Inputs, candidate: Candidate, chosen: bool) -> Column:
     gpu = inputs.hardware.gpu
     seconds = time.step_time(inputs, candidate, gpu, trained_checkpoint_bytes(
         inputs.roles, candidate.lora, inputs.work.element_bytes)) if gpu else None
+    factors = inputs.hardware.corrections
+    if seconds and factors:
+        seconds = {phase: value * factors.get(phase, 1.0) for phase, value in seconds.items()}
     return Column(candidate, rows, peak, sum(row.cpu for row in rows),
                   memory.fits(peak, inputs.hardware.gpu_memory) and _vllm_starts(inputs, candidate), chosen, seconds)
 
@@ -201,13 +205,26 @@ def _run_candidate(run: ResolvedRun, gather: Gather) -> Candidate:
 
 
 def gather_choices(inputs: Inputs, candidate: Candidate) -> list[Candidate]:
-    """`candidate` gathering the whole policy, then each gather budget of its units bought in order (the largest
-    first; all units but the last: a budget of the whole policy is gathering), then none."""
+    """`candidate` gathering the whole policy, then gather budgets of its units bought in order (the largest first;
+    all units but the last: a budget of the whole policy is gathering), then none. Every budget up to
+    MAX_BUDGETS_TRIED; past that (a deep model) that many spread evenly, and the largest that fits, so that
+    planning does not grow with the square of the depth."""
     policy, engine = inputs.roles[0].size, candidate.generation.engine
-    bought = list(accumulate(policy.units[index].numel for index in ranked(policy.units)))[:-1]
-    budgets = [Gather.of(Budget(fraction=(numel + 0.5) / policy.params)) for numel in reversed(bought)]
-    return [replace(candidate, generation=Generation(gather, engine))
-            for gather in (Gather.whole, *budgets, Gather.shards)]
+    bought = [numel for part in ranked(policy.stretches) for numel in [part.unit.numel] * part.count]
+    totals = list(accumulate(bought))[:-1]
+
+    def with_budget(numel: int) -> Candidate:
+        budget = Gather.of(Budget(fraction=(numel + 0.5) / policy.params))
+        return replace(candidate, generation=Generation(budget, engine))
+
+    if len(totals) > MAX_BUDGETS_TRIED:
+        step = len(totals) / MAX_BUDGETS_TRIED
+        tried = {int(index * step) for index in range(MAX_BUDGETS_TRIED)}
+        largest = _largest(lambda count: _fits(inputs, with_budget(totals[count - 1])), len(totals))
+        totals = [totals[index] for index in sorted(tried | ({largest - 1} if largest else set()))]
+    whole, shards = (replace(candidate, generation=Generation(gather, engine)) for gather in (Gather.whole,
+                                                                                              Gather.shards))
+    return [whole, *(with_budget(numel) for numel in reversed(totals)), shards]
 
 
 def fastest_fitting(inputs: Inputs, choices: list[Candidate]) -> Candidate | None:

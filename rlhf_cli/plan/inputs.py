@@ -11,9 +11,9 @@ from typing import Any
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.accelerate import is_zero3
 from rlhf_cli.config.run import ResolvedRun
-from rlhf_cli.generation.budget import Unit
 from rlhf_cli.generation.choice import Gather
-from rlhf_cli.generation.sync_buckets import bucket_limit, buckets
+from rlhf_cli.generation.sync_buckets import bucket_limit, bucket_sizes
+from rlhf_cli.machine.corrections import remembered as remembered_corrections
 from rlhf_cli.models.architectures import peft_targets
 from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
 from rlhf_cli.plan import memory
@@ -40,15 +40,15 @@ class Inputs:
     def role(self, name: str) -> Role | None:
         return next((role for role in self.roles if role.name == name), None)
 
-    def sync_buckets(self, gather: Gather, lora: bool) -> list[tuple[int, int]]:
-        """(elements, modules) of each bucket one weight sync gathers (the ranks' packing of the policy's units
-        under the gather choice's limit); under LoRA each unit holds its adapters too, merged in its bucket."""
+    def sync_buckets(self, gather: Gather, lora: bool) -> list[tuple[int, int, int]]:
+        """(elements, modules, how many alike) of the buckets one weight sync gathers (the ranks' packing of the
+        policy's units under the gather choice's limit); under LoRA each unit holds its adapters too, merged in its
+        bucket."""
         policy, adapter = self.roles[0].size, self.roles[0].adapter
         synced = policy.params + (adapter.params if lora and adapter else 0)
-        units = policy.units or (Unit("policy", policy.params, policy.layers),)
-        numels = [unit.numel * synced // policy.params for unit in units]
-        packed = buckets(numels, bucket_limit(gather, policy.params, self.work.element_bytes))
-        return [(sum(numels[i] for i in bucket), sum(units[i].modules for i in bucket)) for bucket in packed]
+        parts = [(part.unit.numel * synced // policy.params, part.unit.modules, part.count)
+                 for part in policy.stretches] or [(synced, policy.layers, 1)]
+        return bucket_sizes(parts, bucket_limit(gather, policy.params, self.work.element_bytes))
 
 
 def lora_settings(value: Callable[[str], Any]) -> LoraSettings:
@@ -82,14 +82,30 @@ def _roles(run: ResolvedRun) -> list[Role]:
 
 
 def _hardware(run: ResolvedRun) -> Hardware | str:
+    """The memory per GPU: `--gpu-memory`, else the memory of the GPU `--gpu` names (as sold), else nvidia-smi's or
+    this machine's RAM."""
     given = run.value("gpu_memory")
     machines = int(run.accelerate.get("num_machines") or 1)
     processes = int(run.accelerate.get("num_processes") or 1)
-    hardware = detect_hardware(parse_size(given) if given is not None else None, processes, machines)
+    gpu, source = detect_gpu(run.value("gpu"), run.value("hardware_file"), run.value("interconnect"),
+                             run.value("network"), max(1, processes // max(1, machines)))
+    if given is not None:
+        hardware = detect_hardware(parse_size(given), processes, machines)
+    elif gpu is not None and gpu.memory and run.value("gpu") is not None:
+        hardware = detect_hardware(gpu.memory, processes, machines, f"--gpu {run.value('gpu')}: {gpu.name}'s "
+                                   f"{gpu.memory / 1e9:g} GB as sold (--gpu-memory to say otherwise)")
+    else:
+        hardware = detect_hardware(None, processes, machines)
     if isinstance(hardware, str):
         return hardware
-    gpu, source = detect_gpu(run.value("gpu"), run.value("hardware_file"), run.value("interconnect"))
-    return replace(hardware, gpu=gpu, gpu_source=source)
+    hardware = replace(hardware, gpu=gpu, gpu_source=source)
+    kept = remembered_corrections(gpu.name) if gpu is not None and hardware.this_machine else {}
+    return replace(hardware, corrections=kept,
+                   gpu_source=f"{source}; corrected by a rehearsal here: {_factors(kept)}" if kept else source)
+
+
+def _factors(kept: dict[str, float]) -> str:
+    return ", ".join(f"{phase} x{factor:.3g}" for phase, factor in kept.items())
 
 
 def read_inputs(run: ResolvedRun) -> Inputs | str:

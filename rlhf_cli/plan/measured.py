@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rlhf_cli.machine.corrections import STEP_PHASES, run_seconds, saves_left
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.columns import Plan
 from rlhf_cli.plan.time import GENERATION, OPTIMIZER_STEP, SAVING, SCORING, TRAINING, WAITING, WEIGHT_SYNC
@@ -76,3 +77,29 @@ def verdict(summary: dict[str, Any], plan: Plan) -> Verdict:
                f"({readable(smallest.peak)} per GPU)" if smallest is not None
                else f"the plan finds no configuration that fits in {readable(plan.hardware.gpu_memory)}")
     return Verdict(False, f"rehearsal: {phase} peaked at {readable(peak)}, over the {of}; {instead}")
+
+
+def corrected_factors(summary: dict[str, Any], plan: Plan) -> dict[str, float]:
+    """Per plan phase, measured / planned of the phase the ranks measured it in (times the factors the plan already
+    applied): what the next plan on this machine multiplies its seconds by. Saving is left out (a rehearsal's one
+    save is no rate)."""
+    kept = plan.hardware.corrections if plan.known and plan.hardware is not None else {}
+    factors = {}
+    for row in phase_rows(summary, plan):
+        if row.phase == "saving" or not row.seconds or not row.planned_seconds:
+            continue
+        for name in MEASURED_PHASES[row.phase]:
+            factors[name] = kept.get(name, 1.0) * row.seconds / row.planned_seconds
+    return factors
+
+
+def whole_run(summary: dict[str, Any], plan: Plan, steps: int, save_steps: int | None) -> tuple[float, float | None]:
+    """(seconds from the rehearsal's measured phases, seconds the plan predicts) for a run of `steps` saving every
+    `save_steps` (None: only the final model); rlhf_cli/machine/corrections.py's model for the first."""
+    phases = summary.get("phases") or {}
+    per_step = {name: (phases.get(name) or {}).get("seconds_per_step") for name in STEP_PHASES}
+    save = (phases.get("saving") or {}).get("seconds_per_step") or 0.0
+    measured = run_seconds(per_step, steps, saves_left(0, steps, save_steps), save)
+    chosen = plan.chosen if plan.known else None
+    planned = chosen.step_seconds * steps if chosen is not None and chosen.step_seconds is not None else None
+    return measured, planned

@@ -120,7 +120,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rlhf_cli.algorithms.spec import LogitsModel
-from rlhf_cli.generation.budget import Unit, choose
+from rlhf_cli.generation.budget import Stretch, bought_total
 from rlhf_cli.models.architectures import ATTENTION_OUTPUT, Module
 from rlhf_cli.plan.model_sizes import Adapter, ModelSize
 
@@ -177,11 +177,11 @@ def generation_weights(params: int, element_bytes: int, gather: bool, max_live: 
     return params * element_bytes if gather else live_parameters(params, element_bytes, max_live, largest_layer)
 
 
-def gather_budget(units: Sequence[Unit], budget_numel: int, params: int, element_bytes: int, max_live: int,
+def gather_budget(units: Sequence[Stretch], budget_numel: int, params: int, element_bytes: int, max_live: int,
                   largest_layer: int) -> int:
     """Policy bytes present on a GPU while generating with a gather budget: the units it buys, gathered once for
     the call, plus what ZeRO-3 keeps live of the rest, as without gathering."""
-    gathered = sum(units[index].numel for index in choose(units, budget_numel))
+    gathered, _ = bought_total(units, budget_numel)
     return gathered * element_bytes + live_parameters(params - gathered, element_bytes, max_live, largest_layer)
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
-from rlhf_cli.generation.budget import Unit
+from rlhf_cli.generation.budget import Stretch, Unit, stretches
 from rlhf_cli.models.architectures import LAYER, Module, architecture, default_targets, selection
 from rlhf_cli.models.hub import ModelConfigUnavailable
 
@@ -42,6 +43,12 @@ class ModelSize:
     max_positions: int | None = None  # longest sequence the model takes, when its config says
     approximate: bool = False  # an architecture we do not know: counted as a llama-like decoder
     units: tuple[Unit, ...] = ()  # what a gather budget can buy of a causal LM (rlhf_cli/generation/budget.py)
+
+    @cached_property
+    def stretches(self) -> tuple[Stretch, ...]:
+        """`units` with alike neighbours together: what the plan counts in, at a cost that does not grow with
+        the depth."""
+        return stretches(self.units)
 
 
 @dataclass(frozen=True)

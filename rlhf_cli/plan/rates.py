@@ -7,16 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhf_cli.machine.gpus import NETWORK, Gpu
+from rlhf_cli.machine.gpus import COLLECTIVE_EFFICIENCY, Gpu
 from rlhf_cli.plan.model_sizes import ModelSize
 
 # Dense forward/backward under ZeRO-3 with transformers' models: Megatron-LM reaches 41-52% of peak on A100s
 # (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters", table 1); eager
 # transformers' modules under ZeRO-3's hooks less: assumed 35%
 MATMUL_UTILISATION = 0.35
-# NCCL's ring all-gather reaches about 75% of a link's rate each way (nccl-tests' bus bandwidth on NVLink;
-# assumed for PCIe as well)
-COLLECTIVE_EFFICIENCY = 0.75
 # ZeRO-3 fetching one module: its pre-forward hook, an all-gather launch, the release; on CPU with gloo we measured
 # 0.8 ms (benchmarks/results/gather_units.md); on a GPU with NCCL assumed 0.15 ms
 ZERO3_MODULE_OVERHEAD = 0.15e-3
@@ -35,13 +32,15 @@ class Rates:
     machines: int
     interconnect: float  # bytes/s each way over the link between GPUs (a broadcast to a vLLM server)
     params_offloaded: bool  # ZeRO-3's parameter shards live in CPU memory
+    module_overhead: float = ZERO3_MODULE_OVERHEAD  # seconds per module ZeRO-3 fetches
 
     @classmethod
     def of(cls, gpu: Gpu, gpus: int, machines: int, params_offloaded: bool) -> Rates:
-        """Across machines an all-gather is as fast as the network between them (NETWORK) at most."""
-        link = min(gpu.interconnect_bandwidth, NETWORK) if machines > 1 else gpu.interconnect_bandwidth
+        """Across machines an all-gather is as fast as the network between them (`gpu.network`) at most."""
+        link = min(gpu.interconnect_bandwidth, gpu.network) if machines > 1 else gpu.interconnect_bandwidth
         return cls(gpu.bf16_flops, gpu.memory_bandwidth, link * COLLECTIVE_EFFICIENCY, gpu.host_bandwidth, gpus,
-                   machines, gpu.interconnect_bandwidth * COLLECTIVE_EFFICIENCY, params_offloaded)
+                   machines, gpu.interconnect_bandwidth * COLLECTIVE_EFFICIENCY, params_offloaded,
+                   gpu.fetch_latency if gpu.fetch_latency is not None else ZERO3_MODULE_OVERHEAD)
 
     def all_gather(self, total_bytes: float) -> float:
         """Seconds to gather `total_bytes` sharded over every GPU: each receives all but its own share."""
@@ -66,4 +65,4 @@ def forward_flops(model: ModelSize, sequences: float, length: int) -> float:
 
 def modules(model: ModelSize) -> int:
     """Modules ZeRO-3 fetches for one forward of `model`."""
-    return sum(unit.modules for unit in model.units) or model.layers * MODULES_PER_LAYER + 3
+    return sum(part.unit.modules * part.count for part in model.stretches) or model.layers * MODULES_PER_LAYER + 3

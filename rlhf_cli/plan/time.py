@@ -7,7 +7,9 @@ measured beside predicted:
   "waiting": s}, seconds per optimizer step on one GPU (every GPU does the same work under ZeRO-3), floats;
   `step_seconds`: their sum. The run's own configuration is the one with `"chosen": true`.
 - the plan gains `gpu`: {"name", "source", "bf16_flops", "memory_bandwidth", "interconnect",
-  "interconnect_bandwidth", "host_bandwidth"} (FLOP/s and bytes/s), and `fastest` / `smallest`: the labels of
+  "interconnect_bandwidth", "host_bandwidth", "memory", "network", "network_source", "fetch_latency",
+  "corrections"} (FLOP/s, bytes/s, seconds; `source` names a calibration and its age when one was used,
+  `corrections` the factors a rehearsal on this machine left), and `fastest` / `smallest`: the labels of
   the fitting configuration with the least `step_seconds` and the one with the least `peak_gpu` (null when none
   fits).
 Phase keys (PHASES): `generation` (sampling the rollouts: HF generate or vLLM), `weight_sync` (refreshing vLLM's
@@ -21,14 +23,14 @@ from __future__ import annotations
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import StepWork
-from rlhf_cli.generation.budget import choose
+from rlhf_cli.generation.budget import bought_total
 from rlhf_cli.machine.gpus import Gpu
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.columns import Candidate
 from rlhf_cli.plan.engines import vllm_time
 from rlhf_cli.plan.inputs import Inputs
 from rlhf_cli.plan.model_sizes import ModelSize
-from rlhf_cli.plan.rates import ZERO3_MODULE_OVERHEAD, Rates, forward_flops, modules
+from rlhf_cli.plan.rates import Rates, forward_flops, modules
 
 GENERATION, WEIGHT_SYNC, SCORING, TRAINING, OPTIMIZER_STEP, SAVING, WAITING = (
     "generation", "weight_sync", "scoring", "training", "optimizer_step", "saving", "waiting")
@@ -54,9 +56,11 @@ def step_time(inputs: Inputs, candidate: Candidate, gpu: Gpu, checkpoint_bytes: 
     hw = inputs.hardware
     rates = Rates.of(gpu, hw.total_gpus, hw.machines, candidate.offload_params != "none")
     step = algorithm(inputs.algorithm).step_work(inputs.value)
+    wake_weights, wake_kv = vllm_time.wake_seconds(inputs, candidate, rates)  # once per generation round
+    sync = vllm_time.sync_seconds(inputs, candidate, rates) if candidate.vllm else 0.0
     return {
-        GENERATION: generation_seconds(inputs, candidate, rates, step),
-        WEIGHT_SYNC: vllm_time.sync_seconds(inputs, candidate, rates) * step.syncs if candidate.vllm else 0.0,
+        GENERATION: generation_seconds(inputs, candidate, rates, step) + wake_kv * step.syncs,
+        WEIGHT_SYNC: (sync + wake_weights) * step.syncs,
         SCORING: scoring_seconds(inputs, candidate, rates, step),
         TRAINING: training_seconds(inputs, candidate, rates, step),
         OPTIMIZER_STEP: optimizer_seconds(inputs, candidate, rates),
@@ -78,31 +82,22 @@ def generation_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step:
     kv = memory.kv_cache(policy, batch, p + c // 2, b)
     token = max((policy.params * b + kv) / (rates.memory * HF_DECODE_BANDWIDTH),
                 rates.matmul(forward_flops(policy, batch, 1))) + HF_DECODE_OVERHEAD_PER_LAYER * policy.layers
-    gathered = _gathered_numel(inputs, candidate)
+    gathered, gathered_modules = _gathered(inputs, candidate)
     rest = policy.params - gathered
     once = rates.fetch(gathered * b)
-    rest_modules = modules(policy) - _gathered_modules(inputs, candidate)
+    rest_modules = modules(policy) - gathered_modules
     per_pass = rates.fetch(rest * b)
-    fetch = rest_modules * ZERO3_MODULE_OVERHEAD
+    fetch = rest_modules * rates.module_overhead
     passes = max(prefill, per_pass) + fetch + c * (max(token, per_pass) + fetch)
     return calls * (once + passes)
 
 
-def _gathered_numel(inputs: Inputs, candidate: Candidate) -> int:
-    """Policy elements gathered once per generation call: all of it, a budget's units, or none."""
+def _gathered(inputs: Inputs, candidate: Candidate) -> tuple[int, int]:
+    """Policy (elements, modules) gathered once per generation call: all of it, a budget's units, or none."""
     gather, policy = candidate.generation.gather, inputs.roles[0].size
     if gather.budget is not None:
-        chosen = choose(policy.units, gather.budget.numel(policy.params, inputs.work.element_bytes))
-        return sum(policy.units[index].numel for index in chosen)
-    return policy.params if gather.mode == "whole" else 0
-
-
-def _gathered_modules(inputs: Inputs, candidate: Candidate) -> int:
-    gather, policy = candidate.generation.gather, inputs.roles[0].size
-    if gather.budget is not None:
-        chosen = choose(policy.units, gather.budget.numel(policy.params, inputs.work.element_bytes))
-        return sum(policy.units[index].modules for index in chosen)
-    return modules(policy) if gather.mode == "whole" else 0
+        return bought_total(policy.stretches, gather.budget.numel(policy.params, inputs.work.element_bytes))
+    return (policy.params, modules(policy)) if gather.mode == "whole" else (0, 0)
 
 
 def scoring_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: StepWork) -> float:
@@ -123,7 +118,7 @@ def _forward_pass(inputs: Inputs, model: ModelSize, batch: int, length: int,
     """One ZeRO-3 forward: compute overlapped with gathering every module, plus each module's fetch overhead."""
     b = inputs.work.element_bytes
     gather = rates.fetch(model.params * b)
-    return max(rates.matmul(forward_flops(model, batch, length)), gather) + modules(model) * ZERO3_MODULE_OVERHEAD
+    return max(rates.matmul(forward_flops(model, batch, length)), gather) + modules(model) * rates.module_overhead
 
 
 def training_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: StepWork) -> float:
@@ -142,7 +137,7 @@ def training_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: S
         flops = base * forward + (6 * adapter * work.train_batch * work.train_sequence if adapter else 0)
         gradients = (adapter if adapter is not None else model.params) * b
         comm = 2 * rates.fetch(model.params * b) + rates.all_gather(gradients)
-        seconds += micro_batches * (max(rates.matmul(flops), comm) + 2 * modules(model) * ZERO3_MODULE_OVERHEAD)
+        seconds += micro_batches * (max(rates.matmul(flops), comm) + 2 * modules(model) * rates.module_overhead)
     return seconds
 
 
@@ -163,12 +158,19 @@ def optimizer_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> flo
 
 
 def saving_seconds(inputs: Inputs, checkpoint_bytes: int, machines: int) -> float:
-    """A checkpoint's write over the steps between two (`save_steps`; a fraction of `max_steps`; none with
-    `save_strategy: no`)."""
-    if str(inputs.value("save_strategy")) == "no":
-        return 0.0
+    """The run's writes at the disk's rate, per step: a checkpoint every `save_steps` (a fraction of `max_steps`;
+    none with `save_strategy: no`) and, at the end, the final model's weights (the ranks always save it). With
+    `max_steps` known, the checkpoints the run really writes and the final model spread over its steps; else one
+    checkpoint over `save_steps`."""
+    rate = DISK_BANDWIDTH * machines
+    steps = inputs.value("max_steps") or 0
     every = inputs.value("save_steps") or TRL_SAVE_STEPS
     if every < 1:
-        steps = inputs.value("max_steps") or 0
         every = every * steps if steps > 0 else TRL_SAVE_STEPS
-    return checkpoint_bytes / (DISK_BANDWIDTH * machines) / max(every, 1)
+    every = max(int(every), 1)
+    saving = str(inputs.value("save_strategy")) != "no"
+    if steps <= 0:
+        return checkpoint_bytes / rate / every if saving else 0.0
+    final = inputs.roles[0].size.params * inputs.work.element_bytes
+    checkpoints = steps // every if saving else 0
+    return (checkpoints * checkpoint_bytes + final) / rate / steps

@@ -50,6 +50,7 @@ def main(argv: list[str]) -> int:
         quiet_libraries(terminal.output_mode(), is_rank_zero=global_rank() == 0)
         from rlhf_cli.algorithms import algorithm
         from rlhf_cli.algorithms.spec import load_object
+        from rlhf_cli.rank.engines import prepare_engine
         from rlhf_cli.rank.record import write_rank_record
         from rlhf_cli.rank.reshard import loadable_checkpoint
         from rlhf_cli.rank.zero3 import install_generation_context
@@ -57,13 +58,7 @@ def main(argv: list[str]) -> int:
         generation = inputs.generation()
         install_generation_context(required=generation.gather.through_shards, budget=generation.gather.budget)
         terminal.PHASES.show("loading the models")
-        for variable, value in generation.engine.spec.cpu_environment.items():  # unless the run set it
-            os.environ.setdefault(variable, value)
-        if generation.engine.spec.is_server:
-            from rlhf_cli.compat.vllm import replace_trl_server_wait
-            from rlhf_cli.rank.engines.vllm.server import wait_for_server
-
-            replace_trl_server_wait(wait_for_server)  # TRL's own wait never ends while a wrong server answers
+        prepare_engine(generation.engine.spec)
         trainer = load_object(algorithm(name).builder)(inputs)
         use_progress(trainer, name)
         terminal.PHASES.show("building the DeepSpeed engine")  # in train(), until its first callback

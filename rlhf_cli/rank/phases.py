@@ -171,6 +171,11 @@ class StepPhases:
         finally:
             self.end(phase)
 
+    def snapshot(self) -> dict[str, float]:
+        """Seconds charged to each phase so far, the open one up to now."""
+        self._switch()
+        return dict(self.seconds)
+
     def record(self, steps: int) -> dict[str, Any]:
         """What `ranks/rank-N.json` and summary.json carry: each phase's seconds per optimizer step (`steps` run
         by this launch) and peak bytes (None where only the overall peak is known), and how memory was read."""

@@ -12,8 +12,10 @@ from typing import Any
 from transformers import TrainerCallback
 
 from rlhf_cli.algorithms import algorithm
+from rlhf_cli.machine.corrections import STEP_PHASES, run_seconds, saves_left
 from rlhf_cli.rank import terminal
 from rlhf_cli.rank.engines.sync_log import SYNC_LOG
+from rlhf_cli.rank.phases import SAVING, StepPhases
 from rlhf_cli.rank.terminal import PHASES, output_mode
 from rlhf_cli.rank.zero3 import GenerationClock
 
@@ -37,6 +39,8 @@ class TrainingProgress(TrainerCallback):
         self.started = time.monotonic()
         self.first_step = 0
         self.logged_step = 0
+        self.baseline: tuple[int, dict[str, float], float] | None = None  # after the first step: step, phases, time
+        self.saves = 0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         self.started = time.monotonic()
@@ -53,20 +57,43 @@ class TrainingProgress(TrainerCallback):
             Progress,
             TextColumn,
             TimeElapsedColumn,
-            TimeRemainingColumn,
         )
 
         self.progress = Progress(
             TextColumn(f"[bold]{self.algorithm.command}"), BarColumn(bar_width=24), MofNCompleteColumn(),
-            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[metrics]}"),
+            TimeElapsedColumn(), TextColumn("eta {task.fields[eta]}"), TextColumn("{task.fields[metrics]}"),
             console=self.console,
         )
-        self.task = self.progress.add_task("train", total=state.max_steps, completed=state.global_step, metrics=first)
+        self.task = self.progress.add_task("train", total=state.max_steps, completed=state.global_step, metrics=first,
+                                           eta="-:--:--")
         self.progress.start()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        if self.baseline is None:  # the first step carries the start-up (allocation, warm-up): the ETA leaves it out
+            self.baseline = (state.global_step, StepPhases.current().snapshot(), time.monotonic())
         if self.progress is not None:
-            self.progress.update(self.task, completed=state.global_step)
+            self.progress.update(self.task, completed=state.global_step, eta=_clock(self.eta(args, state)))
+
+    def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        self.saves += 1
+
+    def eta(self, args: Any, state: Any) -> float:
+        """The rest of the run from its own measured phases (rlhf_cli/machine/corrections.py's model): each
+        phase's seconds per step since the first step, times the steps left, plus the saves left at the seconds
+        its saves took (none yet: not counted); a straight line through elapsed time until a second step is done."""
+        done = state.global_step - self.first_step
+        if self.baseline is None or state.global_step <= self.baseline[0]:
+            elapsed = time.monotonic() - self.started
+            return elapsed / done * (state.max_steps - state.global_step) if done else 0.0
+        step, before, _ = self.baseline
+        now = StepPhases.current().snapshot()
+        per_step = {phase: (now[phase] - before[phase]) / (state.global_step - step)
+                    for phase in STEP_PHASES}
+        saving = now[SAVING] / self.saves if self.saves else 0.0
+        saving_by_steps = str(getattr(args, "save_strategy", "no")).lower().endswith("steps")
+        save_steps = getattr(args, "save_steps", None) if saving_by_steps else None
+        left = saves_left(state.global_step, state.max_steps, int(save_steps) if save_steps else None)
+        return run_seconds(per_step, state.max_steps - state.global_step, left, saving)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
         metrics = self.algorithm.format_metrics(logs or {})
@@ -81,10 +108,8 @@ class TrainingProgress(TrainerCallback):
             self.progress.update(self.task, completed=state.global_step, metrics=metrics)
             return
         elapsed = time.monotonic() - self.started
-        done = state.global_step - self.first_step
-        eta = elapsed / done * (state.max_steps - state.global_step) if done else 0.0
         self.console.print(f"step {state.global_step}/{state.max_steps}  {metrics}  elapsed {_clock(elapsed)}  "
-                           f"eta {_clock(eta)}", markup=False, highlight=False, soft_wrap=True)
+                           f"eta {_clock(self.eta(args, state))}", markup=False, highlight=False, soft_wrap=True)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         if self.progress is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.columns import Candidate
+from rlhf_cli.plan.engines import vllm
 from rlhf_cli.plan.inputs import Inputs
 from rlhf_cli.plan.rates import Rates, forward_flops
 
@@ -26,6 +27,7 @@ SERVER_BUCKET_OVERHEAD = 20e-3  # seconds per sync bucket to a server: its HTTP 
 # tensor, of the order the Megatron-LM bridge's published syncs imply (84.9 s for Qwen3-30B-A3B's 18,867 tensors
 # one at a time, 11.8 s in 2 GiB buckets; benchmarks/plan_published.py replays both)
 TENSOR_LOAD = 0.5e-3
+SLEEP_CYCLE_OVERHEAD = 0.05  # seconds per sleep and wake: the allocator's unmap and map calls (assumed)
 
 
 def call_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
@@ -46,21 +48,36 @@ def call_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
     return prefill + c * (max(read, compute) + all_reduce + VLLM_STEP_OVERHEAD)
 
 
+def wake_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> tuple[float, float]:
+    """(weights, KV cache) seconds of one sleep and wake of a sleeping colocated vLLM (TRL sleeps it after every
+    generation round): at level 1 its weights went down to host memory and come back over the host link, at level
+    2 they are only re-allocated (the sync refills them, counted there); its KV cache is re-allocated and zeroed
+    at memory speed."""
+    settings = candidate.colocated
+    if settings is None or not settings.sleep:
+        return 0.0, 0.0
+    b, policy = inputs.work.element_bytes, inputs.roles[0].size
+    shard = vllm.weights(settings, policy.params, b)
+    weights = 2 * shard / rates.host if settings.sleep_level == 1 else 0.0
+    kv = max(0, vllm.kv_room(settings, inputs.hardware.gpu_memory, policy.params, b)) / rates.memory
+    return weights + SLEEP_CYCLE_OVERHEAD / 2, kv + SLEEP_CYCLE_OVERHEAD / 2
+
+
 def sync_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
     """One weight sync of the candidate's buckets (a unit's modules counted as its tensors)."""
     b = inputs.work.element_bytes
     buckets = inputs.sync_buckets(candidate.generation.gather, candidate.lora)
-    return buckets_seconds([(numel * b, tensors) for numel, tensors in buckets], rates,
+    return buckets_seconds([(numel * b, tensors, alike) for numel, tensors, alike in buckets], rates,
                            candidate.generation.engine.spec.is_server)
 
 
-def buckets_seconds(buckets: list[tuple[float, int]], rates: Rates, server: bool) -> float:
-    """A sync of `buckets` (bytes, tensors): each gathered, then copied into a colocated vLLM's weights at memory
-    speed or broadcast to the server over the link between GPUs, vLLM loading it tensor by tensor; each bucket
-    pays its fixed overhead."""
+def buckets_seconds(buckets: list[tuple[float, int, int]], rates: Rates, server: bool) -> float:
+    """A sync of `buckets` (bytes, tensors, how many alike): each gathered, then copied into a colocated vLLM's
+    weights at memory speed or broadcast to the server over the link between GPUs, vLLM loading it tensor by
+    tensor; each bucket pays its fixed overhead."""
     seconds = 0.0
-    for size, tensors in buckets:
+    for size, tensors, alike in buckets:
         handing = size / rates.interconnect + SERVER_BUCKET_OVERHEAD if server else \
             size / rates.memory + COLOCATED_BUCKET_OVERHEAD
-        seconds += rates.fetch(size) + handing + tensors * TENSOR_LOAD
+        seconds += alike * (rates.fetch(size) + handing + tensors * TENSOR_LOAD)
     return seconds

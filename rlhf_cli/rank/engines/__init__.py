@@ -1,2 +1,21 @@
 """The ranks' side of each generation engine: the engine-neutral weight sync (weights.py, sync.py, delta.py)
 and one folder per engine (`vllm/`); the policy's own `generate` (hf) needs none."""
+
+from __future__ import annotations
+
+import os
+
+from rlhf_cli.generation.engines import EngineSpec
+
+
+def prepare_engine(spec: EngineSpec) -> None:
+    """What a rank sets up for its engine before the trainer is built: the engine's CPU settings (unless the run
+    set them), and for a vLLM server a wait that ends at `vllm_server_timeout` (TRL's own never ends while a
+    wrong server answers)."""
+    for variable, value in spec.cpu_environment.items():
+        os.environ.setdefault(variable, value)
+    if spec.is_server and spec.is_vllm:
+        from rlhf_cli.compat.vllm import replace_trl_server_wait
+        from rlhf_cli.rank.engines.vllm.server import wait_for_server
+
+        replace_trl_server_wait(wait_for_server)
