@@ -32,8 +32,9 @@ def _trainer(cli, command: str, *args: str) -> dict:
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_vllm_flag_sets_trls_keys(cli, vllm_installed, command: str) -> None:
-    trainer = _trainer(cli, command, "--vllm", "server", "--set", "vllm_server_port=8123")
-    assert trainer["use_vllm"] is True and trainer["vllm_mode"] == "server"
+    mode = "colocate" if command == "online-dpo" else "server"  # online DPO's server mode needs a GPU here
+    trainer = _trainer(cli, command, "--vllm", mode, "--set", "vllm_server_port=8123")
+    assert trainer["use_vllm"] is True and trainer["vllm_mode"] == mode
     assert trainer["vllm_server_port"] == 8123
 
 

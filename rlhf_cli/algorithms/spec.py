@@ -105,8 +105,8 @@ class Algorithm:
     # columns: a function takes them, or **kwargs)
     reward_keywords: tuple[str, ...] = ()
     takes_tools: bool = False  # the trainer takes `tools`, `environment_factory` and `rollout_func` (GRPO)
-    # why the trainer cannot use a vLLM server from processes without a GPU (None: it can)
-    vllm_server_needs_gpu: str | None = None
+    # why the trainer cannot reach a generation server from processes without a GPU (None: it can)
+    server_needs_gpu: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "renamed", MappingProxyType(dict(self.renamed)))
