@@ -22,8 +22,8 @@ ROOMS = ("generation/engines.py", "config/engines/", "plan/engines/", "rank/engi
 ALLOWANCE = {
     "config/fields.py": 2, "config/lora.py": 5, "config/resolve.py": 1, "config/run_checks.py": 21,
     "generation/choice.py": 11, "plan/columns.py": 18, "plan/estimate.py": 53, "plan/time.py": 8,
-    "rank/__main__.py": 1, "rank/builders.py": 13, "rank/inputs.py": 3, "rank/ppo/core.py": 1, "rank/ppo/config.py": 31,
-    "rank/ppo/trainer.py": 19, "rank/prelaunch.py": 1, "rank/progress.py": 2, "rank/record.py": 4,
+    "rank/__main__.py": 1, "rank/builders.py": 12, "rank/inputs.py": 3, "rank/ppo/core.py": 1, "rank/ppo/config.py": 31,
+    "rank/ppo/trainer.py": 5, "rank/prelaunch.py": 1, "rank/progress.py": 2, "rank/record.py": 4,
 }
 
 

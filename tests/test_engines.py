@@ -20,10 +20,12 @@ from typer.testing import CliRunner
 
 from helpers import REPO
 from rlhf_cli.algorithms import ALGORITHMS
+from rlhf_cli.algorithms.spec import load_object
 from rlhf_cli.cli.app import app
 from rlhf_cli.config.fields import catalogue
 from rlhf_cli.generation.choice import Engine
-from rlhf_cli.generation.engines import ENGINES, LAYERS, EngineSpec, installed
+from rlhf_cli.generation.engines import ENGINES, LAYERS, OBJECT_FACES, EngineSpec, installed
+from rlhf_cli.rank.ppo.rollouts import Rollouts
 
 ROWS = list(ENGINES.values())
 IDS = [spec.label for spec in ROWS]
@@ -61,6 +63,22 @@ def _is_command(line: str) -> bool:
     return program == "rlhf" and CliRunner().invoke(app, [*words, "--help"]).exit_code == 0
 
 
+def _layer_faces(spec: EngineSpec) -> bool:
+    """An installable engine has code in config, plan and rank; every layer module it names exists."""
+    layers = {face: path for face, path in spec.faces.items() if face not in OBJECT_FACES}
+    return set(layers) <= set(LAYERS) and (not spec.distributions or {"config", "plan", "rank"} <= set(layers)) \
+        and all(importlib.util.find_spec(path) is not None for path in layers.values())
+
+
+def _object_faces(spec: EngineSpec) -> bool:
+    """Every engine implements every object face (PPO's rollouts), as a class with that face's methods."""
+    if not set(OBJECT_FACES) <= set(spec.faces):
+        return False
+    rollouts = load_object(spec.faces["ppo_rollouts"])
+    return all(callable(getattr(rollouts, method, None))
+               for method in ("of_trainer", *(name for name in vars(Rollouts) if not name.startswith("_"))))
+
+
 FIELD_CHECKS: dict[str, Callable[[EngineSpec], bool]] = {
     "name": lambda s: Engine(s.name, s.mode).spec is s and s.name == s.name.lower(),
     # the mode TRL's keys say is the row's own, read back the way every layer reads a run's engine
@@ -82,8 +100,7 @@ FIELD_CHECKS: dict[str, Callable[[EngineSpec], bool]] = {
                                      for name, value in s.cpu_environment.items()),
     "serve_command": lambda s: (s.serve_command is None) == (not s.is_server)
     and (s.serve_command is None or _is_command(s.serve_command)),
-    "faces": lambda s: set(s.faces) <= set(LAYERS) and (not s.distributions or {"config", "plan", "rank"} <= set(
-        s.faces)) and all(importlib.util.find_spec(path) is not None for path in s.faces.values()),
+    "faces": lambda s: _layer_faces(s) and _object_faces(s),
 }
 
 

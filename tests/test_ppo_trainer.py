@@ -352,13 +352,13 @@ def test_vllms_importance_sampling_weights_reach_the_policy_loss(family_models: 
         trainer = build(family_models["gemma"], tmp_path / name, total_episodes=4, optim="sgd", learning_rate=0.1,
                         max_grad_norm=0.0, recorder=Recorder(lambda n: [float(i % 2) for i in range(n)]),
                         **settings)
-        generate = trainer._responses
+        generate = trainer.rollouts.generate
 
         def sampled_by_vllm(queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             responses, _ = generate(queries)
             return responses, torch.full(responses.shape, -100.0)
 
-        monkeypatch.setattr(trainer, "_responses", sampled_by_vllm)
+        monkeypatch.setattr(trainer.rollouts, "generate", sampled_by_vllm)
         policy = trainer.policy_and_value.policy
         before = {key: param.detach().clone() for key, param in policy.named_parameters()}
         trainer.train()

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 USE_VLLM_KEY, VLLM_MODE_KEY = "use_vllm", "vllm_mode"
-# The layers that may hold code for an engine: each row's `faces` names a module for some of them.
+# The layers that may hold code for an engine (each row's `faces` names a module for some of them), and the objects
+# a trainer holds that an engine implements (named `module:Class`): PPO's rollouts.
 LAYERS = ("config", "plan", "rank", "serve")
+OBJECT_FACES = ("ppo_rollouts",)
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,7 +36,8 @@ class EngineSpec:
     cpu_environment: Mapping[str, str] = field(default_factory=dict)  # its CPU build's settings, set on its ranks
     # unless the run sets them (whole numbers of GiB, which the pre-launch checks hold a run's own values to)
     serve_command: str | None = None  # the `rlhf` command that serves it (server mode)
-    faces: Mapping[str, str] = field(default_factory=dict)  # layer -> the module with that layer's code for it
+    # layer -> the module with that layer's code for it; object face -> `module:Class` implementing it
+    faces: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str | None]:
@@ -63,9 +66,11 @@ _VLLM = {
     "install": VLLM_INSTALL,
     "forced_length_key": "min_tokens",
     "faces": MappingProxyType({"config": "rlhf_cli.config.engines.vllm", "plan": "rlhf_cli.plan.engines.vllm",
-                               "rank": "rlhf_cli.rank.engines.vllm", "serve": "rlhf_cli.cli.vllm_serve"}),
+                               "rank": "rlhf_cli.rank.engines.vllm", "serve": "rlhf_cli.cli.vllm_serve",
+                               "ppo_rollouts": "rlhf_cli.rank.engines.vllm.ppo_rollouts:VLLMRollouts"}),
 }
-HF = EngineSpec("hf", None, "generate", MappingProxyType({}))
+HF = EngineSpec("hf", None, "generate", MappingProxyType({}),
+                faces=MappingProxyType({"ppo_rollouts": "rlhf_cli.rank.ppo.rollouts:HFRollouts"}))
 VLLM_COLOCATE = EngineSpec(
     "vllm", "colocate", "vLLM colocate", MappingProxyType({USE_VLLM_KEY: True, VLLM_MODE_KEY: "colocate"}),
     cpu_environment=MappingProxyType({"VLLM_CPU_KVCACHE_SPACE": "1"}),  # GiB a rank; vLLM's CPU default is 4

@@ -154,4 +154,4 @@ def build_ppo(inputs: RankInputs) -> Any:
                       value_model=value, reward_model=reward, reward_funcs=reward_functions(inputs),
                       train_dataset=_tokenize_prompts(train, tokenizer),
                       generation=inputs.generation(),
-                      vllm_sync_check_steps=inputs.launch_value("vllm_sync_check_steps"))
+                      sync_check_steps=inputs.launch_value("vllm_sync_check_steps"))

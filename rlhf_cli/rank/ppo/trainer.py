@@ -17,21 +17,15 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader
 from transformers import PreTrainedTokenizerBase, Trainer, TrainerState, set_seed
-from trl.models import prepare_deepspeed, unwrap_model_for_generation
+from trl.models import prepare_deepspeed
 
 from rlhf_cli import compat
 from rlhf_cli.generation.choice import Generation
 from rlhf_cli.output.run_dir import TRAINER_STATE
 from rlhf_cli.rank.ppo import core, saving
 from rlhf_cli.rank.ppo.config import PPOConfig
-from rlhf_cli.rank.ppo.modules import (
-    PolicyAndValue,
-    disable_dropout,
-    model_inputs,
-    only_this_generation_config,
-    rollout_generation_config,
-    sequence_scores,
-)
+from rlhf_cli.rank.ppo.modules import PolicyAndValue, disable_dropout, model_inputs, sequence_scores
+from rlhf_cli.rank.ppo.rollouts import rollouts_for
 
 RANK_SEED_STRIDE = 100003  # rank r samples with seed + r x this prime, as TRL's PPOTrainer did
 GENERATE = Generation()  # `generate` inside the trainer, gathering the whole policy: TRL's default
@@ -41,7 +35,7 @@ class PPOTrainer(Trainer):
     def __init__(self, args: PPOConfig, processing_class: PreTrainedTokenizerBase, policy: nn.Module,
                  ref_policy: nn.Module | None, value_model: nn.Module, reward_model: nn.Module | None,
                  reward_funcs: list[Callable], train_dataset: Any, generation: Generation = GENERATE,
-                 vllm_sync_check_steps: int = 0) -> None:
+                 sync_check_steps: int = 0) -> None:
         if args.stop_token is not None and args.stop_token_id is not None:
             raise ValueError(f"`stop_token` ({args.stop_token}) and `stop_token_id` ({args.stop_token_id}) are both "
                              "set; keep one")
@@ -89,12 +83,8 @@ class PPOTrainer(Trainer):
         for frozen in (self.ref_policy, self.reward_model):
             if frozen is not None:
                 frozen.eval()
-        self.vllm = None  # rollouts from vLLM (`use_vllm`), its weights refreshed after every update
-        if generation.engine.vllm:
-            from rlhf_cli.rank.engines.vllm.ppo_rollouts import VLLMRollouts
-
-            self.vllm = VLLMRollouts(args, self.accelerator, policy, processing_class, self.stop_token_id,
-                                     generation, vllm_sync_check_steps)
+        # what samples the responses (the policy's `generate`, or an engine whose weights follow every update)
+        self.rollouts = rollouts_for(self, generation, sync_check_steps)
 
     # -- data ---------------------------------------------------------------------------------
     def _prompt_loader(self) -> DataLoader:
@@ -119,40 +109,12 @@ class PPOTrainer(Trainer):
 
     # -- rollouts -------------------------------------------------------------------------------
     @torch.no_grad()
-    def _responses(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Sampled responses to left-padded `queries`, right-padded with the pad token; with vLLM also the
-        log-probability it sampled each token with."""
-        if self.vllm is not None:
-            return self.vllm.generate(queries)
-        args, pad_id = self.args, self.processing_class.pad_token_id
-        context_length = queries.size(1)
-        generation_config = rollout_generation_config(args.response_length, args.temperature, pad_id,
-                                                      self.stop_token_id)
-        chunk = args.local_rollout_forward_batch_size
-        responses = []
-        self.policy_and_value.eval()  # in train mode with checkpointing, transformers would generate without cache
-        with (unwrap_model_for_generation(self.model_wrapped, self.accelerator,
-                                          gather_deepspeed3_params=args.ds3_gather_for_generation,
-                                          gradient_checkpointing_kwargs=args.activation_checkpointing_kwargs)
-              as unwrapped,
-              only_this_generation_config(unwrapped.policy, generation_config)):
-            for start in range(0, queries.size(0), chunk):
-                query = queries[start:start + chunk]
-                out = unwrapped.policy.generate(input_ids=query, attention_mask=query != pad_id,
-                                                generation_config=generation_config)
-                responses.append(out[:, context_length:])
-        # A chunk ends early when all its sequences stopped: pad every chunk to the longest.
-        width = max(response.size(1) for response in responses)
-        return torch.cat([nn.functional.pad(response, (0, width - response.size(1)), value=pad_id)
-                          for response in responses]), None
-
-    @torch.no_grad()
     def _rollout(self, queries: torch.Tensor) -> dict[str, torch.Tensor]:
         args, tokenizer = self.args, self.processing_class
         pad_id = tokenizer.pad_token_id
         context_length = queries.size(1)
         chunk = args.local_rollout_forward_batch_size
-        responses, sampling_logprobs = self._responses(queries)
+        responses, sampling_logprobs = self.rollouts.generate(queries)
         query_responses = torch.cat([queries, responses], 1)
 
         logprobs, ref_logprobs, values, scores = [], [], [], []
@@ -231,16 +193,14 @@ class PPOTrainer(Trainer):
                                                            for steps in (args.logging_steps, args.save_steps))
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         batches = self._batches(loader, skip=self.state.global_step)
-        if self.vllm is not None:
-            self.vllm.start(resumed=self.state.global_step > 0)
+        self.rollouts.start(resumed=self.state.global_step > 0)
         started = time.time()
         while self.state.global_step < self.num_updates:
             queries = next(batches)["input_ids"]
             rollout = self._rollout(queries)
             stats = self._optimise(model, rollout)
             stats["lr"] = self.lr_scheduler.get_last_lr()[0]  # the rate this update used
-            if self.vllm is not None:
-                stats.update(self.vllm.sync())
+            stats.update(self.rollouts.sync())
             self.lr_scheduler.step()
             self.state.global_step += 1
             self.state.epoch = self.state.global_step * self.batch_size / len(self.train_dataset)

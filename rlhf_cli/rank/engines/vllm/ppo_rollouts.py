@@ -75,6 +75,12 @@ class VLLMRollouts:
         self.server = ServerTarget.of_args(args, accelerator) if generation.engine == Engine.server else None
         self.generation = self._colocated(tokenizer) if self.server is None else None
 
+    @classmethod
+    def of_trainer(cls, trainer: Any, generation: Generation, sync_check_steps: int) -> VLLMRollouts:
+        """PPO's rollouts face (rlhf_cli/rank/ppo/rollouts.py), for a PPO trainer's policy and settings."""
+        return cls(trainer.args, trainer.accelerator, trainer.policy_and_value.policy, trainer.processing_class,
+                   trainer.stop_token_id, generation, sync_check_steps)
+
     def _colocated(self, tokenizer: Any) -> Any:
         from trl.generation.vllm_generation import VLLMGeneration
 
