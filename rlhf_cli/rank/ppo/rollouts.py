@@ -7,7 +7,7 @@ vLLM class lives in its room (rlhf_cli/rank/engines/vllm/ppo_rollouts.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -17,10 +17,8 @@ from rlhf_cli.algorithms.spec import load_object
 from rlhf_cli.generation.choice import Generation
 from rlhf_cli.rank.ppo.modules import only_this_generation_config, rollout_generation_config
 
-if TYPE_CHECKING:
-    from rlhf_cli.rank.ppo.trainer import PPOTrainer
-
 ROLLOUTS_FACE = "ppo_rollouts"  # the face of an engine row that names its PPO rollouts class
+PPOTrainer = Any  # rlhf_cli/rank/ppo/trainer.py's, which imports this module
 
 
 class Rollouts(Protocol):
