@@ -7,6 +7,7 @@ field added to `Algorithm` without one fails `test_every_field_has_a_check`.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from helpers import RECIPES, REPO
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
 from rlhf_cli.algorithms.spec import Algorithm, Batches, load_object, unset
 from rlhf_cli.config.fields import catalogue
+from rlhf_cli.generation.engines import ENGINES
 
 ENTRIES = list(ALGORITHMS.values())
 IDS = [entry.name for entry in ENTRIES]
@@ -44,6 +46,16 @@ def logged_metrics(entry: Algorithm) -> set[str]:
 
 def is_config_dataclass(path: str) -> bool:
     return dataclasses.is_dataclass(load_object(path))
+
+
+def _sync_hooks_complete(entry: Algorithm) -> bool:
+    """A hook for every separate engine the algorithm can generate with (its TRL keys are the algorithm's), each a
+    function in that engine's rank room taking the run's sync settings."""
+    engines = {spec.name: spec for spec in ENGINES.values() if spec.distributions
+               and set(spec.trl_keys) <= set(catalogue(entry.name))}
+    return bool(engines) and set(entry.sync_hooks) == set(engines) and all(
+        path.startswith(engines[name].faces["rank"] + ".") and callable(hook := load_object(path))
+        and len(inspect.signature(hook).parameters) == 1 for name, path in entry.sync_hooks.items())
 
 
 FIELD_CHECKS: dict[str, Callable[[Algorithm], bool]] = {
@@ -83,6 +95,7 @@ FIELD_CHECKS: dict[str, Callable[[Algorithm], bool]] = {
     # a reason is a sentence naming the trainer it comes from, and only TRL's online DPO has one today
     "server_needs_gpu": lambda e: (e.server_needs_gpu is None) == (e.name != "online_dpo")
     and (e.server_needs_gpu is None or e.trainer_class.rpartition(":")[2] in e.server_needs_gpu),
+    "sync_hooks": lambda e: _sync_hooks_complete(e),
 }
 
 
@@ -101,7 +114,7 @@ def test_a_missing_field_fails_its_check_not_the_import() -> None:
     failing = {field for field, check in FIELD_CHECKS.items() if not _passes(check, incomplete)}
     assert failing >= {"summary", "example", "config_class", "builder", "trainer_class", "completion_field",
                        "batch_fields", "batches", "step_work", "has_reference", "headline_metrics", "starter",
-                       "logits"}
+                       "logits", "sync_hooks"}
 
 
 def _passes(check: Callable[[Algorithm], bool], entry: Algorithm) -> bool:

@@ -40,6 +40,7 @@ def test_trls_vllm_syncs_through_rlhf_colocated_and_served(monkeypatch: pytest.M
     from trl.generation.vllm_client import VLLMClient
     from trl.generation.vllm_generation import VLLMGeneration
 
+    from rlhf_cli.algorithms import ALGORITHMS
     from rlhf_cli.generation.choice import Gather
     from rlhf_cli.generation.sync_buckets import PER_UNIT
     from rlhf_cli.rank.engines.vllm import sync as vllm_sync
@@ -56,7 +57,9 @@ def test_trls_vllm_syncs_through_rlhf_colocated_and_served(monkeypatch: pytest.M
     monkeypatch.setattr(vllm_sync.ColocatedVLLM, "of", lambda llm, check: (llm, check))
     monkeypatch.setattr(vllm_sync, "sync_weights", lambda model, target, limit, woke=False: synced.append(
         (model, target, limit)))
-    vllm_sync.install_vllm(Gather.shards, dtype="float32", seed=0, check="the check", output_dir=str(tmp_path))
+    for hook in sorted({entry.sync_hooks["vllm"] for entry in ALGORITHMS.values()}):  # each trainer's sync replaced
+        vllm_sync.install_vllm(Gather.shards, dtype="float32", seed=0, check="the check", output_dir=str(tmp_path),
+                               sync_hook=hook)
     assert VLLMGeneration.sync_weights.__wrapped__ is originals[0]
     assert OnlineDPOTrainer._move_model_to_vllm.__wrapped__ is originals[1]
     assert VLLMClient.init_communicator.__wrapped__ is originals[2]

@@ -21,6 +21,7 @@ ALGORITHM = Algorithm(
     config_class="trl:GRPOConfig",
     script_class="trl.scripts.grpo:GRPOScriptArguments",
     builder="rlhf_cli.rank.builders:build_trl_generating",
+    sync_hooks={"vllm": "rlhf_cli.rank.engines.vllm.sync:hook_vllm_generation"},
     trainer_class="trl:GRPOTrainer",
     completion_field="max_completion_length",
     batch_fields=("per_device_train_batch_size",),

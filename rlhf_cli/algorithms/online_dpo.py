@@ -27,6 +27,7 @@ ALGORITHM = Algorithm(
     config_class="trl.experimental.online_dpo:OnlineDPOConfig",
     script_class="trl.scripts.rloo:RLOOScriptArguments",
     builder="rlhf_cli.rank.builders:build_online_dpo",
+    sync_hooks={"vllm": "rlhf_cli.rank.engines.vllm.sync:hook_online_dpo"},
     trainer_class="trl.experimental.online_dpo:OnlineDPOTrainer",
     server_needs_gpu=("TRL 1.16's OnlineDPOTrainer asks the training process's accelerator when it connects to "
                            "a vLLM server, and a machine without a GPU has none"),

@@ -122,6 +122,7 @@ ALGORITHM = Algorithm(
     config_class="rlhf_cli.rank.ppo.config:PPOConfig",
     script_class="trl.scripts.rloo:RLOOScriptArguments",
     builder="rlhf_cli.rank.builders:build_ppo",
+    sync_hooks={"vllm": "rlhf_cli.rank.engines.vllm.sync:hook_vllm_generation"},
     trainer_class="rlhf_cli.rank.ppo.trainer:PPOTrainer",
     completion_field="response_length",
     batch_fields=("local_rollout_forward_batch_size", "per_device_train_batch_size"),

@@ -107,9 +107,13 @@ class Algorithm:
     takes_tools: bool = False  # the trainer takes `tools`, `environment_factory` and `rollout_func` (GRPO)
     # why the trainer cannot reach a generation server from processes without a GPU (None: it can)
     server_needs_gpu: str | None = None
+    # engine name -> `module:function` making the trainer sync that engine's weights through rlhf's weight sync
+    # (replacing the trainer's own); imported inside ranks only
+    sync_hooks: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "renamed", MappingProxyType(dict(self.renamed)))
+        object.__setattr__(self, "sync_hooks", MappingProxyType(dict(self.sync_hooks)))
         object.__setattr__(self, "retired", MappingProxyType(dict(self.retired)))
 
     def headline(self, logs: Mapping[str, Any]) -> list[tuple[str, float]]:

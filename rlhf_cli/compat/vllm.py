@@ -224,17 +224,26 @@ def replace_trl_vllm_engine(factory: Callable[..., Any]) -> None:
         module.LLM = factory
 
 
-def replace_trl_vllm_sync(sync_weights: Callable[[Any], None], move_model_to_vllm: Callable[[Any], None]) -> None:
-    """Make RLOO and GRPO (VLLMGeneration) and online DPO sync vLLM through rlhf's functions; each gets the object
-    TRL calls its own method on. The originals stay reachable as `__wrapped__`."""
-    from trl.experimental.online_dpo import OnlineDPOTrainer
+def replace_trl_generation_sync(sync_weights: Callable[[Any], None]) -> None:
+    """Make TRL's VLLMGeneration (RLOO, GRPO, PPO's colocated rollouts) sync vLLM through `sync_weights`, given
+    the generator. The original stays reachable as `__wrapped__`."""
     from trl.generation.vllm_generation import VLLMGeneration
 
-    for owner, name, replacement in ((VLLMGeneration, "sync_weights", sync_weights),
-                                     (OnlineDPOTrainer, "_move_model_to_vllm", move_model_to_vllm)):
-        original = getattr(owner, name)
-        replacement.__wrapped__ = getattr(original, "__wrapped__", original)  # type: ignore[attr-defined]
-        setattr(owner, name, replacement)
+    _replace(VLLMGeneration, "sync_weights", sync_weights)
+
+
+def replace_trl_online_dpo_sync(move_model_to_vllm: Callable[[Any], None]) -> None:
+    """Make TRL's OnlineDPOTrainer sync its vLLM through `move_model_to_vllm`, given the trainer. The original
+    stays reachable as `__wrapped__`."""
+    from trl.experimental.online_dpo import OnlineDPOTrainer
+
+    _replace(OnlineDPOTrainer, "_move_model_to_vllm", move_model_to_vllm)
+
+
+def _replace(owner: type, name: str, replacement: Callable[[Any], None]) -> None:
+    original = getattr(owner, name)
+    replacement.__wrapped__ = getattr(original, "__wrapped__", original)  # type: ignore[attr-defined]
+    setattr(owner, name, replacement)
 
 
 def replace_trl_vllm_server_transport(before_generation: Callable[[Any], None]) -> None:

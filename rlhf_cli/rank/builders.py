@@ -36,8 +36,10 @@ def _install_vllm(config: Any, inputs: RankInputs) -> None:
 
     dtype = training_dtype(config.bf16, config.fp16, (config.model_init_kwargs or {}).get("dtype"),
                            inputs.model_value("model_name_or_path"))
+    engine = inputs.generation().engine
     install_vllm(inputs.generation().gather, dtype=dtype, seed=config.seed,
-                 check=SyncCheck(inputs.launch_value("vllm_sync_check_steps")), output_dir=config.output_dir)
+                 check=SyncCheck(inputs.launch_value("vllm_sync_check_steps")), output_dir=config.output_dir,
+                 sync_hook=algorithm(inputs.algorithm).sync_hooks[engine.name])
 
 
 def _note_causal_lm_reward(inputs: RankInputs) -> None:

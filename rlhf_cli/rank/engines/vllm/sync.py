@@ -6,9 +6,11 @@ Their `--vllm server` too: the weights go to `rlhf vllm-serve` through the run's
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlhf_cli.algorithms.spec import load_object
 from rlhf_cli.compat import vllm as vllm_compat
 from rlhf_cli.generation.choice import Gather
 from rlhf_cli.rank.engines.sync import sync_weights
@@ -17,23 +19,42 @@ from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
 from rlhf_cli.rank.engines.weights import SyncLimit
 
 
-def install_vllm(gather: Gather, dtype: str, seed: int, check: Any, output_dir: str) -> None:
+@dataclass(frozen=True)
+class SyncSettings:
+    """What a trainer's replaced sync needs of the run: its gather choice, the self-check, the run's directory."""
+
+    gather: Gather  # how much of a ZeRO-3 policy one sync gathers at once
+    check: Any  # a rlhf_cli/rank/engines/vllm/self_check.SyncCheck of the colocated engine's syncs
+    output_dir: str  # whose weight directory a server is synced through
+
+
+def install_vllm(gather: Gather, dtype: str, seed: int, check: Any, output_dir: str, sync_hook: str) -> None:
     """Make TRL's colocated vLLM hold the policy in `dtype`, the one the trainer holds it in (vLLM would downcast a
     float32 model to bfloat16), sample from the recipe's `seed` (plus TRL's per-rank offset), and sync through
     `sync_weights`, bucketed by the run's gather choice and checked by `check` (a
-    rlhf_cli/rank/engines/vllm/self_check.SyncCheck). A server is synced through `output_dir`'s weight directory
-    (`server_target`); TRL's NCCL communicator is never set up, and the server's weight version is checked before
-    TRL's first generation from it."""
+    rlhf_cli/rank/engines/vllm/self_check.SyncCheck). `sync_hook` is the algorithm's (its registry entry's
+    `sync_hooks`): the `module:function` that replaces its trainer's own sync. A server is synced through
+    `output_dir`'s weight directory (`server_target`); TRL's NCCL communicator is never set up, and the server's
+    weight version is checked before TRL's first generation from it."""
 
     def engine(*args: Any, **kwargs: Any) -> Any:  # trl's `LLM(...)`
         kwargs.setdefault("dtype", dtype)
         kwargs["seed"] = seed + kwargs.get("seed", 0)  # TRL's: the rank's tensor-parallel group, from 0
         return engine.__wrapped__(*args, **kwargs)
 
+    vllm_compat.replace_trl_vllm_engine(engine)
+    load_object(sync_hook)(SyncSettings(gather, check, output_dir))
+    vllm_compat.replace_trl_vllm_server_transport(check_server_version)
+
+
+def hook_vllm_generation(settings: SyncSettings) -> None:
+    """RLOO's, GRPO's and PPO's colocated vLLM (TRL's VLLMGeneration, whose `sync_weights` a sleeping engine calls
+    when it wakes) sync through rlhf's weight sync."""
+
     def sync_generation(generation: Any) -> None:  # trl VLLMGeneration.sync_weights
+        limit = SyncLimit.of(settings.gather, generation.model)
         if generation.mode == "server":
-            sync_weights(generation.model, server_target(generation, "vllm_client", output_dir),
-                         SyncLimit.of(gather, generation.model))
+            sync_weights(generation.model, server_target(generation, "vllm_client", settings.output_dir), limit)
             return None
         if generation.enable_sleep_mode:  # as TRL: the weights must be mapped before they are written
             from trl.generation.vllm_generation import empty_cache
@@ -41,20 +62,24 @@ def install_vllm(gather: Gather, dtype: str, seed: int, check: Any, output_dir: 
             empty_cache()  # TRL's: what the trainer freed goes back to the device before vLLM maps its weights
             generation.llm.wake_up(tags=["weights"])
             generation._llm_weights_sleeping = False
-        sync_weights(generation.model, ColocatedVLLM.of(generation.llm, check),
-                     SyncLimit.of(gather, generation.model), woke=generation.enable_sleep_mode)
+        sync_weights(generation.model, ColocatedVLLM.of(generation.llm, settings.check), limit,
+                     woke=generation.enable_sleep_mode)
+
+    vllm_compat.replace_trl_generation_sync(sync_generation)
+
+
+def hook_online_dpo(settings: SyncSettings) -> None:
+    """TRL's OnlineDPOTrainer syncs its own vLLM (colocated or a server) through rlhf's weight sync."""
 
     def sync_online_dpo(trainer: Any) -> None:  # trl OnlineDPOTrainer._move_model_to_vllm
+        limit = SyncLimit.of(settings.gather, trainer.model)
         if trainer.vllm_mode == "server":
-            sync_weights(trainer.model, server_target(trainer, "vllm_client", trainer.args.output_dir),
-                         SyncLimit.of(gather, trainer.model))
+            sync_weights(trainer.model, server_target(trainer, "vllm_client", trainer.args.output_dir), limit)
             return None
-        sync_weights(trainer.model, ColocatedVLLM.of(trainer.llm, check), SyncLimit.of(gather, trainer.model),
+        sync_weights(trainer.model, ColocatedVLLM.of(trainer.llm, settings.check), limit,
                      woke=bool(trainer.args.vllm_enable_sleep_mode))
 
-    vllm_compat.replace_trl_vllm_engine(engine)
-    vllm_compat.replace_trl_vllm_sync(sync_generation, sync_online_dpo)
-    vllm_compat.replace_trl_vllm_server_transport(check_server_version)
+    vllm_compat.replace_trl_online_dpo_sync(sync_online_dpo)
 
 
 def server_target(owner: Any, client_attribute: str, output_dir: str) -> ServerTarget:
