@@ -161,7 +161,7 @@ def test_a_run_without_vllm_never_imports_it() -> None:
     import sys
 
     script = ("import sys; from rlhf_cli.rank.inputs import RankInputs; RankInputs.from_values('grpo', {})"
-              ".skip_vllm_import(); from trl import GRPOTrainer, RLOOTrainer, GRPOConfig; "
+              ".hide_unused_engines(); from trl import GRPOTrainer, RLOOTrainer, GRPOConfig; "
               "from trl.experimental.online_dpo import OnlineDPOTrainer; import rlhf_cli.rank.ppo.trainer; "
               "print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm'))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)

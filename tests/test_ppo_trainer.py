@@ -313,9 +313,9 @@ def test_vllm_refuses_a_policy_resized_for_its_pad_token(family_models: dict[str
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The ranks' own check, for a hub policy the pre-launch one could not read: GPT-2 gets a pad token and a row
     for it, and vLLM would hold the checkpoint's rows; pythia's spare rows take the pad token without resizing."""
-    from rlhf_cli.rank import builders
+    from rlhf_cli.rank.engines import vllm
 
-    monkeypatch.setattr(builders, "_install_vllm", lambda config, inputs: None)  # no engine is built before it
+    monkeypatch.setattr(vllm, "install", lambda config, inputs: None)  # no engine is built before it
     with pytest.raises(ValueError, match="resized from 481 rows for the pad token PPO added"):
         build(family_models["gpt2"], tmp_path / "gpt2", use_vllm=True)
     monkeypatch.setattr("rlhf_cli.rank.ppo.trainer.PPOTrainer.__init__", lambda self, **kwargs: None)

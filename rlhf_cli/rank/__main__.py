@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
     terminal.keep_terminal_for_rlhf(terminal.output_mode(), RunDir(output_dir).rank_log(rank))
     terminal.PHASES.shown = rank == 0 and terminal.output_mode() != "quiet"
     terminal.PHASES.show("importing torch, transformers, TRL and DeepSpeed")
-    inputs.skip_vllm_import()
+    inputs.hide_unused_engines()
 
     from rlhf_cli.rank.lifecycle import (
         CheckpointAndStop,

@@ -6,6 +6,7 @@ from typing import Any
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import load_object
+from rlhf_cli.rank.engines import engine_room
 from rlhf_cli.rank.inputs import RankInputs, agent_arguments, load_prompts, reward_funcs, reward_functions
 from rlhf_cli.rank.lora import adapt_ppo_models, peft_config
 from rlhf_cli.rank.zero3 import apply_zero3_settings
@@ -22,24 +23,9 @@ def _config(config_class: type, inputs: RankInputs, **extra: Any) -> Any:
     config = config_class(**inputs.config_values(**extra))
     apply_zero3_settings(config, inputs.zero3)
     set_seed(config.seed)
-    if inputs.generation().engine.vllm:
-        _install_vllm(config, inputs)
+    if (room := engine_room(inputs.generation().engine.spec)) is not None:
+        room.install(config, inputs)
     return config
-
-
-def _install_vllm(config: Any, inputs: RankInputs) -> None:
-    """TRL's colocated vLLM in the policy's training dtype, synced within the run's gather choice; a server synced
-    the same way, through the run's directory."""
-    from rlhf_cli.models.dtype import training_dtype
-    from rlhf_cli.rank.engines.vllm.self_check import SyncCheck
-    from rlhf_cli.rank.engines.vllm.sync import install_vllm
-
-    dtype = training_dtype(config.bf16, config.fp16, (config.model_init_kwargs or {}).get("dtype"),
-                           inputs.model_value("model_name_or_path"))
-    engine = inputs.generation().engine
-    install_vllm(inputs.generation().gather, dtype=dtype, seed=config.seed,
-                 check=SyncCheck(inputs.launch_value("vllm_sync_check_steps")), output_dir=config.output_dir,
-                 sync_hook=algorithm(inputs.algorithm).sync_hooks[engine.name])
 
 
 def _note_causal_lm_reward(inputs: RankInputs) -> None:
@@ -135,10 +121,8 @@ def build_ppo(inputs: RankInputs) -> Any:
     for model in (policy, reference):
         if model is not None:
             fit_embeddings(model, tokenizer, config.seed)
-    if inputs.generation().engine.vllm and policy.get_input_embeddings().num_embeddings != rows:
-        # a hub policy the pre-launch check could not read (rlhf_cli/algorithms/ppo.py resized_for_pad)
-        raise ValueError(f"use_vllm: {policy_path} was resized from {rows} rows for the pad token PPO added, and vLLM "
-                         "holds the checkpoint's: save the policy with a pad token of its own first, or drop --vllm")
+    if (room := engine_room(inputs.generation().engine.spec)) is not None:
+        room.refuse_resized_policy(policy_path, rows, policy.get_input_embeddings().num_embeddings)
     if pad_added:
         say(f"the tokenizer of {policy_path} has no pad token of its own: added {tokenizer.pad_token!r} "
             f"(id {tokenizer.pad_token_id})")

@@ -45,12 +45,11 @@ class RankInputs:
         """How the policy generates, from the resolved recipe's keys (resolution checked them)."""
         return Generation.from_values(lambda name: {**self.trainer, **self.launch}.get(name))
 
-    def skip_vllm_import(self) -> None:
-        """A run that does not generate with vLLM never imports it (TRL would, wherever it is installed)."""
-        if not self.generation().engine.vllm:
-            from rlhf_cli import compat
+    def hide_unused_engines(self) -> None:
+        """A run imports only the engine it generates with (rlhf_cli/rank/engines `hide_unused_engines`)."""
+        from rlhf_cli.rank.engines import hide_unused_engines
 
-            compat.keep_trl_from_importing_vllm()
+        hide_unused_engines(self.generation().engine.spec)
 
     def script_value(self, name: str) -> Any:
         return self.script.get(name, catalogue(self.algorithm)[name].default)

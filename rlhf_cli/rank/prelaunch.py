@@ -130,7 +130,7 @@ def trainer_config_problem(inputs: RankInputs, processes: int) -> str | None:
 
 def check(payload: dict[str, Any]) -> list[str]:
     inputs = RankInputs.from_values(payload["algorithm"], payload["values"])
-    inputs.skip_vllm_import()
+    inputs.hide_unused_engines()
     problems = reward_function_problems(inputs) + agent_problems(inputs, _step)
     config_problem = trainer_config_problem(inputs, payload["processes"])
     return problems + ([config_problem] if config_problem else [])

@@ -1,9 +1,15 @@
 """The ranks' side of each generation engine: the engine-neutral weight sync (weights.py, sync.py, delta.py)
-and one folder per engine (`vllm/`); the policy's own `generate` (hf) needs none."""
+and one folder per engine (`vllm/`); the policy's own `generate` (hf) needs none.
+
+A separate engine's folder (its registry row's `rank` face) offers `install(config, inputs)`, run once the
+trainer's config exists, and `refuse_resized_policy(policy_path, rows, now)` for a policy whose embedding grew.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
+from types import ModuleType
 
 from rlhf_cli.generation.engines import EngineSpec
 
@@ -19,3 +25,18 @@ def prepare_engine(spec: EngineSpec) -> None:
         from rlhf_cli.rank.engines.vllm.server import wait_for_server
 
         replace_trl_server_wait(wait_for_server)
+
+
+def engine_room(spec: EngineSpec) -> ModuleType | None:
+    """The ranks' code for a separate engine (its registry row's `rank` face), imported now; None for the policy's
+    own `generate`."""
+    path = spec.faces.get("rank")
+    return importlib.import_module(path) if path else None
+
+
+def hide_unused_engines(spec: EngineSpec) -> None:
+    """A run imports only the engine it generates with (TRL imports vLLM wherever it is installed)."""
+    if not spec.is_vllm:
+        from rlhf_cli import compat
+
+        compat.keep_trl_from_importing_vllm()

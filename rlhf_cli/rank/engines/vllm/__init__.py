@@ -1,1 +1,34 @@
-"""The ranks' side of vLLM: the weight sync from ZeRO-3 shards, the server transport, PPO's rollouts from vLLM."""
+"""The ranks' side of vLLM: the weight sync from ZeRO-3 shards, the server transport, PPO's rollouts from vLLM.
+
+Its registry row's `rank` face names this package: `install` and `refuse_resized_policy` are what the builders ask
+of a separate engine (rlhf_cli/rank/engines/__init__.py `engine_room`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def install(config: Any, inputs: Any) -> None:
+    """TRL's colocated vLLM in the policy's training dtype, synced within the run's gather choice by the run's
+    algorithm's hook (its registry entry's `sync_hooks`); a server synced the same way, through the run's
+    directory. `config` is the trainer's config, `inputs` the rank's RankInputs."""
+    from rlhf_cli.algorithms import algorithm
+    from rlhf_cli.models.dtype import training_dtype
+    from rlhf_cli.rank.engines.vllm.self_check import SyncCheck
+    from rlhf_cli.rank.engines.vllm.sync import install_vllm
+
+    dtype = training_dtype(config.bf16, config.fp16, (config.model_init_kwargs or {}).get("dtype"),
+                           inputs.model_value("model_name_or_path"))
+    generation = inputs.generation()
+    install_vllm(generation.gather, dtype=dtype, seed=config.seed,
+                 check=SyncCheck(inputs.launch_value("vllm_sync_check_steps")), output_dir=config.output_dir,
+                 sync_hook=algorithm(inputs.algorithm).sync_hooks[generation.engine.name])
+
+
+def refuse_resized_policy(policy_path: str, rows: int, now: int) -> None:
+    """vLLM loads the checkpoint's embedding rows: a policy resized for the pad token PPO added (a hub policy the
+    pre-launch check could not read, rlhf_cli/algorithms/ppo.py resized_for_pad) would not match it."""
+    if now != rows:
+        raise ValueError(f"use_vllm: {policy_path} was resized from {rows} rows for the pad token PPO added, and vLLM "
+                         "holds the checkpoint's: save the policy with a pad token of its own first, or drop --vllm")
