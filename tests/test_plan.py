@@ -29,8 +29,8 @@ from rlhf_cli.errors import ConfigError, PlanError
 from rlhf_cli.generation.choice import Engine, Gather, Generation
 from rlhf_cli.machine.probe import available_ram
 from rlhf_cli.models.hub import ModelConfigUnavailable, find_config, read_config
-from rlhf_cli.plan import estimate, memory
-from rlhf_cli.plan.engines import vllm
+from rlhf_cli.plan import memory
+from rlhf_cli.plan.engines import vllm, vllm_plan
 from rlhf_cli.plan.estimate import plan_run, planned
 from rlhf_cli.plan.hardware import detect_hardware
 from rlhf_cli.plan.model_sizes import model_size
@@ -574,7 +574,7 @@ def test_gather_auto_with_vllm_sizes_the_sync() -> None:
 
 @pytest.mark.parametrize("installed", [True, False], ids=["vllm installed", "no vllm"])
 def test_gather_auto_takes_vllm_where_left_open_and_installed(installed: bool, monkeypatch) -> None:
-    monkeypatch.setattr(estimate, "installed", lambda spec: ("vllm", "0.30.0") if installed else None)
+    monkeypatch.setattr(vllm_plan, "installed", lambda spec: ("vllm", "0.30.0") if installed else None)
     sets = ("vllm_enable_sleep_mode=true", "vllm_tensor_parallel_size=4", "vllm_gpu_memory_utilization=0.25",
             "vllm_max_model_length=1024")
     small = {**QWEN_HARDWARE, "gpu_memory": ("--gpu-memory", "24GiB"),

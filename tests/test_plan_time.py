@@ -251,7 +251,7 @@ def test_candidates_carry_a_generation() -> None:
     for column in plan.columns:
         candidate: Candidate = column.candidate
         assert isinstance(candidate.generation, Generation)
-        assert (candidate.vllm is not None) == candidate.generation.engine.vllm
+        assert (candidate.vllm is not None) == candidate.generation.engine.separate
 
 
 def test_an_unknown_gpu_name_stops_resolution() -> None:

@@ -104,7 +104,7 @@ def _checks(values: Values, num_processes: int) -> list[str]:
     stop = values("stop_token_id")
     if stop is not None and vocab_size is not None and not 0 <= stop < vocab_size:
         problems.append(f"`stop_token_id` {stop} is not in the vocabulary of {policy} (0..{vocab_size - 1})")
-    resized = resized_for_pad(Path(policy)) if Engine.from_values(values).vllm else None
+    resized = resized_for_pad(Path(policy)) if Engine.from_values(values).separate else None
     if resized:
         problems.append(f"`use_vllm`: {policy} has no pad token of its own and no spare embedding row, so PPO adds "
                         f"one and resizes the embedding from {resized[0]} to {resized[1]} rows, while vLLM loads the "

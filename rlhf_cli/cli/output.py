@@ -183,7 +183,7 @@ def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
     batch, generation = plan.largest_generation_batch, plan.chosen.candidate.generation if plan.chosen else None
     if generation is not None and generation.engine.spec.is_server:
         line = "generation batch: on the vLLM server's own GPUs, not planned here"
-    elif generation is not None and generation.engine.vllm:
+    elif generation is not None and generation.engine.separate:
         line = (f"generation batch: vLLM's KV cache holds {batch or 0} sequences of {work.prompt_length} + "
                 f"{work.completion_length} tokens per process (now {work.generation_batch})")
     else:

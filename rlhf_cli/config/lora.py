@@ -11,7 +11,8 @@ import difflib
 import re
 
 from rlhf_cli.algorithms.spec import Algorithm, Values
-from rlhf_cli.generation.choice import Engine, Gather, Generation
+from rlhf_cli.config.engines.vllm import tied_head_problems
+from rlhf_cli.generation.choice import Gather, Generation
 from rlhf_cli.models.architectures import (
     ALL_LINEAR,
     Architecture,
@@ -61,32 +62,7 @@ def lora_problems(values: Values, entry: Algorithm, zero3: bool) -> list[str]:
                                "entry that is not a plain module name is one, matched against whole module paths"]
     models = [(role, path, arch) for role, path, classifier in adapted_models(values, entry)
               if (arch := _architecture(path, classifier, values("model_revision"), values("env"))) is not None]
-    return problems + _target_problems(models, targets, entry) + _tied_vllm_problems(values, targets)
-
-
-def _tied_vllm_problems(values: Values, targets: str | list[str] | None) -> list[str]:
-    """vLLM holds a tied model's embedding and LM head as one matrix, the policy adapts one of them: an adapter (or
-    a trained copy, `lora_modules_to_save`) on either would reach both in vLLM, and vLLM would sample from
-    another policy than the one trained."""
-    path = values("model_name_or_path")
-    if not Engine.from_values(values).vllm or not isinstance(path, str):
-        return []
-    try:
-        config = read_config(path, values("model_revision"), values("env"))
-    except ModelConfigUnavailable:
-        return []
-    arch = architecture(config)
-    if arch is None or not config.get("tie_word_embeddings", True):
-        return []
-    tied = {arch.output_layer, *(module.path for module in arch.modules
-                                 if module.embedding and module.in_features == config.get("vocab_size"))}
-    chosen = {module.path for module, _ in targeted(arch, targets)} if targets is not None else set()
-    saved = {module for module in tied for name in values("lora_modules_to_save") or () if module.endswith(name)}
-    return [f"`{key}` adapts `{module}` of {path}, whose embedding and LM head are tied: vLLM holds them as one "
-            f"matrix and would sample from both changed; remove `{module.rsplit('.', 1)[-1]}` from `{key}`, or "
-            "generate without --vllm"
-            for key, found in (("lora_target_modules", chosen & tied), ("lora_modules_to_save", saved))
-            for module in sorted(found)]
+    return problems + _target_problems(models, targets, entry) + tied_head_problems(values, targets)
 
 
 def _architecture(path: object, classifier: bool, revision: str | None,

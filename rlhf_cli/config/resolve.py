@@ -21,6 +21,7 @@ from rlhf_cli.config import resume, run_checks
 from rlhf_cli.config.accelerate import LAYOUT_KEYS, AccelerateChoices, build_accelerate_config
 from rlhf_cli.config.agent_code import check_agent_data
 from rlhf_cli.config.draft import Draft
+from rlhf_cli.config.engines.vllm_server import check_server
 from rlhf_cli.config.file_checks import run_problems
 from rlhf_cli.config.layers import apply_command_line, apply_environment, apply_recipe
 from rlhf_cli.config.processes import default_process_count
@@ -56,7 +57,7 @@ def resolve(request: RunRequest, *, cwd: Path | None = None, cuda: bool | None =
         run_checks.check_output_dir(draft)
     for check in (run_checks.check_nvme_path, run_checks.check_gpu_memory, run_checks.check_hardware,
                   run_checks.check_data, check_agent_data, run_checks.check_mixture, run_checks.check_stall_timeout,
-                  run_checks.check_vllm_server):
+                  check_server):
         check(draft)
     cpu_only = not (cuda_present() if cuda is None else cuda) or environ.get("DS_ACCELERATOR") == "cpu"
     _default_process_count(draft, environ)

@@ -16,7 +16,6 @@ from rlhf_cli.config.agent_code import own_data_problem
 from rlhf_cli.config.data_files import READERS, DataFileError, check_prompts
 from rlhf_cli.config.draft import Draft, Refused
 from rlhf_cli.config.engines.vllm import length_problems, vllm_problems
-from rlhf_cli.config.engines.vllm_server import server_problems, server_url
 from rlhf_cli.config.key_rules import check_model_config, check_reward_model, cross_field_problems
 from rlhf_cli.config.locate import DATA_BUILDERS, MODEL_FIELDS
 from rlhf_cli.config.lora import lora_problems
@@ -238,26 +237,6 @@ def check_mixture(draft: Draft) -> None:
                               "length is unknown); drop one")
 
 
-def check_vllm_server(draft: Draft) -> None:
-    """vLLM's server mode: the server the ranks will wait for is one they can reach
-    (rlhf_cli/config/engines/vllm_server.py)."""
-    names = ("use_vllm", "vllm_mode", "vllm_server_base_url", "vllm_server_host", "vllm_server_port",
-             "vllm_server_timeout")
-    values = {name: draft.value(name) for name in names if name in draft.fields and draft.value(name) is not None}
-    if draft.request.planning or set(names) & draft.refused or not Engine.from_values(values.get).spec.is_server:
-        return
-    named = "vllm_server_base_url" if values.get("vllm_server_base_url") else "vllm_server_host"
-    url, where = server_url(values, draft.layers.get(named, ("", "the default"))[1])
-    problems, warnings = server_problems(url, where.removeprefix(": "), float(values.get("vllm_server_timeout", 240)))
-    draft.problems += problems
-    draft.notes += warnings
-    command = draft.request.algorithm.replace("_", "-")
-    draft.notes.append(f"--vllm server: weights reach the server through a shared directory (OUTPUT_DIR/vllm-weights, "
-                       "reloaded over HTTP): the transport that works on CPU and GPU alike (TRL's NCCL transfer needs "
-                       f"CUDA on both sides); start the server with `rlhf vllm-serve {command}`, on the same "
-                       "filesystem")
-
-
 def check_deepspeed_field(draft: Draft, accelerate: dict[str, Any]) -> None:
     """TrainingArguments' own `deepspeed` setting must not contradict the accelerate config rlhf launches with."""
     value = draft.value("deepspeed")
@@ -362,7 +341,7 @@ VLLM_SYNC_DEFAULT = "default: with vLLM, the sync's bucket is the plan's choice"
 def default_gather(draft: Draft) -> Setting:
     """When no source gives a gather choice: TRL's (gather) to generate; with vLLM the plan's bucket for its weight
     sync (`auto`), except under DoRA, whose magnitudes need the whole layer gathered (rlhf_cli/config/lora.py)."""
-    if Engine.from_values(draft.value).vllm and not draft.value("use_dora"):
+    if Engine.from_values(draft.value).separate and not draft.value("use_dora"):
         return Setting("auto", VLLM_SYNC_DEFAULT)
     return Setting(draft.fields["ds3_gather_for_generation"].default, "default")
 

@@ -15,7 +15,15 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rlhf_cli.generation.budget import Budget, parse_budget
-from rlhf_cli.generation.engines import ENGINES, USE_VLLM_KEY, VLLM_MODE_KEY, EngineSpec
+from rlhf_cli.generation.engines import (
+    ENGINES,
+    HF,
+    VLLM_COLOCATE,
+    VLLM_SERVER,
+    EngineSpec,
+    engine_of,
+    separate_engine_of,
+)
 
 GATHER_KEY = "ds3_gather_for_generation"
 BUDGET_KEY = "gather_budget"
@@ -36,23 +44,23 @@ class Engine:
 
     @staticmethod
     def from_values(value: Callable[[str], Any]) -> Engine:
-        """From TRL's `use_vllm` and `vllm_mode` (TRL's colocate when unset); a mistyped mode is a choice field's
+        """From the run's TRL keys, as the registry reads them (`engine_of`); a mistyped mode is a choice field's
         error, found by resolution."""
-        return Engine.vllm_of(value) if value(USE_VLLM_KEY) else Engine.hf
+        return Engine(*engine_of(value).key)
 
     @staticmethod
-    def vllm_of(value: Callable[[str], Any]) -> Engine:
-        """The vLLM engine the run's keys name, whether or not it generates with vLLM (the plan's vLLM columns):
-        a server when `vllm_mode` says so, else TRL's colocate."""
-        return Engine.server if value(VLLM_MODE_KEY) == "server" else Engine.colocate
+    def separate_of(value: Callable[[str], Any]) -> Engine:
+        """The separate engine the run's keys name, whether or not it generates with it (the plan's columns)."""
+        return Engine(*separate_engine_of(value).key)
 
     @property
     def spec(self) -> EngineSpec:
         return ENGINES[self.name, self.mode]
 
     @property
-    def vllm(self) -> bool:
-        return self.spec.is_vllm
+    def separate(self) -> bool:
+        """An engine beside the trainer, whose copy of the policy's weights is synced (EngineSpec.is_separate)."""
+        return self.spec.is_separate
 
     def trl_settings(self) -> dict[str, Any]:
         """TRL's keys that choose it; none for `generate`, TRL's default (`use_vllm: false`)."""
@@ -62,9 +70,9 @@ class Engine:
         return self.spec.label
 
 
-Engine.hf = Engine("hf")
-Engine.colocate = Engine("vllm", "colocate")
-Engine.server = Engine("vllm", "server")
+Engine.hf = Engine(*HF.key)
+Engine.colocate = Engine(*VLLM_COLOCATE.key)
+Engine.server = Engine(*VLLM_SERVER.key)
 
 
 @dataclass(frozen=True)
@@ -138,7 +146,7 @@ class Generation:
 
     def describe(self) -> str:
         """One line for the run's header."""
-        if self.engine.vllm:
+        if self.engine.separate:
             sync = {"whole": "the whole policy at once", "budget": f"{self.gather.budget} of the policy at once",
                     "shards": "one unit at a time", "auto": "as much at once as the plan chooses"}[self.gather.mode]
             return f"generate with {self.engine}, its weights synced {sync}"

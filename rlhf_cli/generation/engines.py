@@ -9,9 +9,10 @@ imports an engine, torch or another rlhf layer; "is it installed?" reads package
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 USE_VLLM_KEY, VLLM_MODE_KEY = "use_vllm", "vllm_mode"
 # The layers that may hold code for an engine (each row's `faces` names a module for some of them), and the objects
@@ -46,6 +47,12 @@ class EngineSpec:
     @property
     def is_vllm(self) -> bool:
         return self.name == "vllm"
+
+    @property
+    def is_separate(self) -> bool:
+        """An engine of its own beside the trainer (not the policy's `generate`): it holds a copy of the policy's
+        weights, loaded from the checkpoint and synced after every update."""
+        return self.mode is not None
 
     @property
     def is_server(self) -> bool:
@@ -84,6 +91,18 @@ ENGINES: dict[tuple[str, str | None], EngineSpec] = {spec.key: spec for spec in 
 
 def engine_spec(name: str, mode: str | None = None) -> EngineSpec:
     return ENGINES[name, mode]
+
+
+def engine_of(value: Callable[[str], Any]) -> EngineSpec:
+    """The row a run's TRL keys choose (`value(key)`: its value, None or its default when unset): the policy's
+    `generate` unless `use_vllm`."""
+    return separate_engine_of(value) if value(USE_VLLM_KEY) else HF
+
+
+def separate_engine_of(value: Callable[[str], Any]) -> EngineSpec:
+    """The separate engine a run's keys name, whether or not it generates with it (the plan's columns for it): a
+    vLLM server when `vllm_mode` says so, else TRL's colocate."""
+    return VLLM_SERVER if value(VLLM_MODE_KEY) == "server" else VLLM_COLOCATE
 
 
 def installed(spec: EngineSpec) -> tuple[str, str] | None:

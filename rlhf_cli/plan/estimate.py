@@ -16,18 +16,15 @@ from itertools import accumulate
 from typing import Any
 
 from rlhf_cli.algorithms import algorithm
-from rlhf_cli.config.fields import catalogue
 from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.config.run_checks import VLLM_SYNC_DEFAULT
 from rlhf_cli.errors import PlanError
 from rlhf_cli.generation.budget import Budget, ranked
-from rlhf_cli.generation.choice import GATHER_KEY, USE_VLLM_KEY, Engine, Gather, Generation
-from rlhf_cli.generation.engines import installed
+from rlhf_cli.generation.choice import GATHER_KEY, Engine, Gather, Generation
 from rlhf_cli.plan import memory, time
 from rlhf_cli.plan.columns import Candidate, Column, Plan, trained_checkpoint_bytes
-from rlhf_cli.plan.engines import vllm, vllm_search
-from rlhf_cli.plan.engines.vllm import VllmSettings
-from rlhf_cli.plan.engines.vllm_search import OFFLOADS
+from rlhf_cli.plan.engines.vllm_plan import engine_batch, engine_rows, engine_settings, engine_starts, left_open
+from rlhf_cli.plan.engines.vllm_search import OFFLOADS, findings
 from rlhf_cli.plan.inputs import Inputs, read_inputs
 from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, TRAINING, Component
 from rlhf_cli.plan.workload import tool_note, workload
@@ -92,12 +89,7 @@ def components(inputs: Inputs, candidate: Candidate) -> list[Component]:
         size_bytes, head_trained)))
     rows.append(Component("step fp32 grads", STEP, memory.optimizer_step(
         trained_params, largest_trained, size_bytes, hw.total_gpus, optimizer_offloaded)))
-    # vLLM's rows: its copy of the policy is the policy with its adapters merged, synced a bucket at a time
-    synced = policy.params + (inputs.roles[0].adapter.params if candidate.lora and inputs.roles[0].adapter else 0)
-    bucket = max(numel for numel, _, _ in inputs.sync_buckets(candidate.generation.gather, candidate.lora)) * size_bytes
-    copies = vllm.sync_copies(policy.largest_layer, policy.vocab, policy.hidden, size_bytes)
-    return rows + vllm.components(candidate.vllm, candidate.generation.engine, hw.gpu_memory, hw.gpus_per_machine,
-                                  synced, size_bytes, memory.phase_totals(rows)[TRAINING], bucket, copies)
+    return rows + engine_rows(inputs, candidate, rows)
 
 
 def _generation_weights(inputs: Inputs, candidate: Candidate, engine: int, largest: int) -> int:
@@ -120,18 +112,7 @@ def _column(inputs: Inputs, candidate: Candidate, chosen: bool) -> Column:
     if seconds and factors:
         seconds = {phase: value * factors.get(phase, 1.0) for phase, value in seconds.items()}
     return Column(candidate, rows, peak, sum(row.cpu for row in rows),
-                  memory.fits(peak, inputs.hardware.gpu_memory) and _vllm_starts(inputs, candidate), chosen, seconds)
-
-
-def _vllm_starts(inputs: Inputs, candidate: Candidate) -> bool:
-    """A colocated vLLM whose budget cannot hold its weights and one sequence of its model length fails to
-    start, whatever else fits."""
-    settings = candidate.colocated
-    if settings is None:
-        return True
-    work, policy = inputs.work, inputs.roles[0].size
-    return vllm.starts(settings, inputs.hardware.gpu_memory, policy.params, work.element_bytes,
-                       vllm_search.longest_kv(settings, work, policy))
+                  memory.fits(peak, inputs.hardware.gpu_memory) and engine_starts(inputs, candidate), chosen, seconds)
 
 
 def _fits(inputs: Inputs, candidate: Candidate) -> bool:
@@ -201,7 +182,7 @@ def _run_candidate(run: ResolvedRun, gather: Gather) -> Candidate:
     engine = run.generation.engine
     return Candidate(Generation(gather, engine), deepspeed.get("offload_optimizer_device") or "none",
                      deepspeed.get("offload_param_device") or "none", lora=bool(run.value("use_peft")),
-                     vllm=vllm.run_settings(run.value) if engine.vllm else None)
+                     vllm=engine_settings(run.value, engine))
 
 
 def gather_choices(inputs: Inputs, candidate: Candidate) -> list[Candidate]:
@@ -240,11 +221,8 @@ def fastest_fitting(inputs: Inputs, choices: list[Candidate]) -> Candidate | Non
 def _largest_generation_batch(inputs: Inputs, candidate: Candidate) -> int | None:
     """The most sequences one GPU can generate together with `candidate` (the KV cache grows with them); with
     vLLM, the sequences its KV cache holds per process; None: not even one (or, vLLM server: not planned)."""
-    if candidate.generation.engine.vllm:
-        settings, work, policy = candidate.colocated, inputs.work, inputs.roles[0].size
-        per_sequence = memory.kv_cache(policy, 1, work.prompt_length + work.completion_length, work.element_bytes)
-        return vllm.kv_sequences(settings, inputs.hardware.gpu_memory, policy.params, work.element_bytes,
-                                 per_sequence) or None if settings else None
+    if candidate.generation.engine.separate:
+        return engine_batch(inputs, candidate)
 
     def fits_with(batch: int) -> bool:
         return _fits(replace(inputs, work=replace(inputs.work, generation_batch=batch)), candidate)
@@ -266,19 +244,19 @@ def plan_run(run: ResolvedRun) -> Plan:
         return Plan(False, why_unknown=inputs)
     gather, engine = run.generation.gather, run.generation.engine
     own = _run_candidate(run, Gather.whole if gather == Gather.auto else gather)
-    settings = vllm.run_settings(run.value)
+    separate = engine if engine.separate else Engine.separate_of(run.value)  # the engine of the separate columns
+    settings = engine_settings(run.value, separate)
     best = _auto_choice(inputs, replace(own, generation=Generation(Gather.whole, engine)),
-                        settings if _vllm_open(run) else None, Engine.vllm_of(run.value))
+                        settings if left_open(run) else None, separate)
     chosen = best if gather == Gather.auto else own
-    vllm_engine = engine if engine.vllm else Engine.vllm_of(run.value)
-    hf, with_vllm = Generation(engine=Engine.hf), Generation(engine=vllm_engine)
+    hf, with_separate = Generation(engine=Engine.hf), Generation(engine=separate)
     whole_or_shards = (Gather.whole, Gather.shards)
     candidates = [Candidate(replace(hf, gather=g), optimizer, params) for g in whole_or_shards
                   for optimizer, params in OFFLOADS]
     candidates += [Candidate(replace(hf, gather=g), optimizer, params, lora=True) for g in whole_or_shards
                    for optimizer, params in LORA_OFFLOADS]
-    candidates += [Candidate(replace(with_vllm, gather=g), optimizer, params, vllm=settings) for g in whole_or_shards
-                   for optimizer, params in OFFLOADS]
+    candidates += [Candidate(replace(with_separate, gather=g), optimizer, params, vllm=settings)
+                   for g in whole_or_shards for optimizer, params in OFFLOADS]
     sharded = [replace(own, generation=Generation(Gather.shards, engine))] if gather == Gather.auto else []
     candidates += [c for c in dict.fromkeys((own, *sharded, chosen, best)) if c not in candidates]
     columns = [_column(inputs, candidate, candidate == chosen) for candidate in candidates]
@@ -292,26 +270,20 @@ def plan_run(run: ResolvedRun) -> Plan:
                 reason=_describe(mine, inputs.hardware.gpu_memory),
                 suggestions=[] if mine.fits else suggestions(inputs, columns, chosen), notes=notes,
                 largest_generation_batch=_largest_generation_batch(inputs, chosen),
-                vllm_findings=vllm_search.findings(lambda candidate: _column(inputs, candidate, False),
-                                                   inputs.hardware, inputs.work, inputs.roles[0].size, settings,
-                                                   vllm_engine, (own.offload_optimizer, own.offload_params)))
+                vllm_findings=findings(lambda candidate: _column(inputs, candidate, False), inputs.hardware,
+                                       inputs.work, inputs.roles[0].size, settings, separate,
+                                       (own.offload_optimizer, own.offload_params)))
 
 
-def _vllm_open(run: ResolvedRun) -> bool:
-    """`gather: auto` may choose vLLM where no source chose the engine, the algorithm's trainer can use vLLM, and
-    vLLM is installed here (a launch must not switch to an engine it cannot import)."""
-    return (USE_VLLM_KEY in catalogue(run.algorithm) and USE_VLLM_KEY not in run.settings
-            and installed(Engine.colocate.spec) is not None)
-
-
-def _auto_choice(inputs: Inputs, gathered: Candidate, open_vllm: VllmSettings | None, vllm_engine: Engine) -> Candidate:
+def _auto_choice(inputs: Inputs, gathered: Candidate, open_settings: Any, separate: Engine) -> Candidate:
     """`gather: auto`: the fastest gather (or, with vLLM, sync bucket) that fits; where the run left vLLM open, vLLM
     too. Without a GPU to time on: the policy gathering to generate when that fits, else vLLM with the largest
     sync bucket that fits, else the largest gather budget that fits; no-gather when nothing fits."""
     hf = gather_choices(inputs, gathered)
     choices = [hf[0]]
-    if open_vllm is not None:
-        choices += gather_choices(inputs, replace(gathered, generation=Generation(engine=vllm_engine), vllm=open_vllm))
+    if open_settings is not None:  # the separate engine's settings, where the run left the engine open
+        choices += gather_choices(inputs, replace(gathered, generation=Generation(engine=separate),
+                                                  vllm=open_settings))
     found = fastest_fitting(inputs, choices + hf[1:])
     return found or hf[-1]
 
@@ -356,7 +328,7 @@ def settle_gather(run: ResolvedRun, plan: Plan) -> ResolvedRun:
         why += f"; gathering {chosen.generation.gather.budget} of the policy needs {gib(plan.chosen.peak)}"
     if plan.chosen.step_seconds is not None:
         why += f"; the fastest that fits: {plan.chosen.step_seconds:.3g} s per step"
-    sync = "vLLM, sync " if chosen.generation.engine.vllm else ""
+    sync = "vLLM, sync " if chosen.generation.engine.separate else ""
     given = " (no gather choice given with vLLM: the plan's)" if defaulted else ""
     return run.with_generation(chosen.generation, f"rlhf plan{given}: {why}",
                                f"gather: auto -> {sync}{chosen.mode}{given}; {why}")

@@ -18,6 +18,7 @@ from packaging.version import InvalidVersion, Version
 
 from rlhf_cli.generation.choice import Engine
 from rlhf_cli.generation.engines import VLLM_COLOCATE, installed
+from rlhf_cli.models.architectures import architecture, targeted
 from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
 
 # The log-probabilities of what vLLM sampled (after temperature and logit processing), as TRL's colocated vLLM
@@ -49,7 +50,7 @@ def vllm_problems(values: Values, said: Said, processes: int, cuda: bool, planni
     this one (the install, the GPU)."""
     engine = Engine.from_values(values)
     problems: list[str] = []
-    if not engine.vllm:
+    if not engine.spec.is_vllm:
         return problems
     found = None if planning else installed(engine.spec)
     flagged = (said("use_vllm") or "").startswith("--vllm")
@@ -132,7 +133,8 @@ def _has(values: Values, name: str) -> bool:
 def length_problems(values: Values, completion_field: str, prompt_file: Path | None, column: str) -> list[str]:
     """Prompt + completion must fit vLLM's model length: the recipe's own cap on prompts (`max_prompt_length`
     where the trainer has one) and, for a local prompt file, the longest of its first rows in the policy's tokens."""
-    if not Engine.from_values(values).vllm or not _has(values, "vllm_max_model_length"):  # online DPO sizes vLLM itself
+    # online DPO sizes vLLM itself
+    if not Engine.from_values(values).spec.is_vllm or not _has(values, "vllm_max_model_length"):
         return []
     model_path = values("model_name_or_path")
     length, source = model_length(values, model_path)
@@ -181,3 +183,27 @@ def longest_prompt(model_path: Path, prompt_file: Path, column: str) -> tuple[in
                     longest = (tokens, line)
     return longest
 
+
+def tied_head_problems(values: Values, targets: str | list[str] | None) -> list[str]:
+    """vLLM holds a tied model's embedding and LM head as one matrix, the policy adapts one of them: an adapter (or
+    a trained copy, `lora_modules_to_save`) on either would reach both in vLLM, and vLLM would sample from
+    another policy than the one trained."""
+    path = values("model_name_or_path")
+    if not Engine.from_values(values).spec.is_vllm or not isinstance(path, str):
+        return []
+    try:
+        config = read_config(path, values("model_revision"), values("env"))
+    except ModelConfigUnavailable:
+        return []
+    arch = architecture(config)
+    if arch is None or not config.get("tie_word_embeddings", True):
+        return []
+    tied = {arch.output_layer, *(module.path for module in arch.modules
+                                 if module.embedding and module.in_features == config.get("vocab_size"))}
+    chosen = {module.path for module, _ in targeted(arch, targets)} if targets is not None else set()
+    saved = {module for module in tied for name in values("lora_modules_to_save") or () if module.endswith(name)}
+    return [f"`{key}` adapts `{module}` of {path}, whose embedding and LM head are tied: vLLM holds them as one "
+            f"matrix and would sample from both changed; remove `{module.rsplit('.', 1)[-1]}` from `{key}`, or "
+            "generate without --vllm"
+            for key, found in (("lora_target_modules", chosen & tied), ("lora_modules_to_save", saved))
+            for module in sorted(found)]

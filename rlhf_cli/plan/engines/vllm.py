@@ -187,7 +187,7 @@ def components(settings: VllmSettings | None, engine: Engine, gpu_memory: int, g
     """The ROWS of one column (all 0 without vLLM; a server holds nothing on the training GPUs but the sync's
     bucket): `training` is the GPU bytes of its training phase, `bucket` the policy bytes one sync gathers,
     `copies` what vLLM holds of them while it takes them (`sync_copies`)."""
-    if settings is None or not engine.vllm:
+    if settings is None or not engine.spec.is_vllm:
         return [Component(name, phase, 0) for name, phase in ROWS]
     if engine.spec.is_server:
         return [Component(name, phase, {"sync bucket": bucket, "sync: train reserve": training}.get(name, 0))
