@@ -38,8 +38,8 @@ def write_rank_record(trainer: Any, phases: dict[str, Any] | None = None) -> Pat
         # each weight sync into the generator: seconds, mode (dense|sparse), bytes_sent, dense_bytes,
         # changed_share, peak_memory_bytes, buckets, peak_bytes gathered, ... (rlhf_cli/rank/engines/weights.py)
         "vllm_sync": SYNC_LOG.records(),
-        # PPO's vLLM rollouts (rlhf_cli/rank/engines/vllm/ppo_rollouts.py): each generation call's seconds
-        "vllm_generation_seconds": trainer.vllm.generation_seconds if getattr(trainer, "vllm", None) else None,
+        # PPO's rollouts from a separate engine (rlhf_cli/rank/ppo/rollouts.py): each generation call's seconds
+        "vllm_generation_seconds": getattr(trainer, "rollouts", None) and trainer.rollouts.generation_seconds,
     }
     path = RunDir(Path(trainer.args.output_dir)).rank_record(accelerator.process_index)
     path.parent.mkdir(parents=True, exist_ok=True)

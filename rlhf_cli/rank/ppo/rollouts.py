@@ -24,6 +24,8 @@ PPOTrainer = Any  # rlhf_cli/rank/ppo/trainer.py's, which imports this module
 class Rollouts(Protocol):
     """What PPO asks of the engine that samples its rollouts."""
 
+    generation_seconds: list[float] | None  # each generation call's, for the rank record (None: not timed apart)
+
     def generate(self, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Responses to left-padded `queries`, right-padded with the pad token; and the log-probability the
         engine sampled each token with, when it is not the policy itself (None: the policy's own)."""
@@ -48,6 +50,7 @@ class HFRollouts:
 
     def __init__(self, trainer: PPOTrainer) -> None:
         self.trainer = trainer  # its wrapped model changes when training starts: read at every call
+        self.generation_seconds = None  # each call is timed by the GenerationClock (rlhf_cli/rank/zero3.py)
 
     @classmethod
     def of_trainer(cls, trainer: PPOTrainer, generation: Generation, sync_check_steps: int) -> HFRollouts:
