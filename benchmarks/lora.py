@@ -112,7 +112,7 @@ def plan_rows() -> list[list[str]]:
         for setup in SETUPS:
             for algorithm in ("ppo", "rloo"):
                 plan = plan_setup(setup, algorithm)
-                full = [c for c in plan.columns if not c.candidate.lora and c.candidate.vllm is None][:6]
+                full = [c for c in plan.columns if not c.candidate.lora and c.candidate.engine_settings is None][:6]
                 lora = [c for c in plan.columns if c.candidate.lora][:4]
                 rows.append([setup.name, f"{setup.gpus} x {setup.gpu_memory}", algorithm,
                              f"{sum(c.fits for c in full)} of {len(full)}", least_host_memory(full),

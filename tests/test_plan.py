@@ -491,7 +491,7 @@ def qwen_plan(*sets: str, hardware: dict | None = None, gather: str = "true"):
 
 
 def vllm_rows(plan, gather: bool, offload: str = "none") -> dict[str, int]:
-    column = next(c for c in plan.columns if c.candidate.vllm is not None
+    column = next(c for c in plan.columns if c.candidate.engine_settings is not None
                   and (c.candidate.generation.gather == Gather.whole) is gather
                   and c.candidate.offload_optimizer == offload and c.candidate.offload_params == "none")
     return {part.name: part.gpu for part in column.components}
@@ -513,7 +513,7 @@ def test_colocated_vllm_takes_its_share_of_the_total_memory_and_the_sync_its_buc
     assert vllm.sync_copies(100, vocab=50257, hidden=8, element_bytes=4) == (100 + 2 * 50257 * 8) * 4  # padded
     hf = {part.name: part.gpu for part in plan.column(WHOLE, "none", "none").components}
     assert hf["gen weights"] == policy.params * 2 and hf["vLLM"] == hf["sync bucket"] == 0
-    assert plan.chosen.candidate.vllm is not None and plan.chosen.candidate.generation.gather == Gather.whole
+    assert plan.chosen.candidate.engine_settings is not None and plan.chosen.candidate.generation.gather == Gather.whole
 
 
 def test_sleep_frees_vllm_while_training_and_tensor_parallelism_splits_its_weights() -> None:
@@ -561,14 +561,14 @@ def test_seed_case_colocated_vllm_fits_with_parameters_offloaded_and_says_what_i
     assert found.startswith("vLLM fits colocated with vllm_tensor_parallel_size 2") and "offload opt+par:" in found
     own = found.split("with the run's own offload (opt) the least, ")[1]
     assert own.startswith("vLLM 0.33 TP4 sleep, sync no-gather, optimizer->cpu, needs 21.5 GiB of the 21.3 GiB")
-    assert not any(c.fits for c in plan.columns if c.candidate.vllm and c.candidate.offload_params == "none")
+    assert not any(c.fits for c in plan.columns if c.candidate.engine_settings and c.candidate.offload_params == "none")
     fit = plan_run(seed_run(offload_params=("--offload-params", "cpu")))
     assert "offload opt+par:" in fit.vllm_findings[-1] and "the run's own offload" not in fit.vllm_findings[-1]
 
 
 def test_gather_auto_with_vllm_sizes_the_sync() -> None:
     run, plan = planned(qwen_plan("use_vllm=true", gather="auto"))
-    assert run.value("ds3_gather_for_generation") is True and plan.chosen.candidate.vllm is not None
+    assert run.value("ds3_gather_for_generation") is True and plan.chosen.candidate.engine_settings is not None
     assert run.settings["ds3_gather_for_generation"].source.startswith("rlhf plan: syncing vLLM the whole policy")
 
 
@@ -583,14 +583,14 @@ def test_gather_auto_takes_vllm_where_left_open_and_installed(installed: bool, m
     assert not plan.column(WHOLE, "cpu", "none").fits  # gathering to generate does not fit
     run, plan = planned(qwen_plan(*sets, hardware=small, gather="auto"))
     if installed:
-        assert run.value("use_vllm") is True and plan.chosen.candidate.vllm is not None and plan.chosen.fits
+        assert run.value("use_vllm") is True and plan.chosen.candidate.engine_settings is not None and plan.chosen.fits
         assert "the engine left open" in run.settings["use_vllm"].source
         assert run.generation.engine == Engine.colocate and run.value("vllm_mode") == "colocate"
     else:
-        assert run.value("use_vllm") is False and plan.chosen.candidate.vllm is None
+        assert run.value("use_vllm") is False and plan.chosen.candidate.engine_settings is None
         assert run.generation.engine == Engine.hf
     asked = planned(qwen_plan(*sets, "use_vllm=false", hardware=small, gather="auto"))[1]
-    assert asked.chosen.candidate.vllm is None  # a run that says no to vLLM never gets it
+    assert asked.chosen.candidate.engine_settings is None  # a run that says no to vLLM never gets it
 
 
 def test_published_runs_get_their_verdicts(tmp_path: Path, monkeypatch) -> None:

@@ -170,7 +170,7 @@ def test_saving_is_the_checkpoints_the_run_writes_and_its_final_model_over_its_s
 def test_vllm_generates_faster_than_hf_and_larger_sync_buckets_sync_faster() -> None:
     run = qwen_run("use_vllm=true", "gather=true")
     vllm_seconds = _seconds(run, lambda c: c)
-    hf_seconds = _seconds(run, lambda c: replace(c, generation=Generation(Gather.whole), vllm=None))
+    hf_seconds = _seconds(run, lambda c: replace(c, generation=Generation(Gather.whole), engine_settings=None))
     assert vllm_seconds["generation"] < hf_seconds["generation"] and hf_seconds["weight_sync"] == 0
     per_unit = _seconds(run, lambda c: replace(c, generation=Generation(Gather.shards, Engine.colocate)))
     assert per_unit["weight_sync"] > vllm_seconds["weight_sync"] > 0
@@ -251,7 +251,7 @@ def test_candidates_carry_a_generation() -> None:
     for column in plan.columns:
         candidate: Candidate = column.candidate
         assert isinstance(candidate.generation, Generation)
-        assert (candidate.vllm is not None) == candidate.generation.engine.separate
+        assert (candidate.engine_settings is not None) == candidate.generation.engine.separate
 
 
 def test_an_unknown_gpu_name_stops_resolution() -> None:
@@ -317,7 +317,7 @@ def test_a_sleeping_vllm_pays_its_wake_and_level_1_its_weights_over_the_host_lin
     awake = qwen_run("use_vllm=true", "vllm_mode=colocate", "gather=true")
     asleep = qwen_run("use_vllm=true", "vllm_mode=colocate", "gather=true", "vllm_enable_sleep_mode=true")
     seconds = [_seconds(run, lambda c: c) for run in (awake, asleep)]
-    seconds.append(_seconds(asleep, lambda c: replace(c, vllm=replace(c.vllm, sleep_level=1))))
+    seconds.append(_seconds(asleep, lambda c: replace(c, engine_settings=replace(c.engine_settings, sleep_level=1))))
     assert seconds[0]["generation"] < seconds[1]["generation"]  # the KV cache re-allocated
     assert seconds[0]["weight_sync"] < seconds[1]["weight_sync"] < seconds[2]["weight_sync"]
 

@@ -125,7 +125,8 @@ def _seconds(value: float) -> str:
 
 def _vllm_description(columns: list[Column]) -> str:
     candidate = columns[0].candidate if columns else None
-    return candidate.vllm.description(candidate.generation.engine) if candidate and candidate.vllm else ""
+    settings = candidate.engine_settings if candidate else None
+    return settings.description(candidate.generation.engine) if candidate and settings else ""
 
 
 def _lora_summary(run: ResolvedRun) -> str:
@@ -152,11 +153,11 @@ def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
     assert plan.work is not None and plan.hardware is not None
     hardware = plan.hardware
     command = algorithm(run.algorithm).command
-    vllm_columns = [c for c in plan.columns if c.candidate.vllm is not None]
+    vllm_columns = [c for c in plan.columns if c.candidate.engine_settings is not None]
     tables = ((f"rlhf plan {command}: GiB per GPU on {hardware.total_gpus} GPU(s)",
-               [c for c in plan.columns if not c.candidate.lora and c.candidate.vllm is None]),
+               [c for c in plan.columns if not c.candidate.lora and c.candidate.engine_settings is None]),
               (f"with --lora ({_lora_summary(run)}): base frozen, no reference copy",
-               [c for c in plan.columns if c.candidate.lora and c.candidate.vllm is None]),
+               [c for c in plan.columns if c.candidate.lora and c.candidate.engine_settings is None]),
               (f"with vLLM ({_vllm_description(vllm_columns)}): gather, "
                "budget, no-gather = what the weight sync gathers at once", vllm_columns))
     for title, columns in tables:

@@ -26,12 +26,13 @@ class Candidate:
     offload_optimizer: str
     offload_params: str
     lora: bool = False  # LoRA on the trained models: frozen base shards, adapters trained, no reference copy
-    vllm: VllmSettings | None = None  # a vLLM engine's settings; set exactly when `generation.engine` is vLLM's
+    # the separate engine's settings (vLLM's: VllmSettings); set exactly when `generation.engine` is separate
+    engine_settings: VllmSettings | None = None
 
     @property
     def colocated(self) -> VllmSettings | None:
         """vLLM's settings when it runs inside every training process (its memory is on the training GPUs)."""
-        return self.vllm if self.generation.engine.spec.is_colocated else None
+        return self.engine_settings if self.generation.engine.spec.is_colocated else None
 
     @property
     def mode(self) -> str:
@@ -52,7 +53,7 @@ class Candidate:
         else:
             offload = ", ".join(f"{what}->{where}" for what, where in (("optimizer", optimizer), ("params", params))
                                 if where != "none")
-        engine = f"{self.vllm.label(self.generation.engine)}, sync " if self.vllm else ""
+        engine = f"{self.engine_settings.label(self.generation.engine)}, sync " if self.engine_settings else ""
         return f"{'LoRA, ' if self.lora else ''}{engine}{self.mode}, {offload}"
 
     @property
@@ -126,8 +127,8 @@ class Plan:
                                         self.work.element_bytes)
 
     def column(self, generation: Generation, offload_optimizer: str, offload_params: str, lora: bool = False,
-               vllm_settings: VllmSettings | None = None) -> Column | None:
-        wanted = Candidate(generation, offload_optimizer, offload_params, lora=lora, vllm=vllm_settings)
+               engine_settings: VllmSettings | None = None) -> Column | None:
+        wanted = Candidate(generation, offload_optimizer, offload_params, lora=lora, engine_settings=engine_settings)
         return next((column for column in self.columns if column.candidate == wanted), None)
 
     @property
@@ -160,7 +161,8 @@ class Plan:
                  "gather_budget": str(c.candidate.generation.gather.budget) if c.candidate.generation.gather.budget
                  else None, "generation": c.candidate.generation.describe(), "lora": c.candidate.lora,
                  "engine": c.candidate.engine,
-                 "vllm": c.candidate.vllm.as_dict(c.candidate.generation.engine) if c.candidate.vllm else None,
+                 "vllm": c.candidate.engine_settings.as_dict(c.candidate.generation.engine)
+                 if c.candidate.engine_settings else None,
                  "offload_optimizer": c.candidate.offload_optimizer, "offload_params": c.candidate.offload_params,
                  "components": {part.name: part.gpu for part in c.components},
                  "phases": memory.phase_totals(c.components),

@@ -23,7 +23,7 @@ from rlhf_cli.generation.budget import Budget, ranked
 from rlhf_cli.generation.choice import GATHER_KEY, Engine, Gather, Generation
 from rlhf_cli.plan import memory, time
 from rlhf_cli.plan.columns import Candidate, Column, Plan, trained_checkpoint_bytes
-from rlhf_cli.plan.engines.vllm_plan import engine_batch, engine_rows, engine_settings, engine_starts, left_open
+from rlhf_cli.plan.engines.vllm_plan import engine_batch, engine_rows, engine_starts, left_open, settings_for
 from rlhf_cli.plan.engines.vllm_search import OFFLOADS, findings
 from rlhf_cli.plan.inputs import Inputs, read_inputs
 from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, TRAINING, Component
@@ -72,7 +72,7 @@ def components(inputs: Inputs, candidate: Candidate) -> list[Component]:
     largest = max(role.size.largest_layer for role in trained)
     trained_params = sum(adapter.params for adapter in adapters) if candidate.lora else engine
     largest_trained = max(adapter.largest for adapter in adapters) if candidate.lora else largest
-    hf = candidate.vllm is None  # with vLLM the policy does not generate: vLLM's rows instead
+    hf = candidate.engine_settings is None  # with vLLM the policy does not generate: vLLM's rows instead
     rows.append(Component("gen weights", GENERATION, _generation_weights(inputs, candidate, engine, largest) if hf
                           else 0))
     rows.append(Component("gen KV cache", GENERATION, memory.kv_cache(
@@ -182,7 +182,7 @@ def _run_candidate(run: ResolvedRun, gather: Gather) -> Candidate:
     engine = run.generation.engine
     return Candidate(Generation(gather, engine), deepspeed.get("offload_optimizer_device") or "none",
                      deepspeed.get("offload_param_device") or "none", lora=bool(run.value("use_peft")),
-                     vllm=engine_settings(run.value, engine))
+                     engine_settings=settings_for(run.value, engine))
 
 
 def gather_choices(inputs: Inputs, candidate: Candidate) -> list[Candidate]:
@@ -245,7 +245,7 @@ def plan_run(run: ResolvedRun) -> Plan:
     gather, engine = run.generation.gather, run.generation.engine
     own = _run_candidate(run, Gather.whole if gather == Gather.auto else gather)
     separate = engine if engine.separate else Engine.separate_of(run.value)  # the engine of the separate columns
-    settings = engine_settings(run.value, separate)
+    settings = settings_for(run.value, separate)
     best = _auto_choice(inputs, replace(own, generation=Generation(Gather.whole, engine)),
                         settings if left_open(run) else None, separate)
     chosen = best if gather == Gather.auto else own
@@ -255,7 +255,7 @@ def plan_run(run: ResolvedRun) -> Plan:
                   for optimizer, params in OFFLOADS]
     candidates += [Candidate(replace(hf, gather=g), optimizer, params, lora=True) for g in whole_or_shards
                    for optimizer, params in LORA_OFFLOADS]
-    candidates += [Candidate(replace(with_separate, gather=g), optimizer, params, vllm=settings)
+    candidates += [Candidate(replace(with_separate, gather=g), optimizer, params, engine_settings=settings)
                    for g in whole_or_shards for optimizer, params in OFFLOADS]
     sharded = [replace(own, generation=Generation(Gather.shards, engine))] if gather == Gather.auto else []
     candidates += [c for c in dict.fromkeys((own, *sharded, chosen, best)) if c not in candidates]
@@ -283,7 +283,7 @@ def _auto_choice(inputs: Inputs, gathered: Candidate, open_settings: Any, separa
     choices = [hf[0]]
     if open_settings is not None:  # the separate engine's settings, where the run left the engine open
         choices += gather_choices(inputs, replace(gathered, generation=Generation(engine=separate),
-                                                  vllm=open_settings))
+                                                  engine_settings=open_settings))
     found = fastest_fitting(inputs, choices + hf[1:])
     return found or hf[-1]
 
@@ -312,14 +312,15 @@ def settle_gather(run: ResolvedRun, plan: Plan) -> ResolvedRun:
     assert plan.hardware is not None and plan.chosen is not None
     own, chosen = _run_candidate(run, Gather.whole), plan.chosen.candidate
     gathered, sharded = (plan.column(Generation(gather, engine), own.offload_optimizer, own.offload_params, own.lora,
-                                     own.vllm) for gather in (Gather.whole, Gather.shards))
+                                     own.engine_settings) for gather in (Gather.whole, Gather.shards))
     assert gathered is not None and sharded is not None
     memory_text = gib(plan.hardware.gpu_memory)
-    doing = "syncing vLLM the whole policy at once" if own.vllm else "gathering"
+    doing = "syncing vLLM the whole policy at once" if own.engine_settings else "gathering"
     if not plan.chosen.fits:
         what = "; ".join(plan.suggestions)
+        sharded_doing = "one unit at a time" if own.engine_settings else "generating from shards"
         raise PlanError(f"gather: auto: neither fits: {doing} needs {gib(gathered.peak)} and "
-                        f"{'one unit at a time' if own.vllm else 'generating from shards'} {gib(sharded.peak)} "
+                        f"{sharded_doing} {gib(sharded.peak)} "
                         f"of {memory_text} per GPU ({memory.MARGIN:.0%} margin). {what}")
     why = f"{doing} needs {gib(gathered.peak)} of {memory_text}"
     if chosen.generation.engine != engine:

@@ -57,7 +57,7 @@ def step_time(inputs: Inputs, candidate: Candidate, gpu: Gpu, checkpoint_bytes: 
     rates = Rates.of(gpu, hw.total_gpus, hw.machines, candidate.offload_params != "none")
     step = algorithm(inputs.algorithm).step_work(inputs.value)
     wake_weights, wake_kv = vllm_time.wake_seconds(inputs, candidate, rates)  # once per generation round
-    sync = vllm_time.sync_seconds(inputs, candidate, rates) if candidate.vllm else 0.0
+    sync = vllm_time.sync_seconds(inputs, candidate, rates) if candidate.engine_settings else 0.0
     return {
         GENERATION: generation_seconds(inputs, candidate, rates, step) + wake_kv * step.syncs,
         WEIGHT_SYNC: (sync + wake_weights) * step.syncs,
@@ -74,7 +74,7 @@ def generation_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step:
     per completion token."""
     work, policy = inputs.work, inputs.roles[0].size
     calls = step.generated / work.generation_batch
-    if candidate.vllm is not None:
+    if candidate.engine_settings is not None:
         return calls * vllm_time.call_seconds(inputs, candidate, rates)
     b, p, c = work.element_bytes, work.prompt_length, work.completion_length
     batch = work.generation_batch
@@ -104,7 +104,7 @@ def scoring_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: St
     """No-grad forwards over the generated sequences: the reference (the policy with adapters off under LoRA), the
     reward and value models, and the policy's old log-probs when the trainer takes them."""
     work = inputs.work
-    old = step.old_logprobs_with_vllm if candidate.vllm is not None else step.old_logprobs
+    old = step.old_logprobs_with_vllm if candidate.engine_settings is not None else step.old_logprobs
     models = [role.size for role in inputs.roles if role.name != "policy"]
     models += [inputs.roles[0].size] if old else []
     length = work.prompt_length + work.completion_length

@@ -27,7 +27,7 @@ def engine_rows(inputs: Inputs, candidate: Candidate, rows: list[Component]) -> 
     synced = policy.params + (adapter.params if candidate.lora and adapter else 0)
     bucket = max(numel for numel, _, _ in inputs.sync_buckets(candidate.generation.gather, candidate.lora)) * size_bytes
     copies = vllm.sync_copies(policy.largest_layer, policy.vocab, policy.hidden, size_bytes)
-    return vllm.components(candidate.vllm, candidate.generation.engine, inputs.hardware.gpu_memory,
+    return vllm.components(candidate.engine_settings, candidate.generation.engine, inputs.hardware.gpu_memory,
                            inputs.hardware.gpus_per_machine, synced, size_bytes, memory.phase_totals(rows)[TRAINING],
                            bucket, copies)
 
@@ -54,7 +54,7 @@ def engine_batch(inputs: Inputs, candidate: Candidate) -> int | None:
                              per_sequence) or None
 
 
-def engine_settings(value: Callable[[str], Any], engine: Engine) -> vllm.VllmSettings | None:
+def settings_for(value: Callable[[str], Any], engine: Engine) -> vllm.VllmSettings | None:
     """The run's vLLM settings when `engine` is vLLM's (a candidate's `vllm`), else None."""
     return vllm.run_settings(value) if engine.spec.is_vllm else None
 

@@ -95,12 +95,13 @@ def _tried(evaluate: Evaluate, hw: Hardware, work: Workload, policy: ModelSize,
                     continue
                 settings = replace(shape, gpu_memory_utilization=utilization, sleep=sleep)
                 for gather in (Gather.whole, Gather.shards):
-                    yield evaluate(Candidate(Generation(gather, Engine.colocate), optimizer, params, vllm=settings))
+                    yield evaluate(Candidate(Generation(gather, Engine.colocate), optimizer, params,
+                                             engine_settings=settings))
 
 
 def _fit(column: Column, gpu_memory: int) -> str:
     candidate = column.candidate
-    settings = candidate.vllm
+    settings = candidate.engine_settings
     assert settings is not None
     sync = "--gather (the whole policy at once)" if candidate.generation.gather == Gather.whole else \
         "--no-gather (one unit at a time)"
