@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import heapq
 import json
 import math
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from typing import Any
 from rlhf_cli.config.data_files import DATA_SUFFIXES
 from rlhf_cli.config.output_dir import OutputDirCheck
 from rlhf_cli.config.paths import writable_dir_problem
+from rlhf_cli.config.prompts import longest_prompt_rows
 from rlhf_cli.config.run import ResolvedRun, Setting
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.machine.cache import cache_dir
@@ -49,16 +49,6 @@ def _has(run: ResolvedRun, name: str) -> bool:
     from rlhf_cli.config.fields import catalogue
 
     return name in catalogue(run.algorithm)
-
-
-def prompt_length(prompt: Any) -> int:
-    """Characters of a prompt: its text, or a conversation's messages' contents together."""
-    if isinstance(prompt, str):
-        return len(prompt)
-    if isinstance(prompt, list):
-        return sum(prompt_length(message.get("content", "")) if isinstance(message, dict) else prompt_length(message)
-                   for message in prompt)
-    return len(json.dumps(prompt, default=str))
 
 
 def _rows(path: Path) -> Iterator[dict[str, Any]]:
@@ -114,14 +104,9 @@ def _row(row: Any, where: str) -> dict[str, Any]:
 
 
 def longest_prompts(source: Path, column: str, count: int) -> tuple[str, int, int]:
-    """The `count` rows of `source` with the longest prompts in `column`, longest first, as JSON Lines; with the
-    rows read and the longest prompt's characters."""
-    read = 0
-    longest: list[tuple[int, int, dict[str, Any]]] = []
-    for read, row in enumerate(_rows(source), start=1):
-        entry = (prompt_length(row.get(column, "")), -read, row)
-        (heapq.heappush if len(longest) < count else heapq.heappushpop)(longest, entry)
-    ranked = sorted(longest, reverse=True, key=lambda entry: entry[:2])
+    """The `count` rows of `source` with the longest prompts in `column` in characters (no tokenizer needed),
+    longest first, as JSON Lines; with the rows read and the longest prompt's characters."""
+    ranked, read = longest_prompt_rows(enumerate(_rows(source), start=1), column, count, len)
     return "".join(json.dumps(row, default=str) + "\n" for _, _, row in ranked), read, ranked[0][0] if ranked else 0
 
 

@@ -10,12 +10,13 @@ rlhf_cli/schema/ranges.yaml; this module checks what needs more than one key, th
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from rlhf_cli.config.prompts import longest_prompt_rows
 from rlhf_cli.generation.choice import Engine
 from rlhf_cli.generation.engines import VLLM_COLOCATE, installed
 from rlhf_cli.models.architectures import architecture, targeted
@@ -166,22 +167,24 @@ def longest_prompt(model_path: Path, prompt_file: Path, column: str) -> tuple[in
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
     except Exception:  # noqa: BLE001 - a tokenizer this version cannot read: the ranks will say
         return None
-    longest = None
-    with prompt_file.open(encoding="utf-8", errors="replace") as rows:
-        for line, text in enumerate(rows, start=1):
-            if line > PROMPTS_SCANNED:
-                break
-            try:
-                prompt = json.loads(text).get(column)
-            except (ValueError, AttributeError):
-                continue
-            if isinstance(prompt, list):
-                prompt = "".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict))
-            if isinstance(prompt, str):
-                tokens = len(tokenizer.encode(prompt).ids)
-                if longest is None or tokens > longest[0]:
-                    longest = (tokens, line)
-    return longest
+    with prompt_file.open(encoding="utf-8", errors="replace") as lines:
+        ranked, _ = longest_prompt_rows(_json_rows(lines, column), column, 1,
+                                        lambda text: len(tokenizer.encode(text).ids))
+    return (ranked[0][0], ranked[0][1]) if ranked else None
+
+
+def _json_rows(lines: Iterable[str], column: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line, row) of the first PROMPTS_SCANNED lines that are JSON objects with a text or conversation prompt in
+    `column`."""
+    for line, text in enumerate(lines, start=1):
+        if line > PROMPTS_SCANNED:
+            return
+        try:
+            row = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get(column), (str, list)):
+            yield line, row
 
 
 def tied_head_problems(values: Values, targets: str | list[str] | None) -> list[str]:
