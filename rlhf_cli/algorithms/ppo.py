@@ -8,6 +8,7 @@ from typing import Any
 from rlhf_cli.algorithms.legacy import COMMON_RENAMED, COMMON_RETIRED
 from rlhf_cli.algorithms.spec import Algorithm, Batches, LogitsModel, StarterEntry, StepWork, Values
 from rlhf_cli.generation.choice import Engine
+from rlhf_cli.models.hub import local_config, local_config_file
 from rlhf_cli.output.files import read_json
 
 
@@ -47,7 +48,7 @@ def resized_for_pad(policy: Path) -> tuple[int, int] | None:
     if pad is not None and pad != eos:
         return None
     vocab = _json(policy / "tokenizer.json").get("model", {}).get("vocab")
-    rows = _json(policy / "config.json").get("vocab_size")
+    rows = local_config(policy).get("vocab_size")
     if not vocab or not isinstance(rows, int):
         return None
     ids = set(vocab.values()) if isinstance(vocab, dict) else set(range(len(vocab)))
@@ -95,12 +96,12 @@ def _checks(values: Values, num_processes: int) -> list[str]:
 
     problems += importance_sampling_problems(values)
     policy = values("model_name_or_path")
-    if not isinstance(policy, str) or not Path(policy, "config.json").is_file():
+    if not isinstance(policy, str) or local_config_file(policy) is None:
         return problems
     tokenizer = _json(Path(policy, "tokenizer_config.json"))
     if tokenizer and not tokenizer.get("eos_token"):  # a missing pad token is added when the ranks load it
         problems.append(f"`model_name_or_path`: the tokenizer in {policy} has no eos_token; PPO needs one")
-    vocab_size = _json(Path(policy, "config.json")).get("vocab_size")
+    vocab_size = local_config(policy).get("vocab_size")
     stop = values("stop_token_id")
     if stop is not None and vocab_size is not None and not 0 <= stop < vocab_size:
         problems.append(f"`stop_token_id` {stop} is not in the vocabulary of {policy} (0..{vocab_size - 1})")

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from rlhf_cli.config.paths import path_state
 from rlhf_cli.generation.engines import ENGINES
+from rlhf_cli.models.hub import CONFIG_FILE, local_config
 from rlhf_cli.output.checkpoints import deepspeed_shards, deepspeed_tag, saved_by
 from rlhf_cli.output.files import read_json
 from rlhf_cli.output.run_dir import TRAINER_STATE
@@ -152,7 +153,7 @@ def checkpoint_problem(checkpoint: Path, use_peft: bool, model: Any, algorithm: 
     if adapter and not use_peft:
         return f"{checkpoint} holds LoRA adapters and this run fine-tunes the whole model; add --lora, or resume a " \
                "full checkpoint"
-    if use_peft and not adapter and path_state(checkpoint / "config.json").kind == "file":
+    if use_peft and not adapter and path_state(checkpoint / CONFIG_FILE).kind == "file":
         return f"{checkpoint} holds a fully fine-tuned model and this run trains LoRA adapters; drop --lora, or " \
                "resume a LoRA checkpoint"
     wrote = _saving_algorithm(checkpoint)
@@ -251,7 +252,7 @@ def _shape_problem(checkpoint: Path, model: Any) -> str | None:
     saved, current = _parameter_shapes(checkpoint), _parameter_shapes(Path(model))
     if saved is None or current is None:
         return _size_problem(checkpoint, model)
-    vocab = (read_json(Path(model) / "config.json") or {}).get("vocab_size")
+    vocab = local_config(model).get("vocab_size")
     for name in sorted(saved.keys() | current.keys()):
         if name == TIED_HEAD and (name not in saved or name not in current):
             continue  # saved once with the embedding it is tied to
@@ -268,8 +269,8 @@ def _shape_problem(checkpoint: Path, model: Any) -> str | None:
 
 
 def _size_problem(checkpoint: Path, model: str) -> str | None:
-    saved, current = read_json(checkpoint / "config.json"), read_json(Path(model) / "config.json")
-    if not isinstance(saved, dict) or not isinstance(current, dict):
+    saved, current = local_config(checkpoint), local_config(model)
+    if not saved or not current:
         return None
     for names in SHAPE:
         key = next((key for key in names if key in saved and key in current), None)
@@ -285,7 +286,7 @@ def run_problems(run: RunValues, cuda: bool, environ: Mapping[str, str]) -> list
     problems = []
     for name in ("model_name_or_path", "reward_model_name_or_path", "value_model_name_or_path", "reward_model_path"):
         path = run.value(name)
-        if isinstance(path, str) and path_state(Path(path) / "config.json").kind == "file":
+        if isinstance(path, str) and path_state(Path(path) / CONFIG_FILE).kind == "file":
             problem = model_files_problem(Path(path), needs_tokenizer=name != "value_model_name_or_path")
             problems += [f"{run.where(name)}: `{name}`: {problem}; save the model again"] if problem else []
     weights = run.value("reward_weights")

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from rlhf_cli.config.fields import Field, ranges
 from rlhf_cli.config.paths import path_state
-from rlhf_cli.output.files import read_json
+from rlhf_cli.models.hub import CONFIG_FILE, local_config, parse_config
 
 # A decoder's sizes as config.json names them (GPT-2's names second); each must be a positive integer.
 MODEL_SIZES = (("num_attention_heads", "n_head"), ("hidden_size", "n_embd"), ("num_hidden_layers", "n_layer"),
@@ -17,7 +16,7 @@ MODEL_SIZES = (("num_attention_heads", "n_head"), ("hidden_size", "n_embd"), ("n
 
 
 def _local(path: Any) -> Path | None:
-    return Path(path) if isinstance(path, str) and path_state(Path(path, "config.json")).kind == "file" else None
+    return Path(path) if isinstance(path, str) and path_state(Path(path, CONFIG_FILE)).kind == "file" else None
 
 
 def check_model_config(name: str, value: Any, where: str, problems: list[str]) -> None:
@@ -25,9 +24,9 @@ def check_model_config(name: str, value: Any, where: str, problems: list[str]) -
     path = _local(value)
     if path is None:
         return
-    config_file = path / "config.json"
+    config_file = path / CONFIG_FILE
     try:
-        config = json.loads(config_file.read_bytes())
+        config = parse_config(config_file)
     except (OSError, ValueError) as error:
         problems.append(f"{where}: `{name}`: {config_file} is not valid JSON ({error}); save the model again")
         return
@@ -50,7 +49,7 @@ def check_reward_model(value: Any, problems: list[str]) -> None:
     """A local reward model must be a sequence classifier, or a causal LM that the ranks load as one with a new
     score head (as the seed's pythia-70m); hub ids are loaded the same way."""
     path = _local(value)
-    architectures = ((read_json(path / "config.json") or {}).get("architectures") or []) if path else []
+    architectures = (local_config(path).get("architectures") or []) if path else []
     if architectures and not any(a.endswith(SCORABLE_ARCHITECTURES) for a in architectures):
         problems.append(f"`reward_model_name_or_path`: {path} is a {architectures[0]}, neither a sequence classifier "
                         "nor a causal LM (save it with AutoModelForSequenceClassification, num_labels=1)")

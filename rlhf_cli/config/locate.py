@@ -18,6 +18,7 @@ from rlhf_cli.config.fields import Field, FieldTypeError, coerce, generation_fie
 from rlhf_cli.config.paths import PathState, describe, path_state
 from rlhf_cli.config.rewards import RewardSpecError, locate_reward
 from rlhf_cli.config.run import RESUME_AUTO
+from rlhf_cli.models.hub import CONFIG_FILE
 
 MODEL_FIELDS = ("model_name_or_path", "reward_model_name_or_path", "value_model_name_or_path")
 # Keys naming something that must already exist: what it is, and whether it is a directory.
@@ -112,7 +113,7 @@ def _local_or_hub(draft: Draft, name: str, value: str, where: str, base_dirs: tu
         draft.problems.append(f"{where}: `{name}`: {value} is not a .json, .jsonl, .parquet or .csv file")
     if name in MODEL_FIELDS and state.kind == "file":
         draft.problems.append(f"{where}: `{name}`: {value} is a file; give a saved model's directory")
-    elif name in MODEL_FIELDS and state.kind == "dir" and path_state(found / "config.json").kind != "file":
+    elif name in MODEL_FIELDS and state.kind == "dir" and path_state(found / CONFIG_FILE).kind != "file":
         draft.problems.append(f"{where}: `{name}`: {value} has no config.json; is it a saved model directory?")
     return str(found)
 

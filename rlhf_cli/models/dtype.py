@@ -4,9 +4,9 @@ vLLM's `auto` builds a float32 checkpoint in bfloat16 and its samples would then
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
+
+from rlhf_cli.models.hub import local_config
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -16,12 +16,7 @@ def training_dtype(bf16: bool, fp16: bool, load_dtype: Any, model_dir: Any) -> s
     arguments, or its checkpoint's config.json for auto), float32 when neither names one."""
     if bf16 or fp16:
         return "bfloat16" if bf16 else "float16"
-    config = Path(str(model_dir), "config.json")
-    try:
-        saved = json.loads(config.read_text()) if config.is_file() else {}
-    except (OSError, ValueError):
-        saved = {}
-    saved = saved if isinstance(saved, dict) else {}
+    saved = local_config(str(model_dir))
     for named in (load_dtype, saved.get("dtype") or saved.get("torch_dtype")):
         if isinstance(named, str) and named in DTYPES:
             return named

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
+CONFIG_FILE = "config.json"  # a saved model's configuration, read only here
 
 
 class ModelConfigUnavailable(Exception):
@@ -34,8 +35,8 @@ def hub_cache(env: Mapping[str, str] | None = None) -> Path:
 def find_config(name_or_path: str, revision: str | None = None, env: Mapping[str, str] | None = None) -> Path:
     """config.json of a local model directory, or of a hub id at `revision` in the hub cache."""
     local = Path(name_or_path).expanduser()
-    if (local / "config.json").is_file():
-        return local / "config.json"
+    if (local / CONFIG_FILE).is_file():
+        return local / CONFIG_FILE
     if local.is_absolute() or name_or_path.startswith((".", "~")):
         raise ModelConfigUnavailable(f"{name_or_path} has no config.json")
     repo = hub_cache(env) / f"models--{name_or_path.replace('/', '--')}"
@@ -43,7 +44,7 @@ def find_config(name_or_path: str, revision: str | None = None, env: Mapping[str
     commit = revision if COMMIT.match(revision) else None
     if commit is None and (repo / "refs" / revision).is_file():
         commit = (repo / "refs" / revision).read_text().strip()
-    config = repo / "snapshots" / (commit or revision) / "config.json"
+    config = repo / "snapshots" / (commit or revision) / CONFIG_FILE
     if not config.is_file():
         raise ModelConfigUnavailable(
             f"config.json of {name_or_path}@{revision} is not in the hub cache {hub_cache(env)} "
@@ -55,9 +56,35 @@ def read_config(name_or_path: str, revision: str | None = None,
                 env: Mapping[str, str] | None = None) -> dict[str, Any]:
     path = find_config(name_or_path, revision, env)
     try:
-        config = json.loads(path.read_text())
+        config = parse_config(path)
     except (OSError, ValueError) as error:
         raise ModelConfigUnavailable(f"{path}: not readable JSON ({error.__class__.__name__})") from None
     if not isinstance(config, dict):
         raise ModelConfigUnavailable(f"{path}: not a JSON object")
     return config
+
+
+def parse_config(config_file: Path) -> Any:
+    """The JSON value a config.json holds, as written (OSError or ValueError as reading and json raise them: the
+    checks that report them word them)."""
+    return json.loads(config_file.read_bytes())
+
+
+def local_config_file(name_or_path: Any) -> Path | None:
+    """The config.json of a local model directory (a saved model, a checkpoint); None for anything else: a hub id,
+    a directory without one."""
+    if not isinstance(name_or_path, (str, Path)):
+        return None
+    path = Path(name_or_path, CONFIG_FILE)
+    return path if path.is_file() else None
+
+
+def local_config(name_or_path: Any) -> dict[str, Any]:
+    """A local model directory's config.json as a JSON object; {} where there is none, or it cannot be read as one
+    (the checks that report that read it with `parse_config`)."""
+    path = local_config_file(name_or_path)
+    try:
+        config = parse_config(path) if path else {}
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}

@@ -20,7 +20,7 @@ from rlhf_cli.config.prompts import longest_prompt_rows
 from rlhf_cli.generation.choice import Engine
 from rlhf_cli.generation.engines import VLLM_COLOCATE, installed
 from rlhf_cli.models.architectures import architecture, targeted
-from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
+from rlhf_cli.models.hub import ModelConfigUnavailable, local_config, local_config_file, read_config
 
 # The log-probabilities of what vLLM sampled (after temperature and logit processing), as TRL's colocated vLLM
 # reports them; vLLM's default (the raw model's) differs from the policy's at the rollout temperature by 0.4-0.5
@@ -115,11 +115,8 @@ def model_length(values: Values, model_path: Any) -> tuple[int | None, str]:
     given = values("vllm_max_model_length")
     if given:
         return given, "`vllm_max_model_length`"
-    config = Path(str(model_path), "config.json") if model_path else None
-    try:
-        length = json.loads(config.read_text()).get("max_position_embeddings") if config else None
-    except (OSError, ValueError):
-        length = None
+    config = local_config_file(str(model_path)) if model_path else None
+    length = local_config(str(model_path)).get("max_position_embeddings") if config else None
     return (length, f"the model's max_position_embeddings ({config})") if isinstance(length, int) else (None, "")
 
 
