@@ -19,7 +19,7 @@ import yaml
 from helpers import RECIPES, REPO
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
 from rlhf_cli.algorithms.spec import Algorithm, Batches, load_object, unset
-from rlhf_cli.config.fields import catalogue
+from rlhf_cli.config.fields import ALIASES, catalogue
 from rlhf_cli.generation.engines import ENGINES
 
 ENTRIES = list(ALGORITHMS.values())
@@ -30,8 +30,7 @@ def smoke_values(entry: Algorithm) -> Callable[[str], Any]:
     """The smoke recipe's values, else the field defaults: what a real run of the entry passes its functions."""
     recipe = yaml.safe_load((RECIPES / entry.name / "smoke.yaml").read_text())
     fields = catalogue(entry.name)
-    aliases = {"gather": "ds3_gather_for_generation"}
-    values = {aliases.get(key, key): value for key, value in recipe.items()}
+    values = {ALIASES.get(key, key): value for key, value in recipe.items()}
     return lambda key: values[key] if key in values else fields[key].default
 
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from rlhf_cli.algorithms import ALGORITHMS
-from rlhf_cli.config.fields import catalogue, coerce
+from rlhf_cli.config.fields import ALIASES, catalogue, coerce
 from rlhf_cli.config.starter import entry_value, sections, starter_recipe
 
 COMMANDS = [entry.command for entry in ALGORITHMS.values()]
@@ -45,10 +45,11 @@ def test_every_field_has_a_comment_and_a_valid_value_even_when_commented_out(com
     for line in text.splitlines():
         body, _, comment = line.removeprefix("# ").partition("  # ")
         key, sep, value = body.partition(": ")
-        if sep and key in catalogue(algorithm):
+        field = catalogue(algorithm).get(ALIASES.get(key, key)) if sep else None
+        if field is not None:
             keys.add(key)
             assert comment.strip(), line
-            coerce(catalogue(algorithm)[key], yaml.safe_load(value))  # raises if the value does not fit
+            coerce(field, yaml.safe_load(value))  # raises if the value does not fit
     assert keys >= LIKELY_KEYS | PER_ALGORITHM[command]
     assert keys == {entry.key for _, entries in sections(algorithm) for entry in entries}
     assert max(map(len, text.splitlines())) <= 120

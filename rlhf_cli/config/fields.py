@@ -24,6 +24,9 @@ from rlhf_cli import algorithms
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 # `auto`: let the memory plan choose (rlhf_cli/plan); resolution turns it into true or false.
 GATHER_CHOICES = (True, False, "auto")
+# Short names people type, each the field it stands for: `gather` is TRL's ds3_gather_for_generation (true, false,
+# or auto), not a field of its own.
+ALIASES = {"gather": "ds3_gather_for_generation"}
 
 
 RESUME_AUTO = "auto"  # `--resume auto`: the newest whole checkpoint in the output dir
@@ -89,9 +92,6 @@ class Field:
 
 # Keys TRL's recipe format lacks. They sit at the top level of a recipe next to TRL's keys.
 OWN_FIELDS = (
-    Field("gather", "launch", ("bool", "str", "null"), None,
-          "Gather the whole policy on every rank to generate (TRL's ds3_gather_for_generation); "
-          "auto: gather when the memory plan says it fits.", GATHER_CHOICES),
     Field("gather_budget", "launch", ("float", "str", "null"), None,
           "Under ZeRO-3: the share of the policy's parameters (0.5) or the bytes (2GiB) each rank gathers once per "
           "generation call, as whole layers, embedding and LM head; the rest is fetched per token. gather: true is "

@@ -15,7 +15,7 @@ import yaml
 from rlhf_cli.algorithms import ALGORITHMS, algorithm
 from rlhf_cli.config.cluster import detect_layout
 from rlhf_cli.config.draft import Draft, suggest
-from rlhf_cli.config.fields import Field, FieldTypeError, catalogue, coerce, snapshot_list
+from rlhf_cli.config.fields import ALIASES, Field, FieldTypeError, catalogue, coerce, snapshot_list
 from rlhf_cli.config.locate import locate
 from rlhf_cli.config.recipe import Recipe
 from rlhf_cli.config.run import Setting
@@ -27,8 +27,6 @@ _FLAG_NAMES = {"num_machines": "--num-machines", "machine_rank": "--machine-rank
 SFT_MODEL_PATH_MEANING = (
     "in TRL 0.14's PPO `sft_model_path` was the policy and reference and `model_name_or_path` only the tokenizer; "
     "rlhf loads all three from `model_name_or_path`: give it the SFT model (with its tokenizer) and drop the other")
-# Short names people type, resolved to the field they stand for.
-ALIASES = {"gather": "ds3_gather_for_generation"}
 # What the `accelerate launch` options pasted lines carry most do, for the line that refuses them as flags
 LAUNCH_OPTION_MEANINGS = {
     "rdzv_backend": "how the machines of a job meet: static, c10d or etcd",
