@@ -23,7 +23,7 @@ ALLOWANCE = {
     "config/fields.py": 2, "config/lora.py": 1, "config/resolve.py": 1, "config/run_checks.py": 6,
     "generation/choice.py": 4, "plan/columns.py": 9, "plan/estimate.py": 10, "plan/time.py": 5,
     "rank/builders.py": 1, "rank/ppo/core.py": 1, "rank/ppo/config.py": 31,
-    "rank/ppo/trainer.py": 5, "rank/progress.py": 2, "rank/record.py": 2,
+    "rank/ppo/trainer.py": 5, "rank/record.py": 2,
 }
 
 

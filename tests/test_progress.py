@@ -101,3 +101,18 @@ def test_the_eta_comes_from_the_runs_own_phases_not_a_line_through_its_start_up(
         state.global_step = step
         progress.on_step_end(args, state, None)
     assert progress.eta(args, state) == pytest.approx(18.0)
+
+
+def test_the_sync_log_shows_the_syncs_since_the_last_line() -> None:
+    """Seconds summed, the largest gathered bytes, the last sync's kind and bytes sent, the worst self-check; each
+    sync shown once."""
+    from rlhf_cli.rank.engines.sync_log import SyncLog
+
+    log = SyncLog()
+    assert log.progress_text() == ""
+    log.add({"seconds": 0.25, "peak_bytes": 4 << 20, "mode": "dense", "bytes_sent": 8 << 20,
+             "check_logp_difference": 2e-7})
+    log.add({"seconds": 0.5, "peak_bytes": 1 << 20, "mode": "sparse", "changed_share": 0.008, "bytes_sent": 96 << 10})
+    text = log.progress_text()
+    assert text.startswith("  sync 0.75 s 4") and " sparse 0.80% 96" in text and text.endswith(" check 2e-07")
+    assert log.progress_text() == "" and len(log.records()) == 2

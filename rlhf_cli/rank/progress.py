@@ -103,7 +103,7 @@ class TrainingProgress(TrainerCallback):
         self.logged_step = state.global_step
         if generating and steps > 0:
             metrics += f"  gen {generating / steps:.3g} s/step"
-        metrics += vllm_sync_text()
+        metrics += SYNC_LOG.progress_text()
         if self.progress is not None:
             self.progress.update(self.task, completed=state.global_step, metrics=metrics)
             return
@@ -115,25 +115,6 @@ class TrainingProgress(TrainerCallback):
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
-
-
-def vllm_sync_text() -> str:
-    """`  sync 0.21 s 4.2 MiB sparse 0.8% 96 KiB check 3e-07`: the weight syncs into the generator since the last
-    log: seconds in all, their largest gathered bytes, the last one's kind (dense, or sparse with the share of
-    elements that changed) and bytes sent, and the largest difference the self-check measured
-    (rlhf_cli/rank/engines/vllm/self_check.py) between vLLM's logprobs and the policy's, when it ran; empty
-    without syncs."""
-    from rlhf_cli.sizes import readable
-
-    calls = SYNC_LOG.take()
-    if not calls:
-        return ""
-    checked = [c["check_logp_difference"] for c in calls if "check_logp_difference" in c]
-    check = f" check {max(checked):.2g}" if checked else ""
-    last = calls[-1]
-    kind = f" sparse {last['changed_share']:.2%}" if last.get("mode") == "sparse" else " dense"
-    return (f"  sync {sum(c['seconds'] for c in calls):.3g} s {readable(max(c['peak_bytes'] for c in calls))}"
-            f"{kind} {readable(last['bytes_sent'])}{check}")
 
 
 def quiet_libraries(mode: str, is_rank_zero: bool) -> None:

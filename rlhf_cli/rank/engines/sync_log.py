@@ -22,6 +22,24 @@ class SyncLog:
         new, self._unread = self.calls[self._unread:], len(self.calls)
         return new
 
+    def progress_text(self) -> str:
+        """`  sync 0.21 s 4.2 MiB sparse 0.8% 96 KiB check 3e-07`: the syncs since the last call (`take`): seconds in
+        all, their largest gathered bytes, the last one's kind (dense, or sparse with the share of elements that
+        changed) and bytes sent, and the largest difference the self-check measured
+        (rlhf_cli/rank/engines/vllm/self_check.py) between the engine's logprobs and the policy's, when it ran;
+        empty without syncs."""
+        from rlhf_cli.sizes import readable
+
+        calls = self.take()
+        if not calls:
+            return ""
+        checked = [c["check_logp_difference"] for c in calls if "check_logp_difference" in c]
+        check = f" check {max(checked):.2g}" if checked else ""
+        last = calls[-1]
+        kind = f" sparse {last['changed_share']:.2%}" if last.get("mode") == "sparse" else " dense"
+        return (f"  sync {sum(c['seconds'] for c in calls):.3g} s {readable(max(c['peak_bytes'] for c in calls))}"
+                f"{kind} {readable(last['bytes_sent'])}{check}")
+
     def records(self) -> list[dict[str, Any]] | None:
         """Every sync so far; None when this rank never synced a generator."""
         return list(self.calls) if self.calls else None
