@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from helpers import RECIPES, SEED, SEED_HARDWARE, cache_model, write
+from rlhf_cli.config.engines.vllm import SYNC_DEFAULT_SOURCE
 from rlhf_cli.config.resolve import RunRequest, resolve
-from rlhf_cli.config.run_checks import VLLM_SYNC_DEFAULT
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.generation.budget import Budget
 from rlhf_cli.generation.choice import Engine, Gather, Generation
@@ -228,7 +228,7 @@ def test_vllm_without_a_gather_choice_leaves_the_sync_bucket_to_the_plan(cli, tm
     recipe = ungathered_recipe(tmp_path)
     run = qwen_run("use_vllm=true", recipe=recipe)
     assert run.generation.gather == Gather.auto
-    assert run.settings["ds3_gather_for_generation"].source == VLLM_SYNC_DEFAULT
+    assert run.settings["ds3_gather_for_generation"].source == SYNC_DEFAULT_SOURCE
     settled, plan = planned(run)
     assert settled.generation.engine == Engine.colocate and settled.generation.gather != Gather.auto
     assert "no gather choice given with vLLM: the plan's" in settled.settings["ds3_gather_for_generation"].source

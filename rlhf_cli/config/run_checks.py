@@ -15,7 +15,7 @@ from rlhf_cli.config.accelerate import is_zero3, zero_stage
 from rlhf_cli.config.agent_code import own_data_problem
 from rlhf_cli.config.data_files import READERS, DataFileError, check_prompts
 from rlhf_cli.config.draft import Draft, Refused
-from rlhf_cli.config.engines.vllm import length_problems, vllm_problems
+from rlhf_cli.config.engines.vllm import SYNC_DEFAULT_SOURCE, length_problems, vllm_problems
 from rlhf_cli.config.key_rules import check_model_config, check_reward_model, cross_field_problems
 from rlhf_cli.config.locate import DATA_BUILDERS, MODEL_FIELDS
 from rlhf_cli.config.lora import lora_problems
@@ -334,15 +334,11 @@ def check_across_fields(draft: Draft, accelerate: dict[str, Any], cpu_only: bool
             pass  # judged once the refused value is fixed
 
 
-# The source of `gather: auto` where a vLLM run gives no gather choice: the plan sizes the weight sync's bucket
-VLLM_SYNC_DEFAULT = "default: with vLLM, the sync's bucket is the plan's choice"
-
-
 def default_gather(draft: Draft) -> Setting:
     """When no source gives a gather choice: TRL's (gather) to generate; with vLLM the plan's bucket for its weight
     sync (`auto`), except under DoRA, whose magnitudes need the whole layer gathered (rlhf_cli/config/lora.py)."""
     if Engine.from_values(draft.value).separate and not draft.value("use_dora"):
-        return Setting("auto", VLLM_SYNC_DEFAULT)
+        return Setting("auto", SYNC_DEFAULT_SOURCE)
     return Setting(draft.fields["ds3_gather_for_generation"].default, "default")
 
 

@@ -16,8 +16,8 @@ from itertools import accumulate
 from typing import Any
 
 from rlhf_cli.algorithms import algorithm
+from rlhf_cli.config.engines.vllm import SYNC_DEFAULT_SOURCE
 from rlhf_cli.config.run import ResolvedRun
-from rlhf_cli.config.run_checks import VLLM_SYNC_DEFAULT
 from rlhf_cli.errors import PlanError
 from rlhf_cli.generation.budget import Budget, ranked
 from rlhf_cli.generation.choice import GATHER_KEY, Engine, Gather, Generation
@@ -297,12 +297,12 @@ def planned(run: ResolvedRun) -> tuple[ResolvedRun, Plan]:
 def settle_gather(run: ResolvedRun, plan: Plan) -> ResolvedRun:
     """`gather: auto` becomes the plan's choice (the fastest gather, budget or no-gather that fits with the margin;
     with vLLM, of the weight sync; where the run left vLLM open and it is installed, vLLM when that is faster), with
-    the reason as the value's source. A vLLM run given no gather choice (VLLM_SYNC_DEFAULT) syncs the whole policy
+    the reason as the value's source. A vLLM run given no gather choice (SYNC_DEFAULT_SOURCE) syncs the whole policy
     when there is no plan. Errors name the fix."""
     if run.generation.gather != Gather.auto:
         return run
     engine = run.generation.engine
-    defaulted = run.settings[GATHER_KEY].source == VLLM_SYNC_DEFAULT
+    defaulted = run.settings[GATHER_KEY].source == SYNC_DEFAULT_SOURCE
     if not plan.known and defaulted:
         return run.with_generation(Generation(Gather.whole, engine), f"default: no plan ({plan.why_unknown})",
                                    f"vLLM's weight sync: the whole policy at once (no plan: {plan.why_unknown})")

@@ -32,6 +32,8 @@ TRANSFORMERS_BACKEND = frozenset({
     "FlexOlmoForCausalLM", "GPTBigCodeForCausalLM", "HunYuanDenseV1ForCausalLM", "HunYuanMoEV1ForCausalLM",
     "NanbeigeForCausalLM", "OlmoForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
     "Starcoder2ForCausalLM", "VaultGemmaForCausalLM"})
+# The source of `gather: auto` where a vLLM run gives no gather choice: the plan sizes the weight sync's bucket
+SYNC_DEFAULT_SOURCE = "default: with vLLM, the sync's bucket is the plan's choice"
 PROMPTS_SCANNED = 200  # rows of a local prompt file whose tokens are counted against the model length
 
 Values = Callable[[str], Any]
