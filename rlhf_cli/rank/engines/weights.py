@@ -161,8 +161,7 @@ def gathered(params: list[Any]) -> Iterator[None]:
 @contextlib.contextmanager
 def _merged(modules: list[Any]) -> Iterator[int]:
     """LoRA layers among `modules` merged into their base weights for the block (how many), unmerged after."""
-    layers = [module for module in modules if hasattr(module, "merge") and hasattr(module, "unmerge")
-              and getattr(module, "lora_A", None) is not None and not getattr(module, "merged", False)]
+    layers = lora_layers(modules)
     for layer in layers:
         layer.merge()
     try:
@@ -170,6 +169,12 @@ def _merged(modules: list[Any]) -> Iterator[int]:
     finally:
         for layer in layers:
             layer.unmerge()
+
+
+def lora_layers(modules: list[Any]) -> list[Any]:
+    """PEFT's LoRA layers among `modules` that are not merged already."""
+    return [module for module in modules if hasattr(module, "merge") and hasattr(module, "unmerge")
+            and getattr(module, "lora_A", None) is not None and not getattr(module, "merged", False)]
 
 
 class GatheredBytes:
