@@ -210,3 +210,9 @@ def test_a_delta_sync_sends_what_changed_and_a_lost_patch_stops_the_sync() -> No
     assert result["dropped"] == ["model.layers.1.mlp.down_proj.weight"]
     assert result["lost"].startswith("after weight sync 2, the generator's model.layers.1.mlp.down_proj.weight "
                                      "differs from the policy's") and "\n" not in result["lost"]
+    lora = result["lora"]  # the adapters trained a step: only q, v and up of each layer are patched
+    assert lora["first"]["mode"] == "dense" and lora["delta"]["mode"] == "sparse", lora
+    assert {name.rsplit(".", 2)[-2] for name in lora["delta"]["patched"]} == {"q_proj", "v_proj", "up_proj"}
+    assert 0 < lora["delta"]["bytes_sent"] <= lora["adapted_bytes"] < lora["delta"]["dense_bytes"] / 2, lora
+    assert lora["delta"]["groups_verified"] == lora["first"]["groups_verified"] > 0
+    assert lora["checksums_equal"]  # vLLM holds, bit for bit, what a full merged sync sends

@@ -1,7 +1,7 @@
 """Run by tests/test_vllm_sync.py in its own process (vLLM's colocated engine takes the process's distributed
 state): a bf16 policy and a bf16 colocated vLLM, synced once (dense), trained a step with a small learning rate and
 synced again (a shard-local delta); then the same weights sent whole into the same engine (a full sync), and a
-sync of which one patch is lost. Prints as JSON what each sync recorded, vLLM's logprob gap to the policy, the
+sync of which one patch is lost; and the same with LoRA adapters (only the adapted modules patched). Prints as JSON what each sync recorded, vLLM's logprob gap to the policy, the
 engine's weight checksums after the delta and after the full sync, and the lost patch's error.
 
     python tests/vllm_delta.py POLICY_DIR
@@ -73,6 +73,31 @@ def main(policy: str) -> dict:
     except SyncMismatch as failed:
         result["lost"] = str(failed)
     result["dropped"] = dropped
+    result["lora"] = lora_syncs(llm, model, limit)
+    return result
+
+
+def lora_syncs(llm, model, limit) -> dict:
+    """LoRA on the same engine: a dense first sync of the merged policy, a step of the adapters alone, a delta;
+    then the same merged weights sent whole from a copy of the policy (outside ZeRO-3 a merge and unmerge round the
+    base in place) into the same engine."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from rlhf_cli.rank.engines.sync import sync_weights
+    from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
+
+    adapted = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]))
+    target = ColocatedVLLM(llm)
+    result = {"first": sync_weights(adapted, target, limit)}
+    train_one_step(adapted, 1e-2)
+    result["delta"] = sync_weights(adapted, target, limit)
+    after_delta = target.checksums()
+    result["full"] = sync_weights(copy.deepcopy(adapted), ColocatedVLLM(llm), limit)
+    result["checksums_equal"] = after_delta == target.checksums()
+    result["adapted_bytes"] = sum(param.numel() * 2 for name, param in adapted.named_parameters()
+                                  if "base_layer.weight" in name)
     return result
 
 
