@@ -41,15 +41,7 @@ class ColocatedVLLM:
                                                      patch.indices) for patch in patches], self.kept)
 
     def checksums(self) -> dict[str, tuple[int, int]]:
-        """`bit_sums` of each weight vLLM holds, by its own name (a weight it dropped after repacking: as kept)."""
-        owners = {id(module._parameters.get("weight")): module for module in self.model.modules()
-                  if hasattr(module, "_parameters")}
-        found = {}
-        for name, param in self.model.named_parameters():
-            held = self.kept.get(owners.get(id(param)), param) if name.endswith(".weight") else param
-            if held.numel():
-                found[name] = bit_sums(held)
-        return found
+        return vllm_checksums(self.model, self.kept)
 
     def reset(self) -> None:
         vllm_compat.vllm_reset_prefix_cache(self.llm)
@@ -61,3 +53,16 @@ class ColocatedVLLM:
         difference = self.check.run(model, self.llm, woke)
         return {"check_logp_difference": difference["mean"], "check_logp_difference_max": difference["max"],
                 "check_seconds": time.perf_counter() - started}
+
+
+def vllm_checksums(model: Any, kept: dict[Any, Any]) -> dict[str, tuple[int, int]]:
+    """`bit_sums` of each weight a vLLM model holds, by its own name (a weight it dropped after repacking: as
+    `kept`, rlhf_cli/compat/vllm.vllm_keep_unpacked_weights)."""
+    owners = {id(module._parameters.get("weight")): module for module in model.modules()
+              if hasattr(module, "_parameters")}
+    found = {}
+    for name, param in model.named_parameters():
+        held = kept.get(owners.get(id(param)), param) if name.endswith(".weight") else param
+        if held.numel():
+            found[name] = bit_sums(held)
+    return found
