@@ -113,14 +113,36 @@ def without_down_projections(llm, weights):
 vllm_compat.vllm_reload_weights = without_down_projections
 '''
 
+# The same, for a delta sync: vLLM never receives the patches of one parameter; the patching itself succeeds.
+DROPPED_PATCH = '''import rlhf_cli.compat.vllm as vllm_compat
 
-def test_a_short_run_with_a_broken_sync_stops(tmp_path: Path) -> None:
-    """3 fp32 GRPO steps (dense syncs) whose sync drops a parameter group: the first sync sends the starting
-    weights vLLM already holds and passes; the checks after the second (the first update's weights) stop the
-    run."""
-    site = write(tmp_path / "site" / "sitecustomize.py", DROPPED_GROUP).parent
+apply = vllm_compat.vllm_apply_patches
+
+
+def without_one(model, patches, kept):
+    return apply(model, [patch for patch in patches if patch[0] != "model.layers.1.mlp.down_proj.weight"], kept)
+
+
+vllm_compat.vllm_apply_patches = without_one
+'''
+
+
+@pytest.mark.parametrize(("broken", "settings", "line"), [
+    (DROPPED_GROUP, ("learning_rate=0.3",), "after weight sync 2, "),
+    (DROPPED_PATCH, ("learning_rate=1e-3", "bf16=true"),
+     "after weight sync 2, the generator's model.layers.1.mlp.down_proj.weight differs from the policy's"),
+], ids=["dense-fp32-dropped-group", "delta-bf16-dropped-patch"])
+def test_a_short_run_with_a_broken_sync_stops(broken: str, settings: tuple[str, ...], line: str,
+                                              tmp_path: Path) -> None:
+    """3 GRPO steps whose sync loses weights. fp32 (dense syncs) dropping a parameter group: the first sync sends
+    the starting weights vLLM already holds and passes; the checks after the second (the first update's weights)
+    stop the run. bf16 (a delta after the first sync) losing one parameter's patches: the checksums after the
+    first delta stop the run with one line naming that parameter."""
+    site = write(tmp_path / "site" / "sitecustomize.py", broken).parent
     path = os.pathsep.join(part for part in (str(site), os.environ.get("PYTHONPATH", "")) if part)
     done = launch_rlhf("grpo", tmp_path / "run", "--vllm", "colocate", "--gather", "--max-steps", "3",
-                       *sets("learning_rate=0.3", *SMALL_BUCKETS), env={"PYTHONPATH": path}, timeout=900)
+                       *sets(*settings, *SMALL_BUCKETS), env={"PYTHONPATH": path}, timeout=900)
     assert done.returncode != 0
-    assert "after weight sync 2, " in done.stderr and "differ" in done.stderr, done.stderr[-3000:]
+    assert line in done.stderr and "differ" in done.stderr, done.stderr[-3000:]
+    if broken is DROPPED_PATCH:  # the run's own failure line names the parameter
+        assert any(text.startswith("Error: rank ") and line in text for text in done.stderr.splitlines())
