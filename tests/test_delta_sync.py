@@ -28,6 +28,7 @@ class Holder:
         self.lose: str | None = None  # a checkpoint name whose patches never arrive
         self.refuse = False
         self.patches: list[Patch] = []
+        self.checked: list[set[str] | None] = []  # the groups of each checksums call
 
     def load(self, weights: Any) -> None:
         for name, tensor in weights:
@@ -41,7 +42,8 @@ class Holder:
             if patch.name != self.lose:
                 self.held[patch.name][patch.indices.long()] = patch.values
 
-    def checksums(self) -> dict[str, tuple[int, int]]:
+    def checksums(self, groups: set[str] | None = None) -> dict[str, tuple[int, int]]:
+        self.checked.append(groups)
         fused = [name for name in self.held if name.endswith(("q_proj.weight", "k_proj.weight"))]
         found = {name: bit_sums(tensor) for name, tensor in self.held.items() if name not in fused}
         for name in fused:  # q and k held as one tensor of the same module
@@ -49,7 +51,7 @@ class Holder:
                 if "q_proj" in name else None
             if together is not None:
                 found[name.replace("q_proj", "qk_proj")] = bit_sums(together)
-        return found
+        return {name: sums for name, sums in found.items() if groups is None or group_of(name) in groups}
 
     def reset(self) -> None:
         pass
@@ -96,6 +98,7 @@ def test_after_a_dense_first_sync_only_what_changed_is_sent_and_the_generator_ho
     for name, param in model.named_parameters():
         assert torch.equal(holder.held[name], param.detach().flatten()), name  # what a full sync sends
     assert second["groups_verified"] == 3  # layers.0, layers.1, the top (the norm)
+    assert holder.checked[-3:] == [{"layers.0"}, {"layers.1"}, {""}]  # each as soon as its bucket is applied
     unchanged = sync_weights(model, holder, SyncLimit(PER_UNIT))
     assert unchanged["bytes_sent"] == 0 and unchanged["changed_share"] == 0
 

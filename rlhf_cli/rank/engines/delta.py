@@ -18,9 +18,10 @@ base is never sent again.
 
 Exact, and checked: after every sync the generator's weights are compared with the policy's by checksums of
 their bits (`bit_sums`, exact integer sums that do not depend on how the generator lays a tensor out: fused,
-transposed or padded), per group of parameters of one module; a difference stops the run with one line naming
-the parameter. A group the generator already holds differently after a dense sync (it transforms the values at
-load) is left out of the check, and the record counts it.
+transposed or padded), per group of parameters of one module, each group as soon as the bucket holding its last
+parameter is applied; a difference stops the run with one line naming the parameter. A group the generator
+already holds differently after a dense sync (it transforms the values at load) is left out of the check, and the
+record counts it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ import itertools
 import weakref
 from typing import Any, ClassVar
 
-from rlhf_cli.rank.engines.slices import adapted_weights, bucket_slices, own_slice, tracked_names, unmergeable
+from rlhf_cli.rank.engines.slices import (
+    adapted_weights,
+    bucket_params,
+    bucket_slices,
+    own_slice,
+    tracked_names,
+    unmergeable,
+)
 from rlhf_cli.rank.engines.weights import Patch, SyncLimit, WeightTarget, full_numel, sent_names, unique_params
 
 CHECKSUM_CHUNK = 1 << 24  # elements
@@ -110,9 +118,9 @@ class Tracker:
         names = tracked_names(model)
         sizes = torch.zeros(3, dtype=torch.int64)  # bytes sent, elements changed, elements compared
         patched: set[str] = set()
-        bucket_count = 0
-        for params, slices in bucket_slices(model, limit):
-            bucket_count += 1
+        due = _groups_due(model, limit)
+        verified = 0
+        for number, (params, slices) in enumerate(bucket_slices(model, limit)):
             mine = [self._diff(id(param), names[id(param)], *slices[id(param)], sizes) for param in params]
             everyone = _all_gather([piece for piece in mine if piece is not None])
             patches = _merge(everyone, {names[id(p)]: tuple(_shape(p)) for p in params})
@@ -124,12 +132,13 @@ class Tracker:
                                     f"({refused}): dense syncs")
                     raise PatchesRefused(self.refused) from refused
                 patched.update(patch.name for patch in patches)
+            if due[number]:  # the groups this bucket completes
+                verified += self.check(model, target, patched, due[number])
         self.syncs += 1
-        verified = self.check(model, target, patched)
         sent, changed, total = (int(value) for value in _all_reduce(sizes))
         return {"mode": "sparse", "dense_reason": None, "scope": LORA_SCOPE if self.lora else FULL_SCOPE,
                 "bytes_sent": sent, "dense_bytes": _dense_bytes(model, self.dtype),
-                "changed_share": changed / total if total else 0.0, "buckets": bucket_count,
+                "changed_share": changed / total if total else 0.0, "buckets": len(due),
                 "limit_numel": limit.numel, "peak_bytes": 0,
                 "full_bytes": sum(full_numel(p) * p.element_size() for p in unique_params(model)),
                 "merged_lora_layers": len(adapted_weights(model)), "patched": sorted(patched),
@@ -158,12 +167,14 @@ class Tracker:
         sizes[0] += changed.numel() * (value_bytes + torch.empty((), dtype=index_dtype).element_size())
         return name, start, (changed + start).to(index_dtype), values
 
-    def _expected(self, model: Any) -> dict[str, tuple[int, int]]:
-        """`bit_sums` of every full tensor the generator should hold, from the snapshots of all ranks."""
+    def _expected(self, model: Any, groups: set[str] | None = None) -> dict[str, tuple[int, int]]:
+        """`bit_sums` of every full tensor the generator should hold (of `groups`, or all), from the snapshots of
+        all ranks."""
         import torch
 
         names = sent_names(model)
-        params = [param for param in unique_params(model) if id(param) in names]
+        params = [param for param in unique_params(model) if id(param) in names
+                  and (groups is None or group_of(names[id(param)]) in groups)]
         local = torch.stack([torch.tensor(bit_sums(self._held(param))) for param in params]) if params else \
             torch.zeros((0, 2), dtype=torch.int64)
         total = _all_reduce(local)
@@ -174,15 +185,15 @@ class Tracker:
             return self.snapshot[id(param)]
         return own_slice(param)[1].to(self.dtype)  # a frozen weight: as the first sync sent it
 
-    def check(self, model: Any, target: WeightTarget, patched: set[str]) -> int:
-        """How many groups of the generator's weights equal what was sent; SyncMismatch, naming the parameter,
-        when one of them differs."""
-        expected, held = _group(self._expected(model)), _group(target.checksums())
+    def check(self, model: Any, target: WeightTarget, patched: set[str], groups: set[str]) -> int:
+        """How many of `groups` of the generator's weights equal what was sent; SyncMismatch, naming the
+        parameter, when one of them differs (during the sync after the `syncs` done). Every rank takes part."""
+        expected, held = _group(self._expected(model, groups)), _group(target.checksums(groups))
         for group, sums in expected.items():
             if group not in self.unverified and held.get(group, {}).get("sum") != sums["sum"]:
                 suspects = _suspects(sums, held.get(group, {}).get("members", {}), patched)
                 raise SyncMismatch(
-                    f"after weight sync {self.syncs}, the generator's {suspects} differs from the policy's (bit "
+                    f"after weight sync {self.syncs + 1}, the generator's {suspects} differs from the policy's (bit "
                     "checksums of the patched weights): a patch was lost or misapplied. Run with --vllm server or "
                     "without --vllm until this is fixed, and report it with the model's config.json")
         return len(expected) - len(self.unverified & set(expected))
@@ -217,6 +228,18 @@ def group_of(name: str) -> str:
     for `model.layers.0.self_attn.q_proj.weight` (vLLM's `qkv_proj`), '' for `lm_head.weight`."""
     parts = name.split(".")
     return ".".join(parts[:-2])
+
+
+def _groups_due(model: Any, limit: SyncLimit) -> list[set[str]]:
+    """Per bucket, the groups whose last parameter it holds: complete, and checked, once it is applied."""
+    names = sent_names(model)
+    packed = bucket_params(model, limit)
+    last = {group_of(names[id(param)]): number for number, params in enumerate(packed) for param in params
+            if id(param) in names}
+    due: list[set[str]] = [set() for _ in packed]
+    for group, number in last.items():
+        due[number].add(group)
+    return due
 
 
 def _group(sums: dict[str, tuple[int, int]]) -> dict[str, dict[str, Any]]:

@@ -57,13 +57,22 @@ def tracked_names(model: Any) -> dict[int, str]:
     return {key: name for key, name in sent_names(model).items() if key in adapted or params[key].requires_grad}
 
 
+def bucket_params(model: Any, limit: SyncLimit) -> list[list[Any]]:
+    """The parameters of each bucket of the gather choice, in the order `bucket_slices` yields them."""
+    return [params for params, _ in _contents(model, limit)]
+
+
+def _contents(model: Any, limit: SyncLimit) -> list[tuple[list[Any], list[Any]]]:
+    units = policy_units(model)
+    return bucket_contents(model, units, buckets([unit.unit.numel for unit in units], limit.numel))
+
+
 def bucket_slices(model: Any, limit: SyncLimit) -> Iterator[tuple[list[Any], dict[int, tuple[int, Any]]]]:
     """Per bucket of the gather choice: its weights a step can change, and this rank's (flat start, slice in the
     policy's dtype, merged) of each by id. Every rank takes part (an adapted bucket gathers its adapters)."""
     tracked = tracked_names(model)
     adapted = adapted_weights(model)
-    units = policy_units(model)
-    for params, modules in bucket_contents(model, units, buckets([unit.unit.numel for unit in units], limit.numel)):
+    for params, modules in _contents(model, limit):
         mine = [param for param in params if id(param) in tracked]
         layers = lora_layers(modules)
         adapters = [param for layer in layers for name, param in layer.named_parameters()

@@ -56,8 +56,9 @@ class WeightTarget(Protocol):
     def patch(self, patches: list[Patch]) -> None:
         """Patches, each checkpoint tensor at most once per call."""
 
-    def checksums(self) -> dict[str, tuple[int, int]]:
-        """The weights it holds, as `delta.group_checksums` of their bits, by checkpoint group."""
+    def checksums(self, groups: set[str] | None = None) -> dict[str, tuple[int, int]]:
+        """`delta.bit_sums` of the weights it holds, by its own names: those of `groups` (`delta.group_of` of a
+        name), or all."""
 
     def reset(self) -> None:
         """After the weights changed: forget what was computed from the old ones (a prefix cache)."""

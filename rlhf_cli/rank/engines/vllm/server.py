@@ -199,10 +199,11 @@ class ServerTarget:
         if refused:
             raise NotImplementedError(refused)
 
-    def checksums(self) -> dict[str, tuple[int, int]]:
-        """The server's weight checksums (its one worker's), on every rank."""
+    def checksums(self, groups: set[str] | None = None) -> dict[str, tuple[int, int]]:
+        """The server's weight checksums (its one worker's; of `groups`, or all), on every rank."""
+        asked = {"groups": sorted(groups)} if groups is not None else {}
         found = self._from_server(lambda: _post(self.client.base_url, self.client.session, "collective_rpc",
-                                                {"method": worker.CHECKSUM_METHOD})["results"][0])
+                                                {"method": worker.CHECKSUM_METHOD, "kwargs": asked})["results"][0])
         return {name: (int(sums[0]), int(sums[1])) for name, sums in found.items()}
 
     def reset(self) -> None:

@@ -54,12 +54,13 @@ class ReloadWithTiedLayers:
             return str(refused)
         return None
 
-    def rlhf_weight_checksums(self) -> dict[str, tuple[int, int]]:
-        """`bit_sums` of every weight this worker holds, by vLLM's names (rlhf_cli/rank/engines/delta.py)."""
+    def rlhf_weight_checksums(self, groups: list[str] | None = None) -> dict[str, tuple[int, int]]:
+        """`bit_sums` of every weight this worker holds (of `groups`, or all), by vLLM's names
+        (rlhf_cli/rank/engines/delta.py)."""
         from rlhf_cli.rank.engines.vllm.target import vllm_checksums
 
         model = self.model_runner.get_model()
-        return vllm_checksums(model, vllm_compat.vllm_keep_unpacked_weights(model))
+        return vllm_checksums(model, vllm_compat.vllm_keep_unpacked_weights(model), groups)
 
     def rlhf_weight_dtype(self) -> str:
         """The dtype this worker holds its weights in, as torch names it without `torch.`."""
