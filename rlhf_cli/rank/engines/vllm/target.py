@@ -41,7 +41,7 @@ class ColocatedVLLM:
                                                      patch.indices) for patch in patches], self.kept)
 
     def checksums(self, groups: set[str] | None = None) -> dict[str, tuple[int, int]]:
-        return vllm_checksums(self.model, self.kept, groups)
+        return vllm_checksums(self.model, self.kept, self.dtype, groups)
 
     def reset(self) -> None:
         vllm_compat.vllm_reset_prefix_cache(self.llm)
@@ -55,10 +55,11 @@ class ColocatedVLLM:
                 "check_seconds": time.perf_counter() - started}
 
 
-def vllm_checksums(model: Any, kept: dict[Any, Any],
+def vllm_checksums(model: Any, kept: dict[Any, Any], dtype: Any,
                    groups: Collection[str] | None = None) -> dict[str, tuple[int, int]]:
     """`bit_sums` of each weight a vLLM model holds (of `groups`, or all), by its own name (a weight it dropped
-    after repacking: as `kept`, rlhf_cli/compat/vllm.vllm_keep_unpacked_weights)."""
+    after repacking: as `kept`, rlhf_cli/compat/vllm.vllm_keep_unpacked_weights), in the model's `dtype`: the CPU
+    build widens a linear layer's bias to float32 after loading it, which the cast back undoes exactly."""
     owners = {id(module._parameters.get("weight")): module for module in model.modules()
               if hasattr(module, "_parameters")}
     found = {}
@@ -67,5 +68,5 @@ def vllm_checksums(model: Any, kept: dict[Any, Any],
             continue
         held = kept.get(owners.get(id(param)), param) if name.endswith(".weight") else param
         if held.numel():
-            found[name] = bit_sums(held)
+            found[name] = bit_sums(held.to(dtype) if held.is_floating_point() else held)
     return found

@@ -60,7 +60,8 @@ class ReloadWithTiedLayers:
         from rlhf_cli.rank.engines.vllm.target import vllm_checksums
 
         model = self.model_runner.get_model()
-        return vllm_checksums(model, vllm_compat.vllm_keep_unpacked_weights(model), groups)
+        return vllm_checksums(model, vllm_compat.vllm_keep_unpacked_weights(model),
+                              self.model_runner.model_config.dtype, groups)
 
     def rlhf_weight_dtype(self) -> str:
         """The dtype this worker holds its weights in, as torch names it without `torch.`."""
