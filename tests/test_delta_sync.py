@@ -5,6 +5,7 @@ partition is the whole tensor (the ZeRO-3 partition arithmetic is the launched t
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ class Holder:
         self.lose: str | None = None  # a checkpoint name whose patches never arrive
         self.refuse = False
         self.patches: list[Patch] = []
+        self.checked: list[set[str] | None] = []  # the groups of each checksums call
 
     def load(self, weights: Any) -> None:
         for name, tensor in weights:
@@ -40,7 +42,8 @@ class Holder:
             if patch.name != self.lose:
                 self.held[patch.name][patch.indices.long()] = patch.values
 
-    def checksums(self) -> dict[str, tuple[int, int]]:
+    def checksums(self, groups: set[str] | None = None) -> dict[str, tuple[int, int]]:
+        self.checked.append(groups)
         fused = [name for name in self.held if name.endswith(("q_proj.weight", "k_proj.weight"))]
         found = {name: bit_sums(tensor) for name, tensor in self.held.items() if name not in fused}
         for name in fused:  # q and k held as one tensor of the same module
@@ -48,7 +51,7 @@ class Holder:
                 if "q_proj" in name else None
             if together is not None:
                 found[name.replace("q_proj", "qk_proj")] = bit_sums(together)
-        return found
+        return {name: sums for name, sums in found.items() if groups is None or group_of(name) in groups}
 
     def reset(self) -> None:
         pass
@@ -95,6 +98,7 @@ def test_after_a_dense_first_sync_only_what_changed_is_sent_and_the_generator_ho
     for name, param in model.named_parameters():
         assert torch.equal(holder.held[name], param.detach().flatten()), name  # what a full sync sends
     assert second["groups_verified"] == 3  # layers.0, layers.1, the top (the norm)
+    assert holder.checked[-3:] == [{"layers.0"}, {"layers.1"}, {""}]  # each as soon as its bucket is applied
     unchanged = sync_weights(model, holder, SyncLimit(PER_UNIT))
     assert unchanged["bytes_sent"] == 0 and unchanged["changed_share"] == 0
 
@@ -158,3 +162,50 @@ def test_a_target_that_takes_no_patches_gets_every_weight_at_every_sync() -> Non
         assert record["mode"] == "dense" and record["dense_reason"] == holder.dense_reason
         assert record["bytes_sent"] == sum(p.numel() * 2 for p in model.parameters())
         _step(model, 0.02)
+
+
+def _adapted(dora: bool = False) -> Any:
+    """The policy with LoRA adapters (r 2) on q and o, as PEFT builds them (adapters upcast to float32)."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(Policy(), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "o_proj"],
+                                               use_dora=dora))
+
+
+def _train_adapters(model: Any) -> None:
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_" in name:
+                param.add_(torch.randn(param.shape) * 0.3)
+
+
+def test_with_lora_a_delta_sends_only_the_adapted_modules_and_equals_a_full_merged_sync() -> None:
+    model, holder = _adapted(), Holder()
+    first = sync_weights(model, holder, SyncLimit(PER_UNIT))
+    assert first["mode"] == "dense" and first["merged_lora_layers"] == 4
+    _train_adapters(model)
+    before = {name: tensor.clone() for name, tensor in holder.held.items()}
+    second = sync_weights(model, holder, SyncLimit(PER_UNIT))
+    adapted = {f"layers.{layer}.{module}.weight" for layer in (0, 1) for module in ("q_proj", "o_proj")}
+    assert second["mode"] == "sparse" and second["scope"].startswith("LoRA: only the adapted modules")
+    assert {patch.name for patch in holder.patches} == set(second["patched"]) == adapted
+    changed = sum(int((before[name] != holder.held[name]).sum()) for name in adapted)
+    assert second["changed_share"] == changed / (4 * 16 * 16)  # of the adapted weights' elements alone
+    assert 0 < changed * 2 <= second["bytes_sent"] <= 4 * 16 * 16 * 2 < second["dense_bytes"]  # the adapted alone
+    full = Holder()  # a new generator: everything, merged, as the first sync (from a copy: outside ZeRO-3 a merge
+    sync_weights(copy.deepcopy(model), full, SyncLimit(PER_UNIT))  # and unmerge round the base's bf16 in place)
+    assert holder.checksums() == full.checksums()
+    assert all(torch.equal(holder.held[name], full.held[name]) for name in full.held)
+    assert sync_weights(model, holder, SyncLimit(PER_UNIT))["bytes_sent"] == 0  # the frozen base: never again
+    holder.lose = "layers.0.o_proj.weight"
+    _train_adapters(model)
+    with pytest.raises(SyncMismatch, match=r"generator's layers\.0\.o_proj\.weight differs"):
+        sync_weights(model, holder, SyncLimit(PER_UNIT))
+
+
+def test_a_lora_variant_that_merges_otherwise_is_synced_whole_and_says_why() -> None:
+    model, holder = _adapted(dora=True), Holder()
+    sync_weights(model, holder, SyncLimit(PER_UNIT))
+    _train_adapters(model)
+    record = sync_weights(model, holder, SyncLimit(PER_UNIT))
+    assert record["mode"] == "dense" and "DoRA" in record["dense_reason"]

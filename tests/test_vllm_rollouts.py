@@ -67,6 +67,25 @@ def test_server_weights_are_written_as_they_arrive_in_files_of_bounded_size(tmp_
     assert loaded.keys() == state.keys() and all(loaded[name].equal(state[name]) for name in state)
 
 
+def test_a_bucket_of_patches_reaches_the_server_as_written(tmp_path: Path) -> None:
+    """The delta sync's transport to a server: names, shapes, bf16 values and flat indices (int32, or none for a
+    whole tensor) come back from the file as sent, in order."""
+    import torch
+
+    from rlhf_cli.rank.engines.vllm.patch_files import read_patch_file, write_patch_file
+    from rlhf_cli.rank.engines.weights import Patch
+
+    sparse = Patch("model.layers.0.mlp.down_proj.weight", (8, 4), torch.randn(3).to(torch.bfloat16),
+                   torch.tensor([0, 17, 31], dtype=torch.int32))
+    whole = Patch("model.norm.weight", (4,), torch.randn(4).to(torch.bfloat16))
+    path = write_patch_file(tmp_path / "weights" / "patches.safetensors", [sparse, whole])
+    read = read_patch_file(path)
+    assert [(name, shape) for name, shape, _, _ in read] == [(sparse.name, (8, 4)), (whole.name, (4,))]
+    assert torch.equal(read[0][2], sparse.values) and read[0][2].dtype == torch.bfloat16
+    assert read[0][3].tolist() == [0, 17, 31] and read[1][3].tolist() == [0, 1, 2, 3]
+    assert torch.equal(read[1][2], whole.values)
+
+
 def test_vllm_serve_starts_the_runs_model_on_loopback_with_its_settings() -> None:
     done = subprocess.run([sys.executable, "-m", "rlhf_cli", "vllm-serve", "ppo", "-r", "ppo/smoke", "--dry-run",
                            "--set", "vllm_server_port=8123", "--set", "vllm_max_model_length=64", "--set", "seed=7"],

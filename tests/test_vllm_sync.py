@@ -210,3 +210,17 @@ def test_a_delta_sync_sends_what_changed_and_a_lost_patch_stops_the_sync() -> No
     assert result["dropped"] == ["model.layers.1.mlp.down_proj.weight"]
     assert result["lost"].startswith("after weight sync 2, the generator's model.layers.1.mlp.down_proj.weight "
                                      "differs from the policy's") and "\n" not in result["lost"]
+    server = result["server"]  # the server's transport: patch files applied by its worker, checked by checksums
+    assert server["first"]["mode"] == "dense" and server["first"]["groups_verified"] == first["groups_verified"]
+    assert server["delta"]["mode"] == "sparse" and 0 < server["delta"]["bytes_sent"] < server["delta"]["dense_bytes"]
+    assert server["delta"]["groups_verified"] == first["groups_verified"] and server["patch_file"], server
+    assert server["version_kept"] and server["checksums_equal"]
+    assert server["lost"].startswith("after weight sync 3, the generator's model.layers.0.mlp.down_proj.weight "
+                                     "differs"), server
+    assert server["version_after_lost"] == [None]  # a broken sync leaves no run's version: no generation from it
+    lora = result["lora"]  # the adapters trained a step: only q, v and up of each layer are patched
+    assert lora["first"]["mode"] == "dense" and lora["delta"]["mode"] == "sparse", lora
+    assert {name.rsplit(".", 2)[-2] for name in lora["delta"]["patched"]} == {"q_proj", "v_proj", "up_proj"}
+    assert 0 < lora["delta"]["bytes_sent"] <= lora["adapted_bytes"] < lora["delta"]["dense_bytes"] / 2, lora
+    assert lora["delta"]["groups_verified"] == lora["first"]["groups_verified"] > 0
+    assert lora["checksums_equal"]  # vLLM holds, bit for bit, what a full merged sync sends

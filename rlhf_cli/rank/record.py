@@ -80,7 +80,7 @@ def write_summary(trainer: Any, algorithm: str, status: str, wall_seconds: float
 
 def _sync_summary() -> list[dict[str, Any]] | None:
     """Rank 0's weight syncs, compactly: the bytes sent count every rank's patches, so rank 0's say it all."""
-    keys = ("mode", "dense_reason", "bytes_sent", "dense_bytes", "changed_share", "seconds", "peak_memory_bytes",
-            "added_peak_bytes")
+    keys = ("mode", "dense_reason", "scope", "bytes_sent", "dense_bytes", "changed_share", "seconds",
+            "peak_memory_bytes", "added_peak_bytes")
     records = SYNC_LOG.records()
     return [{key: record.get(key) for key in keys} for record in records] if records else None

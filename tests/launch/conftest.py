@@ -76,11 +76,21 @@ def shared_runs(tmp_path_factory: pytest.TempPathFactory) -> SharedRuns:
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The URL of one `rlhf vllm-serve` on the smoke policy (every smoke recipe's), for the whole session."""
-    port, log = free_port(), tmp_path_factory.mktemp("vllm-server") / "server.log"
+    yield from _served(tmp_path_factory.mktemp("vllm-server") / "server.log")
+
+
+@pytest.fixture
+def bf16_vllm_server(tmp_path: Path) -> Iterator[str]:
+    """The URL of an `rlhf vllm-serve` holding the smoke policy in bf16 (a run's `bf16: true`), for one test."""
+    yield from _served(tmp_path / "server.log", "--set", "bf16=true")
+
+
+def _served(log: Path, *settings: str) -> Iterator[str]:
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     with log.open("w") as sink:
         server = subprocess.Popen([sys.executable, "-m", "rlhf_cli", "vllm-serve", "ppo", "-r",
-                                   str(RECIPES / "ppo" / "smoke.yaml"), "--port", str(port)], stdout=sink,
+                                   str(RECIPES / "ppo" / "smoke.yaml"), *settings, "--port", str(port)], stdout=sink,
                                   stderr=subprocess.STDOUT, env={**os.environ, **VLLM_ENV}, start_new_session=True)
     try:
         wait_for_server(url, server, log)

@@ -73,14 +73,20 @@ def _model_bytes(path: Path) -> int:
         return sum(math.prod(saved.get_slice(name).get_shape()) * 4 for name in saved.keys())
 
 
-def test_a_bf16_generator_is_synced_by_deltas_of_what_changed(tmp_path: Path, tied_vllm_model: Path) -> None:
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_bf16_generator_is_synced_by_deltas_of_what_changed(lora: bool, tmp_path: Path,
+                                                              tied_vllm_model: Path) -> None:
     """GRPO with a bf16 policy and generator at an RL learning rate (1e-6), on the tied stand-in: the first sync is
     dense, every later one a shard-local delta of at most 10 % of the dense bytes, checked bit for bit against the
-    policy's weights after every sync (all parameter groups) and by the logprob self-check after a delta."""
+    policy's weights after every sync (all parameter groups) and by the logprob self-check after a delta. With
+    LoRA (a larger learning rate: adapters start at zero) the deltas patch the adapted modules' merged weights
+    only, never more bytes than those weights hold."""
     out = tmp_path / "run"
-    done = launch_rlhf("grpo", out, "--vllm", "colocate", "--no-gather", "--model", str(tied_vllm_model),
+    rate = "learning_rate=1e-3" if lora else "learning_rate=1e-6"
+    adapters = ("--lora", "--set", "lora_target_modules=[q_proj, v_proj]") if lora else ()
+    done = launch_rlhf("grpo", out, "--vllm", "colocate", "--no-gather", "--model", str(tied_vllm_model), *adapters,
                        "--max-steps", "4", *sets(*SMALL_BUCKETS, f"reward_model_name_or_path={tied_vllm_model}",
-                                                 "bf16=true", "learning_rate=1e-6", "vllm_sync_check_steps=2"),
+                                                 "bf16=true", rate, "vllm_sync_check_steps=2"),
                        timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     progress = [line for line in done.stdout.splitlines() if line.startswith("step ")]
@@ -89,14 +95,29 @@ def test_a_bf16_generator_is_synced_by_deltas_of_what_changed(tmp_path: Path, ti
         assert len(records) == 4 and records[0]["mode"] == "dense", records
         assert records[0]["bytes_sent"] == records[0]["dense_bytes"] == _model_bytes(tied_vllm_model) // 2
         assert records[0]["groups_verified"] > 0 and records[0]["groups_unverified"] == []
+        adapted = _adapted_bytes(tied_vllm_model, ("q_proj", "v_proj"))
         for record in records[1:]:
-            assert record["mode"] == "sparse" and record["bytes_sent"] <= record["dense_bytes"] / 10, record
-            assert 0 <= record["changed_share"] < 0.1 and record["peak_bytes"] == 0  # nothing gathered
+            assert record["mode"] == "sparse" and record["peak_bytes"] == 0, record  # nothing gathered
             assert record["groups_verified"] == records[0]["groups_verified"]
             assert record["peak_memory_bytes"] > 0
+            if lora:  # most adapted elements change at this rate; no other weight is sent
+                assert record["scope"].startswith("LoRA: only the adapted modules"), record
+                assert {name.rsplit(".", 2)[-2] for name in record["patched"]} == {"q_proj", "v_proj"}, record
+                assert 0 < record["bytes_sent"] <= adapted < record["dense_bytes"] / 5, (record, adapted)
+            else:
+                assert record["bytes_sent"] <= record["dense_bytes"] / 10 and 0 <= record["changed_share"] < 0.1
         assert records[1]["check_logp_difference"] < 0.1  # the self-check passes after a delta (bf16 tolerance)
     summary = json.loads((out / "summary.json").read_text())
     assert [sync["mode"] for sync in summary["weight_syncs"]] == ["dense", "sparse", "sparse", "sparse"]
+
+
+def _adapted_bytes(path: Path, modules: tuple[str, ...]) -> int:
+    """bf16 bytes of a saved model's weights of `modules`."""
+    from safetensors import safe_open
+
+    with safe_open(str(path / "model.safetensors"), "pt") as saved:
+        return sum(math.prod(saved.get_slice(name).get_shape()) * 2 for name in saved.keys()
+                   if name.endswith(".weight") and name.rsplit(".", 2)[-2] in modules)
 
 
 # Loaded by every Python process of the run (sitecustomize): the weight sync drops every MLP down-projection, so
@@ -113,14 +134,36 @@ def without_down_projections(llm, weights):
 vllm_compat.vllm_reload_weights = without_down_projections
 '''
 
+# The same, for a delta sync: vLLM never receives the patches of one parameter; the patching itself succeeds.
+DROPPED_PATCH = '''import rlhf_cli.compat.vllm as vllm_compat
 
-def test_a_short_run_with_a_broken_sync_stops(tmp_path: Path) -> None:
-    """3 fp32 GRPO steps (dense syncs) whose sync drops a parameter group: the first sync sends the starting
-    weights vLLM already holds and passes; the checks after the second (the first update's weights) stop the
-    run."""
-    site = write(tmp_path / "site" / "sitecustomize.py", DROPPED_GROUP).parent
+apply = vllm_compat.vllm_apply_patches
+
+
+def without_one(model, patches, kept):
+    return apply(model, [patch for patch in patches if patch[0] != "model.layers.1.mlp.down_proj.weight"], kept)
+
+
+vllm_compat.vllm_apply_patches = without_one
+'''
+
+
+@pytest.mark.parametrize(("broken", "settings", "line"), [
+    (DROPPED_GROUP, ("learning_rate=0.3",), "after weight sync 2, "),
+    (DROPPED_PATCH, ("learning_rate=1e-3", "bf16=true"),
+     "after weight sync 2, the generator's model.layers.1.mlp.down_proj.weight differs from the policy's"),
+], ids=["dense-fp32-dropped-group", "delta-bf16-dropped-patch"])
+def test_a_short_run_with_a_broken_sync_stops(broken: str, settings: tuple[str, ...], line: str,
+                                              tmp_path: Path) -> None:
+    """3 GRPO steps whose sync loses weights. fp32 (dense syncs) dropping a parameter group: the first sync sends
+    the starting weights vLLM already holds and passes; the checks after the second (the first update's weights)
+    stop the run. bf16 (a delta after the first sync) losing one parameter's patches: the checksums after the
+    first delta stop the run with one line naming that parameter."""
+    site = write(tmp_path / "site" / "sitecustomize.py", broken).parent
     path = os.pathsep.join(part for part in (str(site), os.environ.get("PYTHONPATH", "")) if part)
     done = launch_rlhf("grpo", tmp_path / "run", "--vllm", "colocate", "--gather", "--max-steps", "3",
-                       *sets("learning_rate=0.3", *SMALL_BUCKETS), env={"PYTHONPATH": path}, timeout=900)
+                       *sets(*settings, *SMALL_BUCKETS), env={"PYTHONPATH": path}, timeout=900)
     assert done.returncode != 0
-    assert "after weight sync 2, " in done.stderr and "differ" in done.stderr, done.stderr[-3000:]
+    assert line in done.stderr and "differ" in done.stderr, done.stderr[-3000:]
+    if broken is DROPPED_PATCH:  # the run's own failure line names the parameter
+        assert any(text.startswith("Error: rank ") and line in text for text in done.stderr.splitlines())

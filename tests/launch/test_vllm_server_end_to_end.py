@@ -45,3 +45,25 @@ def test_trls_trainers_train_against_the_server_through_rlhfs_sync(command: str,
     assert (out / "vllm-weights").is_dir()  # the transport: a directory, not NCCL
     served, _, initial = served_and_saved_logprobs(vllm_server, out)
     assert max(abs(a - b) for a, b in zip(served, initial, strict=True)) > 1e-2
+
+
+@pytest.mark.timeout(1500)  # a server start, then a launched run
+def test_a_bf16_server_is_synced_by_deltas_checked_against_its_checksums(tmp_path: Path,
+                                                                        bf16_vllm_server: str) -> None:
+    """GRPO in bf16 against a bf16 server at an RL learning rate (1e-6): the first sync reloads whole weight files,
+    every later one sends the server only patch files of what changed (at most 10 % of the dense bytes), and
+    after each the server's weight checksums equal the policy's on every group (so its weights are bit for bit
+    what a full sync sends)."""
+    out = tmp_path / "run"
+    done = launch_rlhf("grpo", out, "--vllm", "server", "--gather", "--max-steps", "3",
+                       *sets(*SMALL_BUCKETS, f"vllm_server_base_url={bf16_vllm_server}", "bf16=true",
+                             "learning_rate=1e-6"), timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    for rank in (0, 1):
+        syncs = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())["vllm_sync"]
+        assert [sync["mode"] for sync in syncs] == ["dense", "sparse", "sparse"], syncs
+        assert syncs[0]["groups_verified"] > 0 and syncs[0]["groups_unverified"] == []
+        for sync in syncs[1:]:
+            assert 0 < sync["bytes_sent"] <= sync["dense_bytes"] / 10 and sync["peak_bytes"] == 0, sync
+            assert sync["groups_verified"] == syncs[0]["groups_verified"]
+    assert (out / "vllm-weights" / "patches.safetensors").is_file()  # the transport: the run's directory

@@ -125,7 +125,8 @@ def check_server(draft: Draft) -> None:
     draft.problems += problems
     draft.notes += warnings
     command = draft.request.algorithm.replace("_", "-")
-    draft.notes.append(f"--vllm server: weights reach the server through a shared directory (OUTPUT_DIR/vllm-weights, "
-                       "reloaded over HTTP): the transport that works on CPU and GPU alike (TRL's NCCL transfer needs "
-                       f"CUDA on both sides); start the server with `rlhf vllm-serve {command}`, on the same "
-                       "filesystem")
+    draft.notes.append(f"--vllm server: weights reach the server through a shared directory (OUTPUT_DIR/vllm-weights: "
+                       "whole weight files at the first sync, then, to a bf16 or fp16 server, patch files of what "
+                       "changed; applied over HTTP): the transport that works on CPU and GPU alike (TRL's NCCL "
+                       f"transfer needs CUDA on both sides); start the server with `rlhf vllm-serve {command}`, on "
+                       "the same filesystem")

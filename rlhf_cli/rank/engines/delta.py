@@ -10,14 +10,18 @@ multiple of the world size, into equal contiguous slices: rank r holds flat indi
 
 Between two RL steps most half-precision weights keep their bits (an update of lr 1e-6 moves few across a bf16
 step), so the patches are small; a partition of which so many elements changed that patching costs more bytes
-than the slice itself is sent whole. The first sync, a wake from a sleep that dropped the weights, a generator
-in float32 (every element changes at every step) and LoRA are dense, and the record says why.
+than the slice itself is sent whole. The first sync, a wake from a sleep that dropped the weights and a generator
+in float32 (every element changes at every step) are dense, and the record says why. With LoRA the generator holds
+the merged model: after the first sync only the adapted modules' merged weights are compared and patched, each
+rank's slice of the base plus the same slice of the adapters' delta (rlhf_cli/rank/engines/slices.py); the frozen
+base is never sent again.
 
 Exact, and checked: after every sync the generator's weights are compared with the policy's by checksums of
 their bits (`bit_sums`, exact integer sums that do not depend on how the generator lays a tensor out: fused,
-transposed or padded), per group of parameters of one module; a difference stops the run with one line naming
-the parameter. A group the generator already holds differently after a dense sync (it transforms the values at
-load) is left out of the check, and the record counts it.
+transposed or padded), per group of parameters of one module, each group as soon as the bucket holding its last
+parameter is applied; a difference stops the run with one line naming the parameter. A group the generator
+already holds differently after a dense sync (it transforms the values at load) is left out of the check, and the
+record counts it.
 """
 
 from __future__ import annotations
@@ -26,22 +30,21 @@ import itertools
 import weakref
 from typing import Any, ClassVar
 
-from rlhf_cli.generation.sync_buckets import buckets
-from rlhf_cli.rank.engines.weights import (
-    Patch,
-    SyncLimit,
-    WeightTarget,
-    bucket_contents,
-    full_numel,
-    sent_names,
-    unique_params,
+from rlhf_cli.rank.engines.slices import (
+    adapted_weights,
+    bucket_params,
+    bucket_slices,
+    own_slice,
+    tracked_names,
+    unmergeable,
 )
-from rlhf_cli.rank.zero3 import policy_units
+from rlhf_cli.rank.engines.weights import Patch, SyncLimit, WeightTarget, full_numel, sent_names, unique_params
 
 CHECKSUM_CHUNK = 1 << 24  # elements
 INDEX_BYTES = 4  # an int32 flat index; int64 for a tensor of 2**31 elements or more
 FLOAT32_REASON = "the generator holds float32 weights, of which every step changes about all: dense syncs"
-LORA_REASON = "LoRA: the merged adapters are sent whole (a layer at a time)"
+LORA_SCOPE = "LoRA: only the adapted modules' merged weights are compared and patched; the frozen base is not sent"
+FULL_SCOPE = "every trained weight is compared; what changed is patched"
 FIRST_REASON = "first sync: the generator holds the checkpoint"
 WOKE_REASON = "the generator woke from a sleep that dropped its weights"
 
@@ -65,7 +68,8 @@ class Tracker:
         self.snapshot: dict[int, Any] | None = None  # by the parameter's id
         self.unverified: set[str] = set()  # groups the generator transforms at load
         self.refused: str | None = None  # why the generator cannot take patches, once it said so
-        self.lora = False  # the policy carries adapters: its merged layers go whole
+        self.lora = False  # the policy carries adapters: the generator holds it merged
+        self.unmergeable: str | None = None  # why its merged weights are not base + the adapters' delta
         self.syncs = 0
 
     @classmethod
@@ -75,6 +79,7 @@ class Tracker:
             cls._of[target] = cls(target)
         tracker = cls._of[target]
         tracker.lora = hasattr(model, "peft_config")
+        tracker.unmergeable = unmergeable(model) if tracker.lora else None
         return tracker
 
     def dense_reason(self, woke: bool, target: WeightTarget | None = None) -> str | None:
@@ -82,20 +87,21 @@ class Tracker:
         import torch
 
         reasons = [(getattr(target, "dense_reason", None), True), (self.refused, True),
-                   (FLOAT32_REASON, self.dtype == torch.float32),
-                   (LORA_REASON, self.lora), (FIRST_REASON, self.snapshot is None), (WOKE_REASON, woke)]
+                   (FLOAT32_REASON, self.dtype == torch.float32), (self.unmergeable, True),
+                   (FIRST_REASON, self.snapshot is None), (WOKE_REASON, woke)]
         return next((reason for reason, applies in reasons if reason and applies), None)
 
-    def after_dense(self, model: Any, target: WeightTarget, woke: bool) -> dict[str, Any]:
-        """After a dense sync: this rank's snapshot, and the groups the generator holds as sent."""
+    def after_dense(self, model: Any, target: WeightTarget, limit: SyncLimit, woke: bool) -> dict[str, Any]:
+        """After a dense sync: this rank's snapshot of what a step can change, and the groups the generator holds
+        as sent."""
         reason = self.dense_reason(woke, target)
         self.syncs += 1
         if getattr(target, "dense_reason", None):  # it never takes patches: nothing to keep, nothing it shows
             sent = sum(full_numel(p) * p.element_size() for p in unique_params(model) if id(p) in sent_names(model))
             return {"mode": "dense", "dense_reason": reason, "bytes_sent": sent, "dense_bytes": sent,
                     "changed_share": None, "groups_verified": 0, "groups_unverified": []}
-        self.snapshot = None if self.lora else {id(param): own_slice(param)[1].to(self.dtype, copy=True).cpu()
-                                                for param in unique_params(model)}
+        self.snapshot = {key: value.to(self.dtype, copy=True).cpu() for _, slices in bucket_slices(model, limit)
+                         for key, (_, value) in slices.items()}
         expected = self._expected(model)
         found = _group(target.checksums())
         self.unverified = {group for group, sums in _group(expected).items()
@@ -109,15 +115,15 @@ class Tracker:
         """Send what changed since the last sync, a bucket at a time, then check the generator's weights."""
         import torch
 
-        names = sent_names(model)
-        units = policy_units(model)
-        sizes = torch.zeros(3, dtype=torch.int64)  # bytes sent, elements changed, elements
+        names = tracked_names(model)
+        sizes = torch.zeros(3, dtype=torch.int64)  # bytes sent, elements changed, elements compared
         patched: set[str] = set()
-        packed = buckets([unit.unit.numel for unit in units], limit.numel)
-        for params, _ in bucket_contents(model, units, packed):
-            mine = [self._diff(param, names[id(param)], sizes) for param in params if id(param) in names]
+        due = _groups_due(model, limit)
+        verified = 0
+        for number, (params, slices) in enumerate(bucket_slices(model, limit)):
+            mine = [self._diff(id(param), names[id(param)], *slices[id(param)], sizes) for param in params]
             everyone = _all_gather([piece for piece in mine if piece is not None])
-            patches = _merge(everyone, {names[id(p)]: tuple(_shape(p)) for p in params if id(p) in names})
+            patches = _merge(everyone, {names[id(p)]: tuple(_shape(p)) for p in params})
             if patches:
                 try:
                     target.patch(patches)
@@ -126,29 +132,32 @@ class Tracker:
                                     f"({refused}): dense syncs")
                     raise PatchesRefused(self.refused) from refused
                 patched.update(patch.name for patch in patches)
+            if due[number]:  # the groups this bucket completes
+                verified += self.check(model, target, patched, due[number])
         self.syncs += 1
-        verified = self.check(model, target, patched)
         sent, changed, total = (int(value) for value in _all_reduce(sizes))
-        return {"mode": "sparse", "dense_reason": None, "bytes_sent": sent,
-                "dense_bytes": _dense_bytes(model, self.dtype), "changed_share": changed / total if total else 0.0,
-                "buckets": len(packed), "limit_numel": limit.numel, "peak_bytes": 0,
+        return {"mode": "sparse", "dense_reason": None, "scope": LORA_SCOPE if self.lora else FULL_SCOPE,
+                "bytes_sent": sent, "dense_bytes": _dense_bytes(model, self.dtype),
+                "changed_share": changed / total if total else 0.0, "buckets": len(due),
+                "limit_numel": limit.numel, "peak_bytes": 0,
                 "full_bytes": sum(full_numel(p) * p.element_size() for p in unique_params(model)),
-                "merged_lora_layers": 0, "groups_verified": verified}
+                "merged_lora_layers": len(adapted_weights(model)), "patched": sorted(patched),
+                "groups_verified": verified}
 
-    def _diff(self, param: Any, name: str, sizes: Any) -> tuple[str, int, Any, Any] | None:
-        """(name, start, flat indices or None for the whole slice, values) of this rank's changed elements of
-        `param`, or None when none changed; the snapshot takes them. `sizes` adds bytes, changed, elements."""
+    def _diff(self, key: int, name: str, start: int, own: Any, sizes: Any) -> tuple[str, int, Any, Any] | None:
+        """(name, start, flat indices or None for the whole slice, values) of this rank's changed elements of the
+        parameter `key` (its slice `own` from `start`), or None when none changed; the snapshot takes them.
+        `sizes` adds bytes, changed, elements."""
         import torch
 
-        start, own = own_slice(param)
         current = own.to(self.dtype).cpu()
-        snapshot = self.snapshot[id(param)]
+        snapshot = self.snapshot[key]
         changed = torch.nonzero(_bits(current) != _bits(snapshot)).flatten()
         sizes += torch.tensor([0, changed.numel(), current.numel()])
         if not changed.numel():
             return None
         value_bytes = current.element_size()
-        index_dtype = torch.int32 if full_numel(param) < 2**31 else torch.int64
+        index_dtype = torch.int32 if start + current.numel() < 2**31 else torch.int64
         if changed.numel() * (value_bytes + INDEX_BYTES) >= current.numel() * value_bytes:  # the slice is cheaper
             snapshot.copy_(current)
             sizes[0] += current.numel() * value_bytes
@@ -158,48 +167,36 @@ class Tracker:
         sizes[0] += changed.numel() * (value_bytes + torch.empty((), dtype=index_dtype).element_size())
         return name, start, (changed + start).to(index_dtype), values
 
-    def _expected(self, model: Any) -> dict[str, tuple[int, int]]:
-        """`bit_sums` of every full tensor the generator should hold, from the snapshots of all ranks."""
+    def _expected(self, model: Any, groups: set[str] | None = None) -> dict[str, tuple[int, int]]:
+        """`bit_sums` of every full tensor the generator should hold (of `groups`, or all), from the snapshots of
+        all ranks."""
         import torch
 
         names = sent_names(model)
-        params = [param for param in unique_params(model) if id(param) in names]
+        params = [param for param in unique_params(model) if id(param) in names
+                  and (groups is None or group_of(names[id(param)]) in groups)]
         local = torch.stack([torch.tensor(bit_sums(self._held(param))) for param in params]) if params else \
             torch.zeros((0, 2), dtype=torch.int64)
         total = _all_reduce(local)
         return {names[id(param)]: (int(sums[0]), int(sums[1])) for param, sums in zip(params, total, strict=True)}
 
     def _held(self, param: Any) -> Any:
-        if self.snapshot is not None:
+        if self.snapshot is not None and id(param) in self.snapshot:
             return self.snapshot[id(param)]
-        return own_slice(param)[1].to(self.dtype)
+        return own_slice(param)[1].to(self.dtype)  # a frozen weight: as the first sync sent it
 
-    def check(self, model: Any, target: WeightTarget, patched: set[str]) -> int:
-        """How many groups of the generator's weights equal what was sent; SyncMismatch, naming the parameter,
-        when one of them differs."""
-        expected, held = _group(self._expected(model)), _group(target.checksums())
+    def check(self, model: Any, target: WeightTarget, patched: set[str], groups: set[str]) -> int:
+        """How many of `groups` of the generator's weights equal what was sent; SyncMismatch, naming the
+        parameter, when one of them differs (during the sync after the `syncs` done). Every rank takes part."""
+        expected, held = _group(self._expected(model, groups)), _group(target.checksums(groups))
         for group, sums in expected.items():
             if group not in self.unverified and held.get(group, {}).get("sum") != sums["sum"]:
                 suspects = _suspects(sums, held.get(group, {}).get("members", {}), patched)
                 raise SyncMismatch(
-                    f"after weight sync {self.syncs}, the generator's {suspects} differs from the policy's (bit "
+                    f"after weight sync {self.syncs + 1}, the generator's {suspects} differs from the policy's (bit "
                     "checksums of the patched weights): a patch was lost or misapplied. Run with --vllm server or "
                     "without --vllm until this is fixed, and report it with the model's config.json")
         return len(expected) - len(self.unverified & set(expected))
-
-
-def own_slice(param: Any) -> tuple[int, Any]:
-    """(flat start, this rank's part of the flattened full tensor): its ZeRO-3 partition without the padding, or,
-    for a parameter ZeRO-3 does not partition, all of it on the first rank and nothing elsewhere."""
-    import torch.distributed as dist
-
-    if hasattr(param, "ds_tensor"):
-        rank = dist.get_rank(group=param.ds_process_group)
-        size = param.ds_tensor.numel()
-        start = rank * size
-        return start, param.ds_tensor.data.flatten()[:max(0, min(size, param.ds_numel - start))]
-    flat = param.data.flatten()
-    return 0, flat if not dist.is_initialized() or dist.get_rank() == 0 else flat[:0]
 
 
 def bit_sums(tensor: Any) -> tuple[int, int]:
@@ -231,6 +228,18 @@ def group_of(name: str) -> str:
     for `model.layers.0.self_attn.q_proj.weight` (vLLM's `qkv_proj`), '' for `lm_head.weight`."""
     parts = name.split(".")
     return ".".join(parts[:-2])
+
+
+def _groups_due(model: Any, limit: SyncLimit) -> list[set[str]]:
+    """Per bucket, the groups whose last parameter it holds: complete, and checked, once it is applied."""
+    names = sent_names(model)
+    packed = bucket_params(model, limit)
+    last = {group_of(names[id(param)]): number for number, params in enumerate(packed) for param in params
+            if id(param) in names}
+    due: list[set[str]] = [set() for _ in packed]
+    for group, number in last.items():
+        due[number].add(group)
+    return due
 
 
 def _group(sums: dict[str, tuple[int, int]]) -> dict[str, dict[str, Any]]:

@@ -31,7 +31,7 @@ def sync_weights(model: Any, target: WeightTarget, limit: SyncLimit, woke: bool 
                     record = tracker.send_patches(model, target, limit)
             if record is None:
                 record = _send_dense(model, target, limit)
-                record.update(tracker.after_dense(model, target, woke))
+                record.update(tracker.after_dense(model, target, limit, woke))
             target.reset()
         record["seconds"] = time.perf_counter() - started
         record.update(memory)

@@ -56,8 +56,9 @@ class WeightTarget(Protocol):
     def patch(self, patches: list[Patch]) -> None:
         """Patches, each checkpoint tensor at most once per call."""
 
-    def checksums(self) -> dict[str, tuple[int, int]]:
-        """The weights it holds, as `delta.group_checksums` of their bits, by checkpoint group."""
+    def checksums(self, groups: set[str] | None = None) -> dict[str, tuple[int, int]]:
+        """`delta.bit_sums` of the weights it holds, by its own names: those of `groups` (`delta.group_of` of a
+        name), or all."""
 
     def reset(self) -> None:
         """After the weights changed: forget what was computed from the old ones (a prefix cache)."""
@@ -161,8 +162,7 @@ def gathered(params: list[Any]) -> Iterator[None]:
 @contextlib.contextmanager
 def _merged(modules: list[Any]) -> Iterator[int]:
     """LoRA layers among `modules` merged into their base weights for the block (how many), unmerged after."""
-    layers = [module for module in modules if hasattr(module, "merge") and hasattr(module, "unmerge")
-              and getattr(module, "lora_A", None) is not None and not getattr(module, "merged", False)]
+    layers = lora_layers(modules)
     for layer in layers:
         layer.merge()
     try:
@@ -170,6 +170,12 @@ def _merged(modules: list[Any]) -> Iterator[int]:
     finally:
         for layer in layers:
             layer.unmerge()
+
+
+def lora_layers(modules: list[Any]) -> list[Any]:
+    """PEFT's LoRA layers among `modules` that are not merged already."""
+    return [module for module in modules if hasattr(module, "merge") and hasattr(module, "unmerge")
+            and getattr(module, "lora_A", None) is not None and not getattr(module, "merged", False)]
 
 
 class GatheredBytes:

@@ -1,33 +1,43 @@
 """A run's vLLM server seen from the ranks (`vllm_mode: server`): generation through it, and its weight refresh.
 
 Rank 0 holds TRL's `VLLMClient` (the server's OpenAI-compatible `/v1/completions`); every rank's prompts go to it
-in one request and each rank gets its share back. Weights reach the server through a directory both can read:
-rank 0 writes them as each bucket is gathered (rlhf_cli/rank/engines/vllm/sync.py), then asks the server to reload from
-the directory (`POST /collective_rpc` `rlhf_reload_weights`, rlhf_cli/rank/engines/vllm/worker_extension.py, through a
-development endpoint: `rlhf vllm-serve` starts the server with VLLM_SERVER_DEV_MODE=1 and that extension) and to
-drop its prefix cache. RLOO, GRPO and online DPO sync a server the same way (rlhf_cli/rank/engines/vllm/sync.py):
-TRL's NCCL weight transfer needs CUDA on both sides, the directory works everywhere (and is the one tested on CPU).
+in one request and each rank gets its share back. Weights reach the server through a directory both can read. A
+dense sync: rank 0 writes them as each bucket is gathered, then asks the server to reload from the directory
+(`POST /collective_rpc` `rlhf_reload_weights`, rlhf_cli/rank/engines/vllm/worker_extension.py, through a development
+endpoint: `rlhf vllm-serve` starts the server with VLLM_SERVER_DEV_MODE=1 and that extension). A delta sync
+(rlhf_cli/rank/engines/delta.py): rank 0 writes each bucket's patches to one file (patch_files.py) and the server
+writes them into its weights through vLLM's checkpoint-coordinate loader, as the colocated engine does. After either,
+the run compares the server's weight checksums with its own, as it does a colocated engine's, then tells the server
+the sync is whole and has it drop its prefix cache. PPO, RLOO, GRPO and online DPO sync a server the same way
+(rlhf_cli/rank/engines/vllm/sync.py): TRL's NCCL weight transfer needs CUDA on both sides, the directory works
+everywhere (and is the one tested on CPU). Rank 0 alone talks to the server; what it answers (dtype, checksums, a
+refused patch) goes to every rank, whose sync decides alike.
 
-Each reload carries a weight version (this run's, and the count of its syncs) that the server keeps: before its
-first generation a run checks that the server holds the version it last sent, so that a server serving one run
-after another never samples from an earlier run's weights.
+Each whole sync is given a weight version (this run's, and the count of its syncs) that the server keeps (a
+reload or a patch drops it until the sync is whole): before its first generation a run checks that the server
+holds the version it last sent, so that a server serving one run after another never samples from an earlier
+run's weights.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rlhf_cli.config.engines.vllm import LOGPROBS_MODE
+from rlhf_cli.rank.engines.vllm import worker_extension as worker
+from rlhf_cli.rank.engines.vllm.patch_files import write_patch_file
 
 WEIGHT_DIR = "vllm-weights"  # under the run's output directory: the trainer writes, the server reads
+PATCH_FILE = "patches.safetensors"  # in WEIGHT_DIR: the bucket of patches being applied
 FLUSH_BYTES = 512 * 2**20  # rank 0 writes a weight file whenever it holds this much: its host memory stays bounded
 
 
@@ -83,16 +93,14 @@ def write_weight_files(directory: Path, weights: Iterable[tuple[str, torch.Tenso
 
 class ServerTarget:
     """Generation from, and weights into, the run's vLLM server: a WeightTarget
-    (rlhf_cli/rank/engines/weights.py) that takes whole weights only."""
+    (rlhf_cli/rank/engines/weights.py) that takes whole weights and patches, through the run's directory."""
 
-    dense_reason = "the vLLM server reloads whole weight files"
-
-    def __init__(self, client: Any | None, accelerator: Any, weight_dir: Path) -> None:
-        """`client`: TRL's `VLLMClient` on rank 0, None on the other ranks."""
+    def __init__(self, client: Any | None, accelerator: Any | None, weight_dir: Path) -> None:
+        """`client`: TRL's `VLLMClient` on rank 0, None on the other ranks; `accelerator` None: a client that only
+        checks the version before it generates."""
         self.accelerator = accelerator
         self.weight_dir = weight_dir
         self.client = client
-        self.dtype = None  # the server's: every sync into it is dense
         self.run_id = uuid.uuid4().hex  # rank 0's is the one the server is told
         self.syncs = 0
         self.checked = False
@@ -111,6 +119,24 @@ class ServerTarget:
                 check_logprobs_mode(client)
         accelerator.wait_for_everyone()
         return cls(client, accelerator, Path(args.output_dir, WEIGHT_DIR))
+
+    @functools.cached_property
+    def _workers_dtypes(self) -> list[str]:
+        """The dtype of each of the server's workers, asked at the first sync (every rank syncs)."""
+        return self._from_server(lambda: _post(self.client.base_url, self.client.session, "collective_rpc",
+                                               {"method": worker.DTYPE_METHOD})["results"])
+
+    @property
+    def dtype(self) -> Any:
+        """The torch dtype the server holds its weights in."""
+        return getattr(torch, self._workers_dtypes[0])
+
+    @property
+    def dense_reason(self) -> str | None:
+        """Why the server takes no patches (its weights split over several workers), or None."""
+        workers = len(self._workers_dtypes)
+        return None if workers == 1 else (f"the vLLM server splits its weights over {workers} workers (tensor "
+                                          "parallel): it reloads whole weight files")
 
     @property
     def version(self) -> str:
@@ -151,26 +177,51 @@ class ServerTarget:
         return ids[start:start + len(prompts)], logprobs[start:start + len(prompts)]
 
     def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Rank 0 writes the weights as they are gathered; the other ranks take part in the
-        gathering only."""
+        """Rank 0 writes the weights as they are gathered, and the server reloads them; the other ranks take part
+        in the gathering only."""
         if self.client is None:
             for _ in weights:
                 pass
             return
         write_weight_files(self.weight_dir, weights)
-
-    def reset(self) -> None:
-        """The server reloads the weight files, then forgets the prompts it cached under the old weights."""
-        if self.client is not None:
-            self.syncs += 1
-            reload_server_weights(self.client.base_url, self.client.session, self.weight_dir, self.version)
-        self.accelerator.wait_for_everyone()
+        _post(self.client.base_url, self.client.session, "collective_rpc", {"method": worker.RELOAD_METHOD,
+              "kwargs": {"weights_path": os.fspath(self.weight_dir.resolve())}})
 
     def patch(self, patches: list[Any]) -> None:
-        raise NotImplementedError(self.dense_reason)
+        """Rank 0 writes one bucket's patches and the server applies them; every rank raises NotImplementedError
+        when the server cannot take them."""
+        def apply() -> str | None:
+            path = write_patch_file(self.weight_dir / PATCH_FILE, patches)
+            return _post(self.client.base_url, self.client.session, "collective_rpc", {
+                "method": worker.PATCH_METHOD, "kwargs": {"patches_path": os.fspath(path.resolve())}})["results"][0]
 
-    def checksums(self) -> dict[str, tuple[int, int]]:
-        return {}  # the server's weights are not readable from here: its dense reload is checked by the server
+        refused = self._from_server(apply)
+        if refused:
+            raise NotImplementedError(refused)
+
+    def checksums(self, groups: set[str] | None = None) -> dict[str, tuple[int, int]]:
+        """The server's weight checksums (its one worker's; of `groups`, or all), on every rank."""
+        asked = {"groups": sorted(groups)} if groups is not None else {}
+        found = self._from_server(lambda: _post(self.client.base_url, self.client.session, "collective_rpc",
+                                                {"method": worker.CHECKSUM_METHOD, "kwargs": asked})["results"][0])
+        return {name: (int(sums[0]), int(sums[1])) for name, sums in found.items()}
+
+    def reset(self) -> None:
+        """The sync is whole: the server keeps this run's new version and forgets the prompts it cached under the
+        old weights."""
+        if self.client is not None:
+            self.syncs += 1
+            commit_server_weights(self.client.base_url, self.client.session, self.version)
+        self.accelerator.wait_for_everyone()
+
+    def _from_server(self, ask: Callable[[], Any]) -> Any:
+        """What rank 0 learns from the server (`ask`), on every rank."""
+        import torch.distributed as dist
+
+        answer = [ask() if self.client is not None else None]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(answer, src=0)
+        return answer[0]
 
     def after_sync(self, model: Any, woke: bool) -> dict[str, Any]:
         return {}
@@ -187,20 +238,15 @@ def check_logprobs_mode(client: Any) -> None:
                            "vllm_importance_sampling_correction=false")
 
 
-def reload_server_weights(base_url: str, session: Any, weight_dir: Path, version: str) -> None:
-    """The server reloads every weight from `weight_dir` and keeps `version`, then drops its prefix cache."""
-    from rlhf_cli.rank.engines.vllm.worker_extension import RELOAD_METHOD
-
-    _post(base_url, session, "collective_rpc", {"method": RELOAD_METHOD, "kwargs": {
-        "weights_path": os.fspath(weight_dir.resolve()), "version": version}})
+def commit_server_weights(base_url: str, session: Any, version: str) -> None:
+    """The server keeps `version` as the weights it holds, then drops its prefix cache."""
+    _post(base_url, session, "collective_rpc", {"method": worker.COMMIT_METHOD, "kwargs": {"version": version}})
     _post(base_url, session, "reset_prefix_cache", None)
 
 
 def server_weight_version(base_url: str, session: Any) -> list[str | None]:
     """The weight version each of the server's workers holds (None: none since it started)."""
-    from rlhf_cli.rank.engines.vllm.worker_extension import VERSION_METHOD
-
-    return _post(base_url, session, "collective_rpc", {"method": VERSION_METHOD})["results"]
+    return _post(base_url, session, "collective_rpc", {"method": worker.VERSION_METHOD})["results"]
 
 
 def _post(base_url: str, session: Any, path: str, body: dict[str, Any] | None) -> Any:

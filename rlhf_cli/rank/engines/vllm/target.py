@@ -5,11 +5,11 @@ engine needs after a load (rlhf_cli/compat/vllm.py), and the logprob self-check 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from rlhf_cli.compat import vllm as vllm_compat
-from rlhf_cli.rank.engines.delta import bit_sums
+from rlhf_cli.rank.engines.delta import bit_sums, group_of
 from rlhf_cli.rank.engines.weights import Patch
 
 
@@ -40,16 +40,8 @@ class ColocatedVLLM:
         vllm_compat.vllm_apply_patches(self.model, [(patch.name, patch.shape, self.dtype, patch.values,
                                                      patch.indices) for patch in patches], self.kept)
 
-    def checksums(self) -> dict[str, tuple[int, int]]:
-        """`bit_sums` of each weight vLLM holds, by its own name (a weight it dropped after repacking: as kept)."""
-        owners = {id(module._parameters.get("weight")): module for module in self.model.modules()
-                  if hasattr(module, "_parameters")}
-        found = {}
-        for name, param in self.model.named_parameters():
-            held = self.kept.get(owners.get(id(param)), param) if name.endswith(".weight") else param
-            if held.numel():
-                found[name] = bit_sums(held)
-        return found
+    def checksums(self, groups: set[str] | None = None) -> dict[str, tuple[int, int]]:
+        return vllm_checksums(self.model, self.kept, self.dtype, groups)
 
     def reset(self) -> None:
         vllm_compat.vllm_reset_prefix_cache(self.llm)
@@ -61,3 +53,20 @@ class ColocatedVLLM:
         difference = self.check.run(model, self.llm, woke)
         return {"check_logp_difference": difference["mean"], "check_logp_difference_max": difference["max"],
                 "check_seconds": time.perf_counter() - started}
+
+
+def vllm_checksums(model: Any, kept: dict[Any, Any], dtype: Any,
+                   groups: Collection[str] | None = None) -> dict[str, tuple[int, int]]:
+    """`bit_sums` of each weight a vLLM model holds (of `groups`, or all), by its own name (a weight it dropped
+    after repacking: as `kept`, rlhf_cli/compat/vllm.vllm_keep_unpacked_weights), in the model's `dtype`: the CPU
+    build widens a linear layer's bias to float32 after loading it, which the cast back undoes exactly."""
+    owners = {id(module._parameters.get("weight")): module for module in model.modules()
+              if hasattr(module, "_parameters")}
+    found = {}
+    for name, param in model.named_parameters():
+        if groups is not None and group_of(name) not in groups:
+            continue
+        held = kept.get(owners.get(id(param)), param) if name.endswith(".weight") else param
+        if held.numel():
+            found[name] = bit_sums(held.to(dtype) if held.is_floating_point() else held)
+    return found
