@@ -15,10 +15,12 @@ from types import MappingProxyType
 from typing import Any
 
 USE_VLLM_KEY, VLLM_MODE_KEY = "use_vllm", "vllm_mode"
-# The layers that may hold code for an engine (each row's `faces` names a module for some of them), and the objects
-# a trainer holds that an engine implements (named `module:Class`): PPO's rollouts.
+# The layers that may hold code for an engine (each row's `faces` names a module for some of them), the objects
+# a trainer holds that an engine implements (named `module:Class`): PPO's rollouts, and the settings an engine adds
+# to a config of rlhf's own (a dataclass it inherits, `module:Class`; an engine without keys of its own names none).
 LAYERS = ("config", "plan", "rank", "serve")
 OBJECT_FACES = ("ppo_rollouts",)
+SETTINGS_FACES = ("ppo_settings",)
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,7 +76,8 @@ _VLLM = {
     "forced_length_key": "min_tokens",
     "faces": MappingProxyType({"config": "rlhf_cli.config.engines.vllm", "plan": "rlhf_cli.plan.engines.vllm",
                                "rank": "rlhf_cli.rank.engines.vllm", "serve": "rlhf_cli.cli.vllm_serve",
-                               "ppo_rollouts": "rlhf_cli.rank.engines.vllm.ppo_rollouts:VLLMRollouts"}),
+                               "ppo_rollouts": "rlhf_cli.rank.engines.vllm.ppo_rollouts:VLLMRollouts",
+                               "ppo_settings": "rlhf_cli.rank.engines.vllm.ppo_config:VLLMRolloutSettings"}),
 }
 HF = EngineSpec("hf", None, "generate", MappingProxyType({}),
                 faces=MappingProxyType({"ppo_rollouts": "rlhf_cli.rank.ppo.rollouts:HFRollouts"}))
@@ -91,6 +94,11 @@ ENGINES: dict[tuple[str, str | None], EngineSpec] = {spec.key: spec for spec in 
 
 def engine_spec(name: str, mode: str | None = None) -> EngineSpec:
     return ENGINES[name, mode]
+
+
+def face_paths(face: str) -> tuple[str, ...]:
+    """What the engines name under `face`, each once (an engine's modes share their faces), in registry order."""
+    return tuple(dict.fromkeys(spec.faces[face] for spec in ENGINES.values() if face in spec.faces))
 
 
 def engine_of(value: Callable[[str], Any]) -> EngineSpec:
