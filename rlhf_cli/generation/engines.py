@@ -15,6 +15,8 @@ from types import MappingProxyType
 from typing import Any
 
 USE_VLLM_KEY, VLLM_MODE_KEY = "use_vllm", "vllm_mode"
+# rlhf's own key: every how many syncs the ranks compare the engine's logprobs with the policy's
+SYNC_CHECK_KEY = "vllm_sync_check_steps"
 # The layers that may hold code for an engine (each row's `faces` names a module for some of them), the objects
 # a trainer holds that an engine implements (named `module:Class`): PPO's rollouts, and the settings an engine adds
 # to a config of rlhf's own (a dataclass it inherits, `module:Class`; an engine without keys of its own names none).
@@ -107,10 +109,15 @@ def engine_of(value: Callable[[str], Any]) -> EngineSpec:
     return separate_engine_of(value) if value(USE_VLLM_KEY) else HF
 
 
+def separate_engine(mode: str) -> EngineSpec:
+    """The separate engine TRL runs in `mode`: "colocate" (in every training process) or "server"."""
+    return ENGINES[VLLM_COLOCATE.name, mode]
+
+
 def separate_engine_of(value: Callable[[str], Any]) -> EngineSpec:
     """The separate engine a run's keys name, whether or not it generates with it (the plan's columns for it): a
     vLLM server when `vllm_mode` says so, else TRL's colocate."""
-    return VLLM_SERVER if value(VLLM_MODE_KEY) == "server" else VLLM_COLOCATE
+    return separate_engine("server" if value(VLLM_MODE_KEY) == "server" else "colocate")
 
 
 def installed(spec: EngineSpec) -> tuple[str, str] | None:
