@@ -14,10 +14,6 @@ from helpers import REPO
 PACKAGE = REPO / "rlhf_cli"
 ROOMS = ("generation/engines.py", "config/engines/", "plan/engines/", "rank/engines/", "compat/", "cli/",
          "algorithms/")
-# Known debt, as a ratchet: modules outside the rooms that still name vLLM, with how many times. A count may only
-# fall (lower it here when it does); a module not listed may not start. Left: the plan modules' vLLM branches
-# waiting to move into `plan/engines/`.
-ALLOWANCE = {"plan/columns.py": 9, "plan/estimate.py": 9, "plan/time.py": 5}
 
 
 def _docstring_lines(tree: ast.Module) -> set[int]:
@@ -50,15 +46,8 @@ def named_outside_the_rooms(word: str) -> dict[str, int]:
 
 
 def test_vllm_is_named_only_in_the_engine_rooms() -> None:
-    grown = {module: count for module, count in named_outside_the_rooms("vllm").items()
-             if count > ALLOWANCE.get(module, 0)}
-    assert grown == {}, "vLLM named outside generation/engines.py and the engines/ folders: move the code there"
-
-
-def test_the_allowance_only_shrinks() -> None:
-    """A module that named vLLM less (or not at all) lowers its allowance, so the ratchet holds what was gained."""
-    found = named_outside_the_rooms("vllm")
-    assert {module: count for module, count in ALLOWANCE.items() if found.get(module, 0) < count} == {}
+    assert named_outside_the_rooms("vllm") == {}, \
+        "vLLM named outside generation/engines.py and the engines/ folders: move the code there"
 
 
 def test_the_count_sees_code_and_skips_comments_and_docstrings() -> None:

@@ -76,7 +76,7 @@ _VLLM = {
     "versions": ("0.22.0", "0.31.0"),
     "install": VLLM_INSTALL,
     "forced_length_key": "min_tokens",
-    "faces": MappingProxyType({"config": "rlhf_cli.config.engines.vllm", "plan": "rlhf_cli.plan.engines.vllm",
+    "faces": MappingProxyType({"config": "rlhf_cli.config.engines.vllm", "plan": "rlhf_cli.plan.engines.vllm_plan",
                                "rank": "rlhf_cli.rank.engines.vllm", "serve": "rlhf_cli.cli.vllm_serve",
                                "ppo_rollouts": "rlhf_cli.rank.engines.vllm.ppo_rollouts:VLLMRollouts",
                                "ppo_settings": "rlhf_cli.rank.engines.vllm.ppo_config:VLLMRolloutSettings"}),
