@@ -8,6 +8,7 @@ As tests/test_algorithms.py does for algorithms: a field added to `EngineSpec` w
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.util
 from collections.abc import Callable
 from pathlib import Path
@@ -63,11 +64,23 @@ def _is_command(line: str) -> bool:
     return program == "rlhf" and CliRunner().invoke(app, [*words, "--help"]).exit_code == 0
 
 
+# What each layer asks of a separate engine's module (the layers' engines/__init__.py say what each is for)
+LAYER_OFFERS = {
+    "config": ("engine_problems", "length_problems", "tied_head_problems", "check_server", "SYNC_DEFAULT_SOURCE"),
+    "plan": ("engine_rows", "engine_starts", "engine_batch", "engine_seconds", "run_settings", "left_open",
+             "engine_findings", "WORDS"),
+    "rank": ("install", "refuse_resized_policy"),
+}
+
+
 def _layer_faces(spec: EngineSpec) -> bool:
-    """An installable engine has code in config, plan and rank; every layer module it names exists."""
+    """An installable engine has code in config, plan and rank, each module offering what its layer asks; every
+    layer module it names exists."""
     layers = {face: path for face, path in spec.faces.items() if face not in OBJECT_FACES + SETTINGS_FACES}
     return set(layers) <= set(LAYERS) and (not spec.distributions or {"config", "plan", "rank"} <= set(layers)) \
-        and all(importlib.util.find_spec(path) is not None for path in layers.values())
+        and all(importlib.util.find_spec(path) is not None for path in layers.values()) \
+        and all(hasattr(importlib.import_module(path), name) for face, path in layers.items()
+                for name in LAYER_OFFERS.get(face, ()))
 
 
 def _object_faces(spec: EngineSpec) -> bool:
