@@ -14,17 +14,6 @@ from helpers import REPO
 PACKAGE = REPO / "rlhf_cli"
 ROOMS = ("generation/engines.py", "config/engines/", "plan/engines/", "rank/engines/", "compat/", "cli/",
          "algorithms/")
-# Known debt, as a ratchet: modules outside the rooms that still name vLLM, with how many times. A count may only
-# fall (lower it here when it does); a module not listed may not start. Left: the recipe key
-# `vllm_sync_check_steps` the PPO builder reads, the rank record and progress line's sync log, and the config, plan
-# and generation modules' vLLM branches waiting to move into `engines/`. PPO's importance-sampling keys
-# (rank/ppo/config.py, core.py, trainer.py) are TRL's names (`vllm_importance_sampling_*`) and stay.
-ALLOWANCE = {
-    "config/fields.py": 2, "config/lora.py": 1, "config/resolve.py": 1, "config/run_checks.py": 3,
-    "generation/choice.py": 4, "plan/columns.py": 9, "plan/estimate.py": 9, "plan/time.py": 5,
-    "rank/builders.py": 1, "rank/ppo/core.py": 1, "rank/ppo/config.py": 31,
-    "rank/ppo/trainer.py": 5, "rank/record.py": 2,
-}
 
 
 def _docstring_lines(tree: ast.Module) -> set[int]:
@@ -57,15 +46,8 @@ def named_outside_the_rooms(word: str) -> dict[str, int]:
 
 
 def test_vllm_is_named_only_in_the_engine_rooms() -> None:
-    grown = {module: count for module, count in named_outside_the_rooms("vllm").items()
-             if count > ALLOWANCE.get(module, 0)}
-    assert grown == {}, "vLLM named outside generation/engines.py and the engines/ folders: move the code there"
-
-
-def test_the_allowance_only_shrinks() -> None:
-    """A module that named vLLM less (or not at all) lowers its allowance, so the ratchet holds what was gained."""
-    found = named_outside_the_rooms("vllm")
-    assert {module: count for module, count in ALLOWANCE.items() if found.get(module, 0) < count} == {}
+    assert named_outside_the_rooms("vllm") == {}, \
+        "vLLM named outside generation/engines.py and the engines/ folders: move the code there"
 
 
 def test_the_count_sees_code_and_skips_comments_and_docstrings() -> None:

@@ -8,6 +8,7 @@ As tests/test_algorithms.py does for algorithms: a field added to `EngineSpec` w
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.util
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,7 @@ from rlhf_cli.algorithms.spec import load_object
 from rlhf_cli.cli.app import app
 from rlhf_cli.config.fields import catalogue
 from rlhf_cli.generation.choice import Engine
-from rlhf_cli.generation.engines import ENGINES, LAYERS, OBJECT_FACES, EngineSpec, installed
+from rlhf_cli.generation.engines import ENGINES, LAYERS, OBJECT_FACES, SETTINGS_FACES, EngineSpec, installed
 from rlhf_cli.rank.ppo.rollouts import Rollouts
 
 ROWS = list(ENGINES.values())
@@ -63,11 +64,23 @@ def _is_command(line: str) -> bool:
     return program == "rlhf" and CliRunner().invoke(app, [*words, "--help"]).exit_code == 0
 
 
+# What each layer asks of a separate engine's module (the layers' engines/__init__.py say what each is for)
+LAYER_OFFERS = {
+    "config": ("engine_problems", "length_problems", "tied_head_problems", "check_server", "SYNC_DEFAULT_SOURCE"),
+    "plan": ("engine_rows", "engine_starts", "engine_batch", "engine_seconds", "run_settings", "left_open",
+             "engine_findings", "WORDS"),
+    "rank": ("install", "refuse_resized_policy"),
+}
+
+
 def _layer_faces(spec: EngineSpec) -> bool:
-    """An installable engine has code in config, plan and rank; every layer module it names exists."""
-    layers = {face: path for face, path in spec.faces.items() if face not in OBJECT_FACES}
+    """An installable engine has code in config, plan and rank, each module offering what its layer asks; every
+    layer module it names exists."""
+    layers = {face: path for face, path in spec.faces.items() if face not in OBJECT_FACES + SETTINGS_FACES}
     return set(layers) <= set(LAYERS) and (not spec.distributions or {"config", "plan", "rank"} <= set(layers)) \
-        and all(importlib.util.find_spec(path) is not None for path in layers.values())
+        and all(importlib.util.find_spec(path) is not None for path in layers.values()) \
+        and all(hasattr(importlib.import_module(path), name) for face, path in layers.items()
+                for name in LAYER_OFFERS.get(face, ()))
 
 
 def _object_faces(spec: EngineSpec) -> bool:
@@ -77,6 +90,12 @@ def _object_faces(spec: EngineSpec) -> bool:
     rollouts = load_object(spec.faces["ppo_rollouts"])
     return all(callable(getattr(rollouts, method, None))
                for method in ("of_trainer", *(name for name in vars(Rollouts) if not name.startswith("_"))))
+
+
+def _settings_faces(spec: EngineSpec) -> bool:
+    """The settings an engine adds to a config of rlhf's own are dataclass fields every default of which builds."""
+    return all(dataclasses.is_dataclass(settings := load_object(spec.faces[face])) and settings() is not None
+               for face in SETTINGS_FACES if face in spec.faces)
 
 
 FIELD_CHECKS: dict[str, Callable[[EngineSpec], bool]] = {
@@ -100,7 +119,7 @@ FIELD_CHECKS: dict[str, Callable[[EngineSpec], bool]] = {
                                      for name, value in s.cpu_environment.items()),
     "serve_command": lambda s: (s.serve_command is None) == (not s.is_server)
     and (s.serve_command is None or _is_command(s.serve_command)),
-    "faces": lambda s: _layer_faces(s) and _object_faces(s),
+    "faces": lambda s: _layer_faces(s) and _object_faces(s) and _settings_faces(s),
 }
 
 

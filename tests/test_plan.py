@@ -535,20 +535,20 @@ def test_a_vllm_server_holds_nothing_on_the_training_gpus_but_the_sync() -> None
     plan = plan_run(qwen_plan("use_vllm=true", "vllm_mode=server"))
     rows = vllm_rows(plan, True)
     assert rows["vLLM"] == rows["vLLM awake"] == 0 and rows["sync bucket"] == plan.roles[0].size.params * 2
-    assert any("--vllm server" in line and "not counted here" in line for line in plan.vllm_findings)
+    assert any("--vllm server" in line and "not counted here" in line for line in plan.engine_findings)
 
 
 def test_a_vllm_share_below_its_weights_cannot_start() -> None:
     plan = plan_run(qwen_plan("use_vllm=true", "vllm_gpu_memory_utilization=0.1"))  # 8 GiB < 14.2 GiB
     assert not plan.chosen.fits and plan.chosen.peak < 0.9 * 80 * 2**30
-    assert any("it cannot start" in line for line in plan.vllm_findings)
+    assert any("it cannot start" in line for line in plan.engine_findings)
 
 
 def test_vllm_needs_room_for_one_sequence_of_its_model_length() -> None:
     """Qwen2.5-7B's 131072 positions take 7 GiB of KV cache; 0.2 of 80 GiB leaves 1.8 GiB after the weights."""
     plan = plan_run(qwen_plan("use_vllm=true", "vllm_gpu_memory_utilization=0.2"))
     assert not plan.chosen.fits and any("one sequence of its model length (131072" in line
-                                        for line in plan.vllm_findings)
+                                        for line in plan.engine_findings)
     assert plan_run(qwen_plan("use_vllm=true", "vllm_gpu_memory_utilization=0.2",
                               "vllm_max_model_length=1024")).chosen.fits
 
@@ -556,14 +556,14 @@ def test_vllm_needs_room_for_one_sequence_of_its_model_length() -> None:
 def test_seed_case_colocated_vllm_fits_with_parameters_offloaded_and_says_what_its_own_offload_needs(
         seed_models) -> None:
     plan = plan_run(seed_run())
-    meaning, *_, found = plan.vllm_findings
+    meaning, *_, found = plan.engine_findings
     assert "as much as gathering holds (22.1 GiB)" in meaning and "makes generation faster, not smaller" in meaning
     assert found.startswith("vLLM fits colocated with vllm_tensor_parallel_size 2") and "offload opt+par:" in found
     own = found.split("with the run's own offload (opt) the least, ")[1]
     assert own.startswith("vLLM 0.33 TP4 sleep, sync no-gather, optimizer->cpu, needs 21.5 GiB of the 21.3 GiB")
     assert not any(c.fits for c in plan.columns if c.candidate.engine_settings and c.candidate.offload_params == "none")
     fit = plan_run(seed_run(offload_params=("--offload-params", "cpu")))
-    assert "offload opt+par:" in fit.vllm_findings[-1] and "the run's own offload" not in fit.vllm_findings[-1]
+    assert "offload opt+par:" in fit.engine_findings[-1] and "the run's own offload" not in fit.engine_findings[-1]
 
 
 def test_gather_auto_with_vllm_sizes_the_sync() -> None:

@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 
+from rlhf_cli.rank.engines.importance_sampling import SamplingCorrection, sampling_correction, sampling_weights_seen
+from rlhf_cli.rank.engines.vllm.ppo_config import VLLMRolloutSettings
 from rlhf_cli.rank.ppo import core
 
 T = torch.tensor
@@ -79,10 +81,10 @@ def test_importance_sampling_weights_the_policy_loss_as_trls_token_truncate() ->
     policy = T([[math.log(0.5), math.log(0.5), math.log(0.9), -1.0]])
     sampling = T([[math.log(0.25), math.log(0.05), float("nan"), -50.0]])
     mask = T([[True, True, True, False]])
-    ratio, difference = core.sampling_correction(policy, sampling, mask, "token_truncate", None, 3.0)
+    ratio, difference = sampling_correction(policy, sampling, mask, "token_truncate", None, 3.0)
     assert ratio[0, :3].tolist() == pytest.approx([2.0, 3.0, 1.0]) and ratio[0, 3].item() == 1.0
     assert difference.tolist() == pytest.approx([math.log(2.0), math.log(10.0)])
-    floored, _ = core.sampling_correction(policy, sampling, mask, "token_truncate", 1.5, None)
+    floored, _ = sampling_correction(policy, sampling, mask, "token_truncate", 1.5, None)
     assert floored[0].tolist() == pytest.approx([2.0, 10.0, 1.5, 1.5])  # the lower clip, no upper
     new, old, advantages = T([[0.0, 0.0]]), T([[0.0, 0.0]]), T([[1.0, 1.0]])
     weighted, _, _ = core.policy_loss(new, old, advantages, cliprange=0.2, mask=T([[True, True]]),
@@ -97,22 +99,22 @@ def test_importance_sampling_masks_and_weighs_sequences_as_trls_modes() -> None:
     policy = T([[math.log(0.5), math.log(0.5), 0.0], [math.log(0.2), math.log(0.9), 0.0]])
     sampling = T([[math.log(0.25), math.log(0.05), 7.0], [math.log(0.4), math.log(0.9), 0.0]])
     mask = T([[True, True, False], [True, True, False]])  # token ratios: [2, 10, -], [0.5, 1, -]
-    token_mask, _ = core.sampling_correction(policy, sampling, mask, "token_mask", 0.6, 3.0)
+    token_mask, _ = sampling_correction(policy, sampling, mask, "token_mask", 0.6, 3.0)
     assert token_mask.flatten().tolist() == pytest.approx([2.0, 0.0, 1.0, 0.0, 1.0, 1.0])
-    sequence_truncate, _ = core.sampling_correction(policy, sampling, mask, "sequence_truncate", 0.6, 3.0)
+    sequence_truncate, _ = sampling_correction(policy, sampling, mask, "sequence_truncate", 0.6, 3.0)
     assert sequence_truncate.shape == (2, 1) and sequence_truncate.flatten().tolist() == pytest.approx([3.0, 0.6])
-    sequence_mask, _ = core.sampling_correction(policy, sampling, mask, "sequence_mask", None, 30.0)
+    sequence_mask, _ = sampling_correction(policy, sampling, mask, "sequence_mask", None, 30.0)
     assert sequence_mask.flatten().tolist() == pytest.approx([20.0, 0.5])  # 2 x 10, 0.5 x 1
-    sequence_mask, _ = core.sampling_correction(policy, sampling, mask, "sequence_mask", 0.6, 3.0)
+    sequence_mask, _ = sampling_correction(policy, sampling, mask, "sequence_mask", 0.6, 3.0)
     assert sequence_mask.tolist() == [[0.0], [0.0]]
-    assert core.sampling_weights_seen(sequence_truncate, mask).tolist() == pytest.approx([3.0, 0.6])
-    assert core.sampling_weights_seen(token_mask, mask).tolist() == pytest.approx([2.0, 0.0, 0.0, 1.0])
+    assert sampling_weights_seen(sequence_truncate, mask).tolist() == pytest.approx([3.0, 0.6])
+    assert sampling_weights_seen(token_mask, mask).tolist() == pytest.approx([2.0, 0.0, 0.0, 1.0])
     new = old = T([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     advantages = T([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
     loss, _, _ = core.policy_loss(new, old, advantages, cliprange=0.2, mask=mask, weights=sequence_truncate)
     assert loss.item() == pytest.approx(-(3.0 * 2 + 0.6 * 2) / 4)
     with pytest.raises(ValueError, match="token_truncate, token_mask, sequence_truncate, sequence_mask"):
-        core.sampling_correction(policy, sampling, mask, "sequence", None, 3.0)
+        sampling_correction(policy, sampling, mask, "sequence", None, 3.0)
 
 
 def test_clipped_value_loss() -> None:
@@ -121,3 +123,11 @@ def test_clipped_value_loss() -> None:
     # token 1: clip(1.0) = 0.2 -> max(1.0, 3.24) = 3.24; token 2: inside the range -> 0.81
     assert loss.item() == pytest.approx(0.5 * (3.24 + 0.81) / 2)
     assert clipfrac.item() == pytest.approx(0.5)
+
+
+def test_trls_importance_sampling_keys_choose_the_correction() -> None:
+    """PPO's config takes TRL's `vllm_importance_sampling_*` keys (the engine room's settings); the trainer reads
+    only the correction they choose."""
+    chosen = VLLMRolloutSettings(vllm_importance_sampling_correction=False, vllm_importance_sampling_mode="token_mask",
+                                 vllm_importance_sampling_clip_min=0.5).sampling_correction()
+    assert chosen == SamplingCorrection(weighs=False, mode="token_mask", clip_min=0.5, clip_max=3.0)

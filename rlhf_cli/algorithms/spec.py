@@ -46,6 +46,10 @@ class StepWork:
     old_logprobs_with_vllm: bool  # the same when vLLM generates (TRL's importance-sampling correction)
     syncs: float  # weight syncs to vLLM: one per generation round after an update
 
+    def scores_old_logprobs(self, separate_engine: bool) -> bool:
+        """Whether the step scores the policy's old log-probs, when a separate engine samples or the policy does."""
+        return self.old_logprobs_with_vllm if separate_engine else self.old_logprobs
+
 
 @dataclass(frozen=True)
 class LogitsModel:

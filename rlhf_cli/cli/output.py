@@ -193,7 +193,7 @@ def print_plan_table(run: ResolvedRun, plan: Plan, *, as_json: bool) -> None:
     stdout.print(line, highlight=False, markup=False)
     for line in [*time_lines(plan), *(f"instead: {line}" for line in plan.suggestions)]:
         stdout.print(line, highlight=False, markup=False)
-    for line in plan.vllm_findings:
+    for line in plan.engine_findings:
         stdout.print(f"vLLM: {line}", highlight=False, markup=False)
     for note in plan.notes:
         stdout.print(f"note: {note}", style="yellow", highlight=False, markup=False)

@@ -12,7 +12,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -20,6 +20,8 @@ from typing import Any
 import yaml
 
 from rlhf_cli import algorithms
+from rlhf_cli.config.engines import ENGINE_FIELDS
+from rlhf_cli.config.field_types import Field, Limits, choices_text
 
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 # `auto`: let the memory plan choose (rlhf_cli/plan); resolution turns it into true or false.
@@ -40,54 +42,6 @@ TRL_BOOL_MEANINGS = {
 INT64 = 2**63  # every integer must fit: torch, NumPy and DeepSpeed store them in 64 bits
 # YAML 1.1 reads these words unquoted as true or false.
 YAML_BOOL_WORDS = {True: ("yes", "on", "true", "y"), False: ("no", "off", "false", "n")}
-
-
-@dataclass(frozen=True)
-class Limits:
-    """A number's range (rlhf_cli/schema/ranges.yaml): None where a side is open."""
-
-    min: float | None = None
-    max: float | None = None
-    above: float | None = None  # excluded lower bound
-    below: float | None = None  # excluded upper bound
-    also: tuple[Any, ...] = ()  # values accepted outside the range
-    why: str = ""
-
-    def problem(self, value: float) -> str | None:
-        """Why `value` is out of range, or None."""
-        if value in self.also or (
-                (self.min is None or value >= self.min) and (self.max is None or value <= self.max)
-                and (self.above is None or value > self.above) and (self.below is None or value < self.below)):
-            return None
-        low = f"at least {self.min}" if self.min is not None else f"above {self.above}" \
-            if self.above is not None else None
-        high = f"at most {self.max}" if self.max is not None else f"below {self.below}" \
-            if self.below is not None else None
-        wanted = " and ".join(filter(None, (low, high)))
-        also = f" (or {' or '.join(map(str, self.also))})" if self.also else ""
-        why = f": {self.why}" if self.why else ""
-        return f"must be {wanted}{also}, got {value}{why}"
-
-
-@dataclass(frozen=True)
-class Field:
-    """One recipe key. `group` says who consumes it: TRL's script, model or trainer
-    arguments, our launcher (`launch`), or the DeepSpeed ZeRO-3 section (`zero3`)."""
-
-    name: str
-    group: str
-    kinds: tuple[str, ...]
-    default: Any
-    help: str
-    choices: tuple[Any, ...] | None = None
-    limits: Limits | None = None
-
-    def describe_type(self) -> str:
-        if self.choices is not None:
-            return "one of " + _choices_text(self.choices)
-        names = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
-                 "list": "a list", "dict": "a mapping", "null": "null", "any": "any value"}
-        return " or ".join(names[kind] for kind in self.kinds)
 
 
 # Keys TRL's recipe format lacks. They sit at the top level of a recipe next to TRL's keys.
@@ -136,9 +90,7 @@ OWN_FIELDS = (
     Field("stall_timeout", "launch", ("int", "float"), 120,
           "Seconds without progress on any rank (or without a rank's heartbeat) before the job stops and names the "
           "stalled rank; loading and saving do not count. The collective timeout (ddp_timeout) follows it."),
-    Field("vllm_sync_check_steps", "launch", ("int",), 10,
-          "With vLLM colocated: compare vLLM's logprobs with the policy's on a fixed probe after the first weight "
-          "sync, after every wake from sleep and every this many syncs; the run stops when they differ. 0: never."),
+    *ENGINE_FIELDS,
     Field("dataset_prompt_column", "script", ("str",), "prompt",
           "Dataset column holding the prompt (plain text or a list of chat messages)."),
     Field("env", "launch", ("dict",), {},
@@ -260,10 +212,6 @@ class FieldTypeError(ValueError):
     """A value that does not fit its field; the message says what was expected."""
 
 
-def _choices_text(choices: tuple[Any, ...]) -> str:
-    return ", ".join(json.dumps(c) if isinstance(c, bool) else str(c) for c in choices)
-
-
 def _quote_hint(field: Field, value: bool) -> str:
     """`save_strategy: no` reaches us as false: say to quote the word."""
     words = [word for word in YAML_BOOL_WORDS[value] if field.choices and word in field.choices]
@@ -344,7 +292,7 @@ def coerce(field: Field, value: Any) -> Any:
     elif isinstance(value, list) and "list" in kinds:
         for item in value if field.choices is not None else ():
             if not isinstance(item, str) or item not in field.choices:
-                raise FieldTypeError(f"{item!r} is not one of {_choices_text(field.choices)}"
+                raise FieldTypeError(f"{item!r} is not one of {choices_text(field.choices)}"
                                      f"{_closest(item, field.choices) if isinstance(item, str) else ''}")
         for item in value:  # finite, and in range: online DPO's `beta` (one per epoch), GRPO's `reward_weights`
             if isinstance(item, (int, float)) and not isinstance(item, bool):

@@ -11,7 +11,7 @@ import difflib
 import re
 
 from rlhf_cli.algorithms.spec import Algorithm, Values
-from rlhf_cli.config.engines.vllm import tied_head_problems
+from rlhf_cli.config.engines import tied_head_problems
 from rlhf_cli.generation.choice import Gather, Generation
 from rlhf_cli.models.architectures import (
     ALL_LINEAR,

@@ -21,7 +21,7 @@ from rlhf_cli.config import resume, run_checks
 from rlhf_cli.config.accelerate import LAYOUT_KEYS, AccelerateChoices, build_accelerate_config
 from rlhf_cli.config.agent_code import check_agent_data
 from rlhf_cli.config.draft import Draft
-from rlhf_cli.config.engines.vllm_server import check_server
+from rlhf_cli.config.engines import check_server
 from rlhf_cli.config.file_checks import run_problems
 from rlhf_cli.config.layers import apply_command_line, apply_environment, apply_recipe
 from rlhf_cli.config.processes import default_process_count

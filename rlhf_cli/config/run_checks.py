@@ -15,7 +15,7 @@ from rlhf_cli.config.accelerate import is_zero3, zero_stage
 from rlhf_cli.config.agent_code import own_data_problem
 from rlhf_cli.config.data_files import READERS, DataFileError, check_prompts
 from rlhf_cli.config.draft import Draft, Refused
-from rlhf_cli.config.engines.vllm import SYNC_DEFAULT_SOURCE, length_problems, vllm_problems
+from rlhf_cli.config.engines import config_room, engine_problems, length_problems
 from rlhf_cli.config.key_rules import check_model_config, check_reward_model, cross_field_problems
 from rlhf_cli.config.locate import DATA_BUILDERS, MODEL_FIELDS
 from rlhf_cli.config.lora import lora_problems
@@ -315,7 +315,7 @@ def check_cpu_and_lora(draft: Draft, cpu_only: bool) -> None:
 
 
 def check_across_fields(draft: Draft, accelerate: dict[str, Any], cpu_only: bool) -> None:
-    """The rules between fields: the catalogue's, the algorithm's own (with the process count), LoRA's, vLLM's."""
+    """The rules between fields: the catalogue's, the algorithm's own (with the process count), LoRA's, the engine's."""
     entry = algorithm(draft.request.algorithm)
     processes = int(accelerate.get("num_processes") or 1)
     name = draft.value("dataset_name")
@@ -323,9 +323,9 @@ def check_across_fields(draft: Draft, accelerate: dict[str, Any], cpu_only: bool
     for check in (lambda values: cross_field_problems(values, draft.fields),
                   lambda values: entry.checks(values, processes),
                   lambda values: lora_problems(values, entry, is_zero3(accelerate)),
-                  lambda values: vllm_problems(values, draft.said, processes, cuda=not cpu_only,
-                                               planning=draft.request.planning,
-                                               server_needs_gpu=entry.server_needs_gpu),
+                  lambda values: engine_problems(values, draft.said, processes, cuda=not cpu_only,
+                                                 planning=draft.request.planning,
+                                                 server_needs_gpu=entry.server_needs_gpu),
                   lambda values: length_problems(values, entry.completion_field, prompt_file,
                                                  draft.value("dataset_prompt_column"))):
         try:
@@ -337,8 +337,9 @@ def check_across_fields(draft: Draft, accelerate: dict[str, Any], cpu_only: bool
 def default_gather(draft: Draft) -> Setting:
     """When no source gives a gather choice: TRL's (gather) to generate; with vLLM the plan's bucket for its weight
     sync (`auto`), except under DoRA, whose magnitudes need the whole layer gathered (rlhf_cli/config/lora.py)."""
-    if Engine.from_values(draft.value).separate and not draft.value("use_dora"):
-        return Setting("auto", SYNC_DEFAULT_SOURCE)
+    engine = Engine.from_values(draft.value)
+    if engine.separate and not draft.value("use_dora"):
+        return Setting("auto", config_room(engine.spec).SYNC_DEFAULT_SOURCE)
     return Setting(draft.fields["ds3_gather_for_generation"].default, "default")
 
 

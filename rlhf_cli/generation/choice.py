@@ -15,15 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rlhf_cli.generation.budget import Budget, parse_budget
-from rlhf_cli.generation.engines import (
-    ENGINES,
-    HF,
-    VLLM_COLOCATE,
-    VLLM_SERVER,
-    EngineSpec,
-    engine_of,
-    separate_engine_of,
-)
+from rlhf_cli.generation.engines import ENGINES, HF, EngineSpec, engine_of, separate_engine, separate_engine_of
 
 GATHER_KEY = "ds3_gather_for_generation"
 BUDGET_KEY = "gather_budget"
@@ -71,8 +63,8 @@ class Engine:
 
 
 Engine.hf = Engine(*HF.key)
-Engine.colocate = Engine(*VLLM_COLOCATE.key)
-Engine.server = Engine(*VLLM_SERVER.key)
+Engine.colocate = Engine(*separate_engine("colocate").key)
+Engine.server = Engine(*separate_engine("server").key)
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,14 @@ from types import MappingProxyType
 from typing import Any
 
 USE_VLLM_KEY, VLLM_MODE_KEY = "use_vllm", "vllm_mode"
-# The layers that may hold code for an engine (each row's `faces` names a module for some of them), and the objects
-# a trainer holds that an engine implements (named `module:Class`): PPO's rollouts.
+# rlhf's own key: every how many syncs the ranks compare the engine's logprobs with the policy's
+SYNC_CHECK_KEY = "vllm_sync_check_steps"
+# The layers that may hold code for an engine (each row's `faces` names a module for some of them), the objects
+# a trainer holds that an engine implements (named `module:Class`): PPO's rollouts, and the settings an engine adds
+# to a config of rlhf's own (a dataclass it inherits, `module:Class`; an engine without keys of its own names none).
 LAYERS = ("config", "plan", "rank", "serve")
 OBJECT_FACES = ("ppo_rollouts",)
+SETTINGS_FACES = ("ppo_settings",)
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,9 +76,10 @@ _VLLM = {
     "versions": ("0.22.0", "0.31.0"),
     "install": VLLM_INSTALL,
     "forced_length_key": "min_tokens",
-    "faces": MappingProxyType({"config": "rlhf_cli.config.engines.vllm", "plan": "rlhf_cli.plan.engines.vllm",
+    "faces": MappingProxyType({"config": "rlhf_cli.config.engines.vllm", "plan": "rlhf_cli.plan.engines.vllm_plan",
                                "rank": "rlhf_cli.rank.engines.vllm", "serve": "rlhf_cli.cli.vllm_serve",
-                               "ppo_rollouts": "rlhf_cli.rank.engines.vllm.ppo_rollouts:VLLMRollouts"}),
+                               "ppo_rollouts": "rlhf_cli.rank.engines.vllm.ppo_rollouts:VLLMRollouts",
+                               "ppo_settings": "rlhf_cli.rank.engines.vllm.ppo_config:VLLMRolloutSettings"}),
 }
 HF = EngineSpec("hf", None, "generate", MappingProxyType({}),
                 faces=MappingProxyType({"ppo_rollouts": "rlhf_cli.rank.ppo.rollouts:HFRollouts"}))
@@ -93,16 +98,26 @@ def engine_spec(name: str, mode: str | None = None) -> EngineSpec:
     return ENGINES[name, mode]
 
 
+def face_paths(face: str) -> tuple[str, ...]:
+    """What the engines name under `face`, each once (an engine's modes share their faces), in registry order."""
+    return tuple(dict.fromkeys(spec.faces[face] for spec in ENGINES.values() if face in spec.faces))
+
+
 def engine_of(value: Callable[[str], Any]) -> EngineSpec:
     """The row a run's TRL keys choose (`value(key)`: its value, None or its default when unset): the policy's
     `generate` unless `use_vllm`."""
     return separate_engine_of(value) if value(USE_VLLM_KEY) else HF
 
 
+def separate_engine(mode: str) -> EngineSpec:
+    """The separate engine TRL runs in `mode`: "colocate" (in every training process) or "server"."""
+    return ENGINES[VLLM_COLOCATE.name, mode]
+
+
 def separate_engine_of(value: Callable[[str], Any]) -> EngineSpec:
     """The separate engine a run's keys name, whether or not it generates with it (the plan's columns for it): a
     vLLM server when `vllm_mode` says so, else TRL's colocate."""
-    return VLLM_SERVER if value(VLLM_MODE_KEY) == "server" else VLLM_COLOCATE
+    return separate_engine("server" if value(VLLM_MODE_KEY) == "server" else "colocate")
 
 
 def installed(spec: EngineSpec) -> tuple[str, str] | None:

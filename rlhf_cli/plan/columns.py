@@ -7,15 +7,28 @@ rlhf_cli/plan/__init__.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from rlhf_cli.generation.choice import Generation
+from rlhf_cli.generation.choice import Engine, Generation
 from rlhf_cli.plan import memory
-from rlhf_cli.plan.engines.vllm import VllmSettings
+from rlhf_cli.plan.engines import FINDINGS_KEY, SETTINGS_KEY
 from rlhf_cli.plan.hardware import Hardware
 from rlhf_cli.plan.memory import Component
 from rlhf_cli.plan.model_sizes import Adapter, ModelSize
 from rlhf_cli.plan.workload import Workload
+
+OFFLOADS = (("none", "none"), ("cpu", "none"), ("cpu", "cpu"))  # (optimizer, parameters), cheapest first
+
+
+class EngineSettings(Protocol):
+    """A separate engine's settings in a candidate (a type of its plan room, rlhf_cli/plan/engines/): how they read
+    in a table's title, a column's label and the plan's JSON."""
+
+    def description(self, engine: Engine) -> str: ...
+
+    def label(self, engine: Engine) -> str: ...
+
+    def as_dict(self, engine: Engine) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -26,12 +39,13 @@ class Candidate:
     offload_optimizer: str
     offload_params: str
     lora: bool = False  # LoRA on the trained models: frozen base shards, adapters trained, no reference copy
-    # the separate engine's settings (vLLM's: VllmSettings); set exactly when `generation.engine` is separate
-    engine_settings: VllmSettings | None = None
+    # the separate engine's settings (its plan room's type); set exactly when `generation.engine` is separate
+    engine_settings: EngineSettings | None = None
 
     @property
-    def colocated(self) -> VllmSettings | None:
-        """vLLM's settings when it runs inside every training process (its memory is on the training GPUs)."""
+    def colocated(self) -> Any:
+        """The engine's settings when it runs inside every training process (its memory is on the training GPUs);
+        None otherwise."""
         return self.engine_settings if self.generation.engine.spec.is_colocated else None
 
     @property
@@ -42,7 +56,7 @@ class Candidate:
 
     @property
     def engine(self) -> str:
-        """hf (the policy's generate) or vllm."""
+        """The engine's name in the registry: hf (the policy's generate) or a separate engine's."""
         return self.generation.engine.name
 
     @property
@@ -110,7 +124,7 @@ class Plan:
     suggestions: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     largest_generation_batch: int | None = None  # per GPU, with the run's own configuration; None: not even 1
-    vllm_findings: list[str] = field(default_factory=list)  # what colocated vLLM means here, what would fit
+    engine_findings: list[str] = field(default_factory=list)  # what the separate engine means here, what would fit
 
     @property
     def chosen(self) -> Column | None:
@@ -127,7 +141,7 @@ class Plan:
                                         self.work.element_bytes)
 
     def column(self, generation: Generation, offload_optimizer: str, offload_params: str, lora: bool = False,
-               engine_settings: VllmSettings | None = None) -> Column | None:
+               engine_settings: EngineSettings | None = None) -> Column | None:
         wanted = Candidate(generation, offload_optimizer, offload_params, lora=lora, engine_settings=engine_settings)
         return next((column for column in self.columns if column.candidate == wanted), None)
 
@@ -161,7 +175,7 @@ class Plan:
                  "gather_budget": str(c.candidate.generation.gather.budget) if c.candidate.generation.gather.budget
                  else None, "generation": c.candidate.generation.describe(), "lora": c.candidate.lora,
                  "engine": c.candidate.engine,
-                 "vllm": c.candidate.engine_settings.as_dict(c.candidate.generation.engine)
+                 SETTINGS_KEY: c.candidate.engine_settings.as_dict(c.candidate.generation.engine)
                  if c.candidate.engine_settings else None,
                  "offload_optimizer": c.candidate.offload_optimizer, "offload_params": c.candidate.offload_params,
                  "components": {part.name: part.gpu for part in c.components},
@@ -178,5 +192,5 @@ class Plan:
             "checkpoint_bytes": self.checkpoint_bytes,
             "reason": self.reason, "suggestions": self.suggestions, "notes": self.notes,
             "largest_generation_batch": self.largest_generation_batch,
-            "vllm_findings": self.vllm_findings,
+            FINDINGS_KEY: self.engine_findings,
         }

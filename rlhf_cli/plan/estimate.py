@@ -16,15 +16,14 @@ from itertools import accumulate
 from typing import Any
 
 from rlhf_cli.algorithms import algorithm
-from rlhf_cli.config.engines.vllm import SYNC_DEFAULT_SOURCE
+from rlhf_cli.config.engines import config_room
 from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.errors import PlanError
 from rlhf_cli.generation.budget import Budget, ranked
 from rlhf_cli.generation.choice import GATHER_KEY, Engine, Gather, Generation
 from rlhf_cli.plan import memory, time
-from rlhf_cli.plan.columns import Candidate, Column, Plan, trained_checkpoint_bytes
-from rlhf_cli.plan.engines.vllm_plan import engine_batch, engine_rows, engine_starts, left_open, settings_for
-from rlhf_cli.plan.engines.vllm_search import OFFLOADS, findings
+from rlhf_cli.plan.columns import OFFLOADS, Candidate, Column, Plan, trained_checkpoint_bytes
+from rlhf_cli.plan.engines import engine_rows, engine_settings, engine_starts, plan_room
 from rlhf_cli.plan.inputs import Inputs, read_inputs
 from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, TRAINING, Component
 from rlhf_cli.plan.workload import tool_note, workload
@@ -72,7 +71,7 @@ def components(inputs: Inputs, candidate: Candidate) -> list[Component]:
     largest = max(role.size.largest_layer for role in trained)
     trained_params = sum(adapter.params for adapter in adapters) if candidate.lora else engine
     largest_trained = max(adapter.largest for adapter in adapters) if candidate.lora else largest
-    hf = candidate.engine_settings is None  # with vLLM the policy does not generate: vLLM's rows instead
+    hf = candidate.engine_settings is None  # with a separate engine the policy does not generate: its rows instead
     rows.append(Component("gen weights", GENERATION, _generation_weights(inputs, candidate, engine, largest) if hf
                           else 0))
     rows.append(Component("gen KV cache", GENERATION, memory.kv_cache(
@@ -182,7 +181,7 @@ def _run_candidate(run: ResolvedRun, gather: Gather) -> Candidate:
     engine = run.generation.engine
     return Candidate(Generation(gather, engine), deepspeed.get("offload_optimizer_device") or "none",
                      deepspeed.get("offload_param_device") or "none", lora=bool(run.value("use_peft")),
-                     engine_settings=settings_for(run.value, engine))
+                     engine_settings=engine_settings(run.value, engine))
 
 
 def gather_choices(inputs: Inputs, candidate: Candidate) -> list[Candidate]:
@@ -222,7 +221,7 @@ def _largest_generation_batch(inputs: Inputs, candidate: Candidate) -> int | Non
     """The most sequences one GPU can generate together with `candidate` (the KV cache grows with them); with
     vLLM, the sequences its KV cache holds per process; None: not even one (or, vLLM server: not planned)."""
     if candidate.generation.engine.separate:
-        return engine_batch(inputs, candidate)
+        return plan_room(candidate.generation.engine.spec).engine_batch(inputs, candidate)
 
     def fits_with(batch: int) -> bool:
         return _fits(replace(inputs, work=replace(inputs.work, generation_batch=batch)), candidate)
@@ -245,9 +244,10 @@ def plan_run(run: ResolvedRun) -> Plan:
     gather, engine = run.generation.gather, run.generation.engine
     own = _run_candidate(run, Gather.whole if gather == Gather.auto else gather)
     separate = engine if engine.separate else Engine.separate_of(run.value)  # the engine of the separate columns
-    settings = settings_for(run.value, separate)
+    room = plan_room(separate.spec)
+    settings = room.run_settings(run.value)
     best = _auto_choice(inputs, replace(own, generation=Generation(Gather.whole, engine)),
-                        settings if left_open(run) else None, separate)
+                        settings if room.left_open(run) else None, separate)
     chosen = best if gather == Gather.auto else own
     hf, with_separate = Generation(engine=Engine.hf), Generation(engine=separate)
     whole_or_shards = (Gather.whole, Gather.shards)
@@ -270,9 +270,8 @@ def plan_run(run: ResolvedRun) -> Plan:
                 reason=_describe(mine, inputs.hardware.gpu_memory),
                 suggestions=[] if mine.fits else suggestions(inputs, columns, chosen), notes=notes,
                 largest_generation_batch=_largest_generation_batch(inputs, chosen),
-                vllm_findings=findings(lambda candidate: _column(inputs, candidate, False), inputs.hardware,
-                                       inputs.work, inputs.roles[0].size, settings, separate,
-                                       (own.offload_optimizer, own.offload_params)))
+                engine_findings=room.engine_findings(lambda candidate: _column(inputs, candidate, False), inputs,
+                                                     settings, separate, (own.offload_optimizer, own.offload_params)))
 
 
 def _auto_choice(inputs: Inputs, gathered: Candidate, open_settings: Any, separate: Engine) -> Candidate:
@@ -296,16 +295,18 @@ def planned(run: ResolvedRun) -> tuple[ResolvedRun, Plan]:
 
 def settle_gather(run: ResolvedRun, plan: Plan) -> ResolvedRun:
     """`gather: auto` becomes the plan's choice (the fastest gather, budget or no-gather that fits with the margin;
-    with vLLM, of the weight sync; where the run left vLLM open and it is installed, vLLM when that is faster), with
-    the reason as the value's source. A vLLM run given no gather choice (SYNC_DEFAULT_SOURCE) syncs the whole policy
-    when there is no plan. Errors name the fix."""
+    with a separate engine, of the weight sync; where the run left the engine open and vLLM is installed, vLLM when
+    that is faster), with the reason as the value's source. A separate engine's run given no gather choice (its
+    config room's SYNC_DEFAULT_SOURCE) syncs the whole policy when there is no plan. Errors name the fix; the
+    engine's words are its plan room's (WORDS)."""
     if run.generation.gather != Gather.auto:
         return run
     engine = run.generation.engine
-    defaulted = run.settings[GATHER_KEY].source == SYNC_DEFAULT_SOURCE
-    if not plan.known and defaulted:
+    words = plan_room(engine.spec).WORDS if engine.separate else None
+    defaulted = engine.separate and run.settings[GATHER_KEY].source == config_room(engine.spec).SYNC_DEFAULT_SOURCE
+    if not plan.known and words is not None and defaulted:
         return run.with_generation(Generation(Gather.whole, engine), f"default: no plan ({plan.why_unknown})",
-                                   f"vLLM's weight sync: the whole policy at once (no plan: {plan.why_unknown})")
+                                   words.no_plan.format(why=plan.why_unknown))
     if not plan.known:
         raise PlanError(f"gather: auto needs a memory plan, and there is none: {plan.why_unknown}; "
                         "pass --gather or --no-gather, or make config.json available")
@@ -315,7 +316,7 @@ def settle_gather(run: ResolvedRun, plan: Plan) -> ResolvedRun:
                                      own.engine_settings) for gather in (Gather.whole, Gather.shards))
     assert gathered is not None and sharded is not None
     memory_text = gib(plan.hardware.gpu_memory)
-    doing = "syncing vLLM the whole policy at once" if own.engine_settings else "gathering"
+    doing = words.syncing_whole if words is not None else "gathering"
     if not plan.chosen.fits:
         what = "; ".join(plan.suggestions)
         sharded_doing = "one unit at a time" if own.engine_settings else "generating from shards"
@@ -323,13 +324,14 @@ def settle_gather(run: ResolvedRun, plan: Plan) -> ResolvedRun:
                         f"{sharded_doing} {gib(sharded.peak)} "
                         f"of {memory_text} per GPU ({memory.MARGIN:.0%} margin). {what}")
     why = f"{doing} needs {gib(gathered.peak)} of {memory_text}"
-    if chosen.generation.engine != engine:
-        why += f"; vLLM (installed, the engine left open) with {chosen.label} needs {gib(plan.chosen.peak)}"
+    chosen_words = plan_room(chosen.generation.engine.spec).WORDS if chosen.generation.engine.separate else None
+    if chosen.generation.engine != engine and chosen_words is not None:
+        why += f"; {chosen_words.left_open} with {chosen.label} needs {gib(plan.chosen.peak)}"
     if chosen.generation.gather.budget is not None:
         why += f"; gathering {chosen.generation.gather.budget} of the policy needs {gib(plan.chosen.peak)}"
     if plan.chosen.step_seconds is not None:
         why += f"; the fastest that fits: {plan.chosen.step_seconds:.3g} s per step"
-    sync = "vLLM, sync " if chosen.generation.engine.separate else ""
-    given = " (no gather choice given with vLLM: the plan's)" if defaulted else ""
+    sync = chosen_words.chosen if chosen_words is not None else ""
+    given = words.defaulted if words is not None and defaulted else ""
     return run.with_generation(chosen.generation, f"rlhf plan{given}: {why}",
                                f"gather: auto -> {sync}{chosen.mode}{given}; {why}")

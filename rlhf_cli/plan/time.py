@@ -27,7 +27,7 @@ from rlhf_cli.generation.budget import bought_total
 from rlhf_cli.machine.gpus import Gpu
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.columns import Candidate
-from rlhf_cli.plan.engines import vllm_time
+from rlhf_cli.plan.engines import plan_room
 from rlhf_cli.plan.inputs import Inputs
 from rlhf_cli.plan.model_sizes import ModelSize
 from rlhf_cli.plan.rates import Rates, forward_flops, modules
@@ -56,11 +56,14 @@ def step_time(inputs: Inputs, candidate: Candidate, gpu: Gpu, checkpoint_bytes: 
     hw = inputs.hardware
     rates = Rates.of(gpu, hw.total_gpus, hw.machines, candidate.offload_params != "none")
     step = algorithm(inputs.algorithm).step_work(inputs.value)
-    wake_weights, wake_kv = vllm_time.wake_seconds(inputs, candidate, rates)  # once per generation round
-    sync = vllm_time.sync_seconds(inputs, candidate, rates) if candidate.engine_settings else 0.0
+    if candidate.engine_settings is not None:  # a separate engine: its room times generation and its syncs
+        generation, weight_sync = plan_room(candidate.generation.engine.spec).engine_seconds(inputs, candidate,
+                                                                                            rates, step)
+    else:
+        generation, weight_sync = generation_seconds(inputs, candidate, rates, step), 0.0
     return {
-        GENERATION: generation_seconds(inputs, candidate, rates, step) + wake_kv * step.syncs,
-        WEIGHT_SYNC: (sync + wake_weights) * step.syncs,
+        GENERATION: generation,
+        WEIGHT_SYNC: weight_sync,
         SCORING: scoring_seconds(inputs, candidate, rates, step),
         TRAINING: training_seconds(inputs, candidate, rates, step),
         OPTIMIZER_STEP: optimizer_seconds(inputs, candidate, rates),
@@ -70,12 +73,10 @@ def step_time(inputs: Inputs, candidate: Candidate, gpu: Gpu, checkpoint_bytes: 
 
 
 def generation_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: StepWork) -> float:
-    """Sampling one optimizer step's share of the rollouts: `generated` / batch calls of a prefill and one forward
-    per completion token."""
+    """The policy's own `generate` sampling one optimizer step's share of the rollouts: `generated` / batch calls
+    of a prefill and one forward per completion token."""
     work, policy = inputs.work, inputs.roles[0].size
     calls = step.generated / work.generation_batch
-    if candidate.engine_settings is not None:
-        return calls * vllm_time.call_seconds(inputs, candidate, rates)
     b, p, c = work.element_bytes, work.prompt_length, work.completion_length
     batch = work.generation_batch
     prefill = rates.matmul(forward_flops(policy, batch, p))
@@ -104,7 +105,7 @@ def scoring_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: St
     """No-grad forwards over the generated sequences: the reference (the policy with adapters off under LoRA), the
     reward and value models, and the policy's old log-probs when the trainer takes them."""
     work = inputs.work
-    old = step.old_logprobs_with_vllm if candidate.engine_settings is not None else step.old_logprobs
+    old = step.scores_old_logprobs(candidate.engine_settings is not None)
     models = [role.size for role in inputs.roles if role.name != "policy"]
     models += [inputs.roles[0].size] if old else []
     length = work.prompt_length + work.completion_length

@@ -6,6 +6,7 @@ from typing import Any
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import load_object
+from rlhf_cli.generation.engines import SYNC_CHECK_KEY
 from rlhf_cli.rank.engines import engine_room
 from rlhf_cli.rank.inputs import RankInputs, agent_arguments, load_prompts, reward_funcs, reward_functions
 from rlhf_cli.rank.lora import adapt_ppo_models, peft_config
@@ -140,4 +141,4 @@ def build_ppo(inputs: RankInputs) -> Any:
                       value_model=value, reward_model=reward, reward_funcs=reward_functions(inputs),
                       train_dataset=_tokenize_prompts(train, tokenizer),
                       generation=inputs.generation(),
-                      sync_check_steps=inputs.launch_value("vllm_sync_check_steps"))
+                      sync_check_steps=inputs.launch_value(SYNC_CHECK_KEY))

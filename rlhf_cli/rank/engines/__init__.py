@@ -13,6 +13,10 @@ from types import ModuleType
 
 from rlhf_cli.generation.engines import EngineSpec
 
+# The rank record's keys for a separate engine (rlhf_cli/rank/record.py): its weight syncs and the generation calls
+# of PPO's rollouts; named when vLLM was the only one (the benchmarks read them)
+SYNC_RECORD_KEY, GENERATION_SECONDS_KEY = "vllm_sync", "vllm_generation_seconds"
+
 
 def prepare_engine(spec: EngineSpec) -> None:
     """What a rank sets up for its engine before the trainer is built: the engine's CPU settings (unless the run

@@ -8,8 +8,8 @@ import contextlib
 import time
 from typing import Any
 
+import rlhf_cli.rank.engines.delta as delta
 from rlhf_cli.generation.sync_buckets import buckets
-from rlhf_cli.rank.engines import delta
 from rlhf_cli.rank.engines.sync_log import SYNC_LOG
 from rlhf_cli.rank.engines.weights import GatheredBytes, SyncLimit, WeightTarget, bucket_weights
 from rlhf_cli.rank.phases import SYNC, PeakMeter, StepPhases

@@ -7,10 +7,18 @@ from typing import Any, Literal
 
 from transformers import TrainingArguments
 
+from rlhf_cli.algorithms.spec import load_object
+from rlhf_cli.generation.engines import face_paths
+
+SETTINGS_FACE = "ppo_settings"  # the face of an engine row that names the keys it adds to PPO's config
+# Each engine's own keys (TRL's GRPOConfig holds them the same way), from the engine's room
+ENGINE_SETTINGS = tuple(load_object(path) for path in face_paths(SETTINGS_FACE))
+
 
 @dataclass
-class PPOConfig(TrainingArguments):
-    """Settings of rlhf's PPO trainer (RLHF PPO as in Huang et al., 2024)."""
+class PPOConfig(*ENGINE_SETTINGS, TrainingArguments):
+    """Settings of rlhf's PPO trainer (RLHF PPO as in Huang et al., 2024); each separate engine's keys are its
+    room's, inherited (`ENGINE_SETTINGS`), and so is the sampling correction they choose (`sampling_correction`)."""
 
     value_model_name_or_path: str | None = field(
         default=None, metadata={"help": "Value model to start from; default: the reward model."})
@@ -40,39 +48,6 @@ class PPOConfig(TrainingArguments):
     lam: float = field(default=0.95, metadata={"help": "Lambda of GAE."})
     ds3_gather_for_generation: bool = field(
         default=True, metadata={"help": "Under ZeRO-3, gather the whole policy on every rank to generate."})
-    # vLLM rollouts: TRL's GRPOConfig keys, names, defaults and meaning (rlhf_cli/rank/engines/vllm/sync.py syncs them).
-    use_vllm: bool = field(default=False, metadata={"help": "Generate rollouts with vLLM instead of model.generate()."})
-    vllm_mode: str = field(default="colocate", metadata={
-        "help": "`colocate`: vLLM in each training process; `server`: a separate vLLM server (vllm_server_host)."})
-    vllm_model_impl: str = field(default="vllm",
-                                 metadata={"help": "vLLM's model implementation: vllm or transformers."})
-    vllm_enable_sleep_mode: bool = field(default=False, metadata={
-        "help": "Put colocated vLLM to sleep (weights and cache freed) while training; needs a CUDA GPU."})
-    vllm_gpu_memory_utilization: float = field(default=0.3, metadata={
-        "help": "Share of each GPU's total memory colocated vLLM takes (its weights and KV cache)."})
-    vllm_tensor_parallel_size: int = field(default=1, metadata={
-        "help": "Processes one colocated vLLM engine spans; must divide the number of processes."})
-    vllm_max_model_length: int | None = field(default=None, metadata={
-        "help": "vLLM's context window: at least the longest prompt plus response_length; default the model's."})
-    vllm_server_base_url: str | None = field(default=None, metadata={
-        "help": "Base URL of the vLLM server (http://host:8000); overrides vllm_server_host and _port."})
-    vllm_server_host: str = field(default="0.0.0.0", metadata={"help": "Host of the vLLM server."})
-    vllm_server_port: int = field(default=8000, metadata={"help": "Port of the vLLM server."})
-    vllm_server_timeout: float = field(default=240.0, metadata={
-        "help": "Seconds to wait for the vLLM server to be up."})
-    # TRL 1.16's GRPOConfig keys for vLLM's importance sampling (its deprecated `vllm_importance_sampling_cap` is
-    # accepted as the old name of `vllm_importance_sampling_clip_max`: rlhf_cli/algorithms/ppo.py)
-    vllm_importance_sampling_correction: bool = field(default=True, metadata={
-        "help": "Weight the policy loss by importance-sampling ratios pi_policy / pi_vLLM (vllm_importance_sampling_"
-                "mode): TRL's correction for the mismatch between vLLM's and the policy's log-probs."})
-    vllm_importance_sampling_mode: str = field(default="sequence_mask", metadata={
-        "help": "How the ratios weigh the loss: token_truncate, token_mask, sequence_truncate or sequence_mask. "
-                "Per token or one per sequence (its tokens' log-ratios summed); clipped into [clip_min, clip_max] "
-                "(*_truncate) or 0 outside it (*_mask)."})
-    vllm_importance_sampling_clip_max: float | None = field(default=3.0, metadata={
-        "help": "Importance sampling upper bound C_max used by `vllm_importance_sampling_mode`."})
-    vllm_importance_sampling_clip_min: float | None = field(default=None, metadata={
-        "help": "Importance sampling lower bound C_min used by `vllm_importance_sampling_mode`."})
     model_init_kwargs: dict[str, Any] | None = field(
         default=None, metadata={"help": "Keyword arguments for `from_pretrained` of the models."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})

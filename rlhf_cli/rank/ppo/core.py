@@ -6,13 +6,9 @@ Shapes: B sequences x T response tokens; masks are True where a token is padding
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 INVALID_LOGPROB = 1.0  # what masked log-probabilities are set to; never read by a loss
-# TRL's `vllm_importance_sampling_mode`s (GRPOConfig; its default: sequence_mask)
-IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 def first_true_indices(bools: torch.Tensor) -> torch.Tensor:
@@ -126,32 +122,3 @@ def penalise_missing_eos(scores: torch.Tensor, responses: torch.Tensor, eos_toke
         return scores
     has_eos = (responses == eos_token_id).any(dim=-1)
     return torch.where(has_eos, scores, scores - penalty)
-
-
-def sampling_correction(logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, mask: torch.Tensor, mode: str,
-                        clip_min: float | None, clip_max: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """TRL's importance sampling for the mismatch between vLLM's log-probs and the policy's (GRPOTrainer's
-    `vllm_importance_sampling_mode`): exp(policy - vLLM) per token (`token_*`: B x T) or per sequence, its tokens'
-    log-ratios summed (`sequence_*`: B x 1, weighing each of its tokens); clipped into [clip_min, clip_max]
-    (`*_truncate`) or 0 outside it (`*_mask`), a missing bound unbounded. A token outside `mask` or that vLLM gave
-    no log-prob (NaN) adds 0 to the log-ratio. Also |policy - vLLM| of the masked tokens vLLM scored (TRL's
-    `sampling/sampling_logp_difference`)."""
-    if mode not in IS_MODES:
-        raise ValueError(f"vllm_importance_sampling_mode must be one of {', '.join(IS_MODES)}, got {mode!r}")
-    difference = torch.nan_to_num((logprobs - sampling_logprobs) * mask, nan=0.0)
-    if mode.startswith("sequence"):
-        difference = difference.sum(-1, keepdim=True)
-    ratio = torch.exp(difference)
-    if mode.endswith("truncate"):
-        ratio = torch.clamp(ratio, min=clip_min, max=clip_max)
-    else:
-        low, high = -math.inf if clip_min is None else clip_min, math.inf if clip_max is None else clip_max
-        ratio = ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
-    delta = (logprobs - sampling_logprobs).abs()
-    return ratio, delta[mask & ~torch.isnan(delta)]
-
-
-def sampling_weights_seen(ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The importance-sampling weights TRL's metrics summarise: each sequence's once (sequence modes), else each
-    masked token's."""
-    return ratio.flatten() if ratio.size(-1) == 1 else ratio[mask]

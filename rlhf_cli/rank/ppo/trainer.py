@@ -22,6 +22,7 @@ from trl.models import prepare_deepspeed
 from rlhf_cli import compat
 from rlhf_cli.generation.choice import Generation
 from rlhf_cli.output.run_dir import TRAINER_STATE
+from rlhf_cli.rank.engines.importance_sampling import sampling_weights_seen
 from rlhf_cli.rank.ppo import core, saving
 from rlhf_cli.rank.ppo.config import PPOConfig
 from rlhf_cli.rank.ppo.modules import PolicyAndValue, disable_dropout, model_inputs, sequence_scores
@@ -242,10 +243,12 @@ class PPOTrainer(Trainer):
         advantages = torch.masked_fill(core.masked_whiten(advantages, ~padding), padding, 0)
         targets = {"scores": scores, "padding": padding, "padding_p1": padding_p1, "logprobs": logprobs, "kl": kl,
                    "non_score": non_score, "values": values, "advantages": advantages, "returns": returns}
-        if rollout["sampling_logprobs"] is not None:  # vLLM sampled: TRL's mismatch and its correction
-            targets["importance_sampling_ratio"], targets["sampling_difference"] = core.sampling_correction(
-                rollout["logprobs"], rollout["sampling_logprobs"], ~padding, args.vllm_importance_sampling_mode,
-                args.vllm_importance_sampling_clip_min, args.vllm_importance_sampling_clip_max)
+        if rollout["sampling_logprobs"] is not None:  # a separate engine sampled: TRL's mismatch, its correction
+            correction = args.sampling_correction()
+            ratio, targets["sampling_difference"] = correction.ratios(rollout["logprobs"],
+                                                                      rollout["sampling_logprobs"], ~padding)
+            if correction.weighs:
+                targets["importance_sampling_ratio"] = ratio
         return targets
 
     def _epochs(self, model: nn.Module, rollout: dict[str, torch.Tensor],
@@ -280,8 +283,7 @@ class PPOTrainer(Trainer):
         predicted = torch.masked_fill(predicted[:, context_length - 1:-1].squeeze(-1), padding_p1, 0)
         vf_loss, vf_clipfrac = core.value_loss(predicted, targets["values"][micro], targets["returns"][micro],
                                                args.cliprange_value, ~padding_p1)
-        weights = targets["importance_sampling_ratio"][micro] if "importance_sampling_ratio" in targets \
-            and args.vllm_importance_sampling_correction else None
+        weights = targets["importance_sampling_ratio"][micro] if "importance_sampling_ratio" in targets else None
         pg_loss, pg_clipfrac, approxkl = core.policy_loss(new_logprobs, old_logprobs, targets["advantages"][micro],
                                                           args.cliprange, ~padding, weights)
         self.accelerator.backward(pg_loss + args.vf_coef * vf_loss)
@@ -319,14 +321,14 @@ class PPOTrainer(Trainer):
         return {name: value.item() for name, value in stats.items()}
 
     def _sampling_statistics(self, targets: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """TRL's vLLM mismatch metrics, as GRPO logs them: |policy - vLLM| log-prob of the sampled tokens (each
+        """TRL's sampling mismatch metrics, as GRPO logs them: |policy - engine| log-prob of the sampled tokens (each
         rank's mean, averaged; the largest), and the importance-sampling weights when they correct the loss."""
         gather, zero = self.accelerator.gather, torch.zeros((), device=targets["padding"].device)
         delta = targets["sampling_difference"]
         stats = {"sampling/sampling_logp_difference/mean": gather(delta.mean() if delta.numel() else zero).mean(),
                  "sampling/sampling_logp_difference/max": gather(delta.max() if delta.numel() else zero).max()}
-        if self.args.vllm_importance_sampling_correction:
-            ratio = core.sampling_weights_seen(targets["importance_sampling_ratio"], ~targets["padding"])
+        if "importance_sampling_ratio" in targets:  # the correction weighs the loss
+            ratio = sampling_weights_seen(targets["importance_sampling_ratio"], ~targets["padding"])
             empty = not ratio.numel()
             stats["sampling/importance_sampling_ratio/min"] = gather(zero if empty else ratio.min()).min()
             stats["sampling/importance_sampling_ratio/mean"] = gather(zero if empty else ratio.mean()).mean()

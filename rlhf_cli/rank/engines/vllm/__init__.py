@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlhf_cli.generation.engines import SYNC_CHECK_KEY
+
 
 def install(config: Any, inputs: Any) -> None:
     """TRL's colocated vLLM in the policy's training dtype, synced within the run's gather choice by the run's
@@ -22,7 +24,7 @@ def install(config: Any, inputs: Any) -> None:
                            inputs.model_value("model_name_or_path"))
     generation = inputs.generation()
     install_vllm(generation.gather, dtype=dtype, seed=config.seed,
-                 check=SyncCheck(inputs.launch_value("vllm_sync_check_steps")), output_dir=config.output_dir,
+                 check=SyncCheck(inputs.launch_value(SYNC_CHECK_KEY)), output_dir=config.output_dir,
                  sync_hook=algorithm(inputs.algorithm).sync_hooks[generation.engine.name])
 
 

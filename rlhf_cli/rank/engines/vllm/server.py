@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
+import rlhf_cli.rank.engines.vllm.worker_extension as worker
 from rlhf_cli.config.engines.vllm import LOGPROBS_MODE
-from rlhf_cli.rank.engines.vllm import worker_extension as worker
 from rlhf_cli.rank.engines.vllm.patch_files import write_patch_file
 
 WEIGHT_DIR = "vllm-weights"  # under the run's output directory: the trainer writes, the server reads
