@@ -101,3 +101,11 @@ def test_the_eta_comes_from_the_runs_own_phases_not_a_line_through_its_start_up(
         state.global_step = step
         progress.on_step_end(args, state, None)
     assert progress.eta(args, state) == pytest.approx(18.0)
+
+
+def test_the_eta_is_rounded_and_to_a_tenth_of_a_second_under_a_minute() -> None:
+    """A short run's whole seconds, cut, would be its error: 3.96 s left showed as 3."""
+    from rlhf_cli.rank.progress import _eta_clock
+
+    assert [_eta_clock(seconds) for seconds in (3.96, 0.0, 59.97, 125.6, 3599.6)] == [
+        "0:00:04.0", "0:00:00.0", "0:01:00", "0:02:06", "1:00:00"]

@@ -3,7 +3,9 @@ applies (a CPU machine, a GPU the table lacks).
 
 The measurement (`python -m rlhf_cli.machine.calibration`) runs in a subprocess of its own, because it needs torch
 and planning never imports it: a matmul's FLOP/s, a large copy's memory bandwidth, and a 2-process all-gather's
-rate and latency (gloo on CPU, NCCL on two GPUs), about ten seconds. It is remembered in rlhf's cache dir
+rate and latency (gloo on CPU, NCCL on two GPUs), and what a small module's call costs from Python (eager
+PyTorch's fixed cost per call, which the time plan counts per generated token, micro-batch and step), about ten
+seconds. It is remembered in rlhf's cache dir
 (`$RLHF_CACHE`, else ~/.cache/rlhf) as calibration.json; `rlhf doctor --calibrate` measures again.
 
 When it runs: only on `rlhf doctor --calibrate`. Planning never measures (it would cost a fresh machine, a CI
@@ -40,6 +42,7 @@ class Calibration:
     backend: str  # gloo or nccl
     measured_at: float  # time.time()
     host: str
+    call_latency: float | None = None  # seconds of one small module's call from Python (None: measured before it was)
 
     def age(self, now: float | None = None) -> str:
         seconds = max(0.0, (now or time.time()) - self.measured_at)
@@ -52,7 +55,9 @@ class Calibration:
     def describe(self) -> str:
         return (f"calibrated here ({self.device}, {self.age()}): matmul {self.matmul_flops / 1e9:.3g} GFLOP/s, "
                 f"memory {self.memory_bandwidth / 1e9:.3g} GB/s, {self.backend} all-gather "
-                f"{self.all_gather_rate / 1e9:.3g} GB/s and {self.all_gather_latency * 1e3:.3g} ms")
+                f"{self.all_gather_rate / 1e9:.3g} GB/s and {self.all_gather_latency * 1e3:.3g} ms"
+                + (f", a module call {self.call_latency * 1e6:.3g} us" if self.call_latency else
+                   ", no module call measured (`rlhf doctor --calibrate` again)"))
 
 
 def as_gpu(calibration: Calibration, processes_per_machine: int) -> Gpu:
@@ -63,7 +68,7 @@ def as_gpu(calibration: Calibration, processes_per_machine: int) -> Gpu:
     return Gpu(f"this machine ({calibration.device}, calibrated)", calibration.matmul_flops / share,
                calibration.memory_bandwidth / share, calibration.backend,
                calibration.all_gather_rate / COLLECTIVE_EFFICIENCY, calibration.memory_bandwidth / share,
-               fetch_latency=calibration.all_gather_latency)
+               fetch_latency=calibration.all_gather_latency, call_latency=calibration.call_latency)
 
 
 def remembered(cache: Path | None = None) -> Calibration | None:
@@ -143,6 +148,7 @@ def measure() -> Calibration:
     source = torch.empty(256 << 20 if cuda else 64 << 20, device=device, dtype=torch.uint8)
     target = torch.empty_like(source)
     bandwidth = 2 * source.numel() / _timed(lambda: (target.copy_(source), sync()), 10)
+    call = _call_latency(torch, device)
     backend = "nccl" if cuda and torch.cuda.device_count() >= 2 else "gloo"
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -152,7 +158,16 @@ def measure() -> Calibration:
     mp.start_processes(_all_gather, args=(port, backend, found), nprocs=2, start_method="spawn")
     rate, latency = found.get()
     name = torch.cuda.get_device_name(0) if cuda else "cpu"
-    return Calibration(name, flops, bandwidth, rate, latency, backend, time.time(), socket.gethostname())
+    return Calibration(name, flops, bandwidth, rate, latency, backend, time.time(), socket.gethostname(), call)
+
+
+def _call_latency(torch: Any, device: Any) -> float:
+    """Seconds of one call of a tiny nn.Linear from Python: the module machinery, the dispatch and (on a GPU) the
+    kernel's launch, without waiting for it; what eager transformers pays per module whatever the model's size."""
+    layer = torch.nn.Linear(8, 8).to(device)
+    tiny = torch.randn(2, 8, device=device)
+    with torch.no_grad():
+        return _timed(lambda: layer(tiny), 2000)
 
 
 if __name__ == "__main__":

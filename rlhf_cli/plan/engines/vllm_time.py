@@ -18,7 +18,7 @@ from rlhf_cli.plan.rates import Rates, forward_flops
 # All assumed, then checked against published step times (benchmarks/plan_published.py):
 VLLM_PREFILL_UTILISATION = 0.5  # share of peak FLOPs of vLLM's prefill (FlashAttention, fused kernels)
 VLLM_DECODE_BANDWIDTH = 0.8  # share of memory bandwidth vLLM's decode reaches with CUDA graphs
-VLLM_STEP_OVERHEAD = 2e-3  # seconds per decode step: scheduling and sampling
+VLLM_STEP_CALLS = 400  # small module calls' worth per decode step: scheduling and sampling (2 ms at 5 us)
 TP_ALL_REDUCE = 20e-6  # seconds per all-reduce of a decode step's activations between tensor-parallel GPUs
 VLLM_SERVER_GPUS = 1  # the server's GPUs, as TRL's documentation's examples give it
 COLOCATED_BUCKET_OVERHEAD = 5e-3  # seconds per sync bucket: the gather's launch, vLLM's layerwise reload call
@@ -45,7 +45,7 @@ def call_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
     read = (policy.params * b / gpus + kv) / (rates.memory * VLLM_DECODE_BANDWIDTH)
     compute = rates.matmul(forward_flops(policy, sequences, 1) / gpus, VLLM_PREFILL_UTILISATION)
     all_reduce = 2 * policy.layers * TP_ALL_REDUCE if gpus > 1 else 0.0
-    return prefill + c * (max(read, compute) + all_reduce + VLLM_STEP_OVERHEAD)
+    return prefill + c * (max(read, compute) + all_reduce + rates.calls(VLLM_STEP_CALLS))
 
 
 def wake_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> tuple[float, float]:

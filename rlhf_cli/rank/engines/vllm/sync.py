@@ -15,6 +15,7 @@ from rlhf_cli.rank.engines.sync import sync_weights
 from rlhf_cli.rank.engines.vllm.server import WEIGHT_DIR, ServerTarget
 from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
 from rlhf_cli.rank.engines.weights import SyncLimit
+from rlhf_cli.rank.phases import GENERATION, StepPhases
 
 
 def install_vllm(gather: Gather, dtype: str, seed: int, check: Any, output_dir: str) -> None:
@@ -55,6 +56,7 @@ def install_vllm(gather: Gather, dtype: str, seed: int, check: Any, output_dir: 
     vllm_compat.replace_trl_vllm_engine(engine)
     vllm_compat.replace_trl_vllm_sync(sync_generation, sync_online_dpo)
     vllm_compat.replace_trl_vllm_server_transport(check_server_version)
+    vllm_compat.replace_trl_vllm_generate(lambda: StepPhases.current().during(GENERATION))  # the `generation` phase
 
 
 def server_target(owner: Any, client_attribute: str, output_dir: str) -> ServerTarget:
