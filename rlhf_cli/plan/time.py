@@ -57,7 +57,7 @@ def step_time(inputs: Inputs, candidate: Candidate, gpu: Gpu, checkpoint_bytes: 
     sync = vllm_time.sync_seconds(inputs, candidate, rates) if candidate.vllm else 0.0
     return {
         GENERATION: generation_seconds(inputs, candidate, rates, step) + wake_kv * step.syncs,
-        WEIGHT_SYNC: (sync + wake_weights) * step.syncs,
+        WEIGHT_SYNC: (sync + wake_weights) * step.syncs + vllm_time.check_seconds(inputs, candidate, rates),
         SCORING: scoring_seconds(inputs, candidate, rates, step),
         TRAINING: training_seconds(inputs, candidate, rates, step),
         OPTIMIZER_STEP: optimizer_seconds(inputs, candidate, rates),

@@ -9,11 +9,13 @@ hands each to vLLM: copied in place when colocated, broadcast from rank 0 to the
 
 from __future__ import annotations
 
-from rlhf_cli.plan import memory
+from rlhf_cli.algorithms import algorithm
+from rlhf_cli.generation.sync_check import PROBE_PROMPTS, PROBE_TOKENS, checked
+from rlhf_cli.plan import fixed_costs, memory
 from rlhf_cli.plan.columns import Candidate
 from rlhf_cli.plan.engines import vllm
 from rlhf_cli.plan.inputs import Inputs
-from rlhf_cli.plan.rates import Rates, forward_flops
+from rlhf_cli.plan.rates import Rates, forward_flops, modules
 
 # All assumed, then checked against published step times (benchmarks/plan_published.py):
 VLLM_PREFILL_UTILISATION = 0.5  # share of peak FLOPs of vLLM's prefill (FlashAttention, fused kernels)
@@ -28,6 +30,12 @@ SERVER_BUCKET_OVERHEAD = 20e-3  # seconds per sync bucket to a server: its HTTP 
 # one at a time, 11.8 s in 2 GiB buckets; benchmarks/plan_published.py replays both)
 TENSOR_LOAD = 0.5e-3
 SLEEP_CYCLE_OVERHEAD = 0.05  # seconds per sleep and wake: the allocator's unmap and map calls (assumed)
+# Fixed costs in small module calls (rlhf_cli/plan/fixed_costs.py), fitted to the smoke recipe's colocated syncs on
+# CPU: per tensor synced, the delta's snapshot and both sides' checksums; per self-check, vLLM's logprobs and the
+# policy's head gathered; once per run, vLLM's first generation (buffers allocated; the first self-check pays it)
+SYNC_TENSOR_CALLS = 340
+CHECK_CALLS = 30_000
+FIRST_GENERATION_CALLS = 15_000
 
 
 def call_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
@@ -79,5 +87,25 @@ def buckets_seconds(buckets: list[tuple[float, int, int]], rates: Rates, server:
     for size, tensors, alike in buckets:
         handing = size / rates.interconnect + SERVER_BUCKET_OVERHEAD if server else \
             size / rates.memory + COLOCATED_BUCKET_OVERHEAD
-        seconds += alike * (rates.fetch(size) + handing + tensors * TENSOR_LOAD)
+        seconds += alike * (rates.fetch(size) + handing + tensors * TENSOR_LOAD + rates.calls(
+            tensors * SYNC_TENSOR_CALLS))
     return seconds
+
+
+def check_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
+    """The sync's self-check per optimizer step (rlhf_cli/rank/engines/vllm/self_check.py): after the first two syncs
+    and every `vllm_sync_check_steps`-th, vLLM continues the probe's prompts and the policy scores them, one
+    forward a prompt; the first check also pays vLLM's first generation. Over the run's steps (`max_steps`; unknown:
+    only the periodic checks)."""
+    every, steps = inputs.value("vllm_sync_check_steps"), inputs.value("max_steps") or 0
+    if not every or candidate.vllm is None:
+        return 0.0
+    policy, b = inputs.roles[0].size, inputs.work.element_bytes
+    probe = PROBE_PROMPTS * (rates.fetch(policy.params * b) + modules(policy) * rates.module_overhead
+                             + rates.calls(fixed_costs.forward(policy)))
+    probe += rates.calls(PROBE_TOKENS * VLLM_STEP_CALLS + CHECK_CALLS)
+    if steps <= 0:
+        return probe / every
+    syncs = round(steps * algorithm(inputs.algorithm).step_work(inputs.value).syncs)
+    checks = sum(checked(sync, every, False) for sync in range(1, syncs + 1))
+    return (checks * probe + rates.calls(FIRST_GENERATION_CALLS)) / steps
