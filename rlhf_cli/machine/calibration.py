@@ -163,11 +163,14 @@ def measure() -> Calibration:
 
 def _call_latency(torch: Any, device: Any) -> float:
     """Seconds of one call of a tiny nn.Linear from Python: the module machinery, the dispatch and (on a GPU) the
-    kernel's launch, without waiting for it; what eager transformers pays per module whatever the model's size."""
+    kernel's launch, without waiting for it; what eager transformers pays per module whatever the model's size.
+    The median of 9 rounds: a moment of other work on the machine moves one round, not the number."""
+    import statistics
+
     layer = torch.nn.Linear(8, 8).to(device)
     tiny = torch.randn(2, 8, device=device)
     with torch.no_grad():
-        return _timed(lambda: layer(tiny), 2000)
+        return statistics.median(_timed(lambda: layer(tiny), 1000) for _ in range(9))
 
 
 if __name__ == "__main__":
