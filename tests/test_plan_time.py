@@ -364,6 +364,7 @@ def test_a_remembered_calibration_times_every_configuration_and_says_how_old_it_
     write(calibration.cache_dir() / calibration.FILE_NAME, json.dumps(measured.__dict__))
     plan = json.loads(cli("plan", "rloo", "-r", "rloo/smoke", "--json").stdout)
     assert plan["gpu"]["source"].startswith("calibrated here (cpu, 2 hours old)")
+    assert "no module call measured (`rlhf doctor --calibrate` again)" in plan["gpu"]["source"]  # an older one's
     assert plan["gpu"]["bf16_flops"] == 20e9 / 2 and plan["gpu"]["fetch_latency"] == 1e-3  # 2 processes share it
     assert all(column["time"] and column["step_seconds"] > 0 for column in plan["configurations"])
     assert os.environ["RLHF_CACHE"] in str(calibration.cache_dir())

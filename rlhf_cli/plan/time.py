@@ -54,10 +54,10 @@ def step_time(inputs: Inputs, candidate: Candidate, gpu: Gpu, checkpoint_bytes: 
     rates = Rates.of(gpu, hw.total_gpus, hw.machines, candidate.offload_params != "none")
     step = algorithm(inputs.algorithm).step_work(inputs.value)
     wake_weights, wake_kv = vllm_time.wake_seconds(inputs, candidate, rates)  # once per generation round
-    sync = vllm_time.sync_seconds(inputs, candidate, rates) if candidate.vllm else 0.0
+    sync = vllm_time.step_sync_seconds(inputs, candidate, rates, step.syncs, wake_weights) if candidate.vllm else 0.0
     return {
         GENERATION: generation_seconds(inputs, candidate, rates, step) + wake_kv * step.syncs,
-        WEIGHT_SYNC: (sync + wake_weights) * step.syncs + vllm_time.check_seconds(inputs, candidate, rates),
+        WEIGHT_SYNC: sync,
         SCORING: scoring_seconds(inputs, candidate, rates, step),
         TRAINING: training_seconds(inputs, candidate, rates, step),
         OPTIMIZER_STEP: optimizer_seconds(inputs, candidate, rates),

@@ -71,6 +71,12 @@ def wake_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> tuple[fl
     return weights + SLEEP_CYCLE_OVERHEAD / 2, kv + SLEEP_CYCLE_OVERHEAD / 2
 
 
+def step_sync_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, syncs: float, wake_weights: float) -> float:
+    """One optimizer step's weight syncs (`syncs` of them, each after a wake costing `wake_weights`) and its share
+    of the sync's self-checks."""
+    return (sync_seconds(inputs, candidate, rates) + wake_weights) * syncs + check_seconds(inputs, candidate, rates)
+
+
 def sync_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
     """One weight sync of the candidate's buckets (a unit's modules counted as its tensors)."""
     b = inputs.work.element_bytes
