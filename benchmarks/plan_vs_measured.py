@@ -224,9 +224,10 @@ def main() -> None:
     prepare_cache(args.cache.resolve(), args.calibrate)
     configs = [config for config in args.configs if config != "eta"]
     if "vllm" in configs:
-        from rlhf_cli.plan.engines.vllm import installed
+        from rlhf_cli.generation.choice import Engine
+        from rlhf_cli.generation.engines import installed
 
-        if not installed():
+        if installed(Engine.colocate.spec) is None:
             print("vllm: skipped, vLLM is not installed")
             configs.remove("vllm")
     found = {config: planned(config, args.steps) for config in configs}

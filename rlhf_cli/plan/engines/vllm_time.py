@@ -78,11 +78,13 @@ def step_sync_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, syncs:
 
 
 def sync_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
-    """One weight sync of the candidate's buckets (a unit's modules counted as its tensors)."""
+    """One weight sync of the candidate's buckets (a unit's modules counted as its tensors), with rlhf's own work per
+    tensor (the delta's snapshot, both sides' checksums) that other frameworks' syncs do not do."""
     b = inputs.work.element_bytes
     buckets = inputs.sync_buckets(candidate.generation.gather, candidate.lora)
-    return buckets_seconds([(numel * b, tensors, alike) for numel, tensors, alike in buckets], rates,
-                           candidate.generation.engine.spec.is_server)
+    checks = rates.calls(SYNC_TENSOR_CALLS * sum(tensors * alike for _, tensors, alike in buckets))
+    return checks + buckets_seconds([(numel * b, tensors, alike) for numel, tensors, alike in buckets], rates,
+                                    candidate.generation.engine.spec.is_server)
 
 
 def buckets_seconds(buckets: list[tuple[float, int, int]], rates: Rates, server: bool) -> float:
@@ -93,8 +95,7 @@ def buckets_seconds(buckets: list[tuple[float, int, int]], rates: Rates, server:
     for size, tensors, alike in buckets:
         handing = size / rates.interconnect + SERVER_BUCKET_OVERHEAD if server else \
             size / rates.memory + COLOCATED_BUCKET_OVERHEAD
-        seconds += alike * (rates.fetch(size) + handing + tensors * TENSOR_LOAD + rates.calls(
-            tensors * SYNC_TENSOR_CALLS))
+        seconds += alike * (rates.fetch(size) + handing + tensors * TENSOR_LOAD)
     return seconds
 
 
