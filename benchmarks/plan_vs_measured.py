@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from _common import (
@@ -116,8 +117,10 @@ def eta_run(out: Path) -> dict[str, float]:
     return {"eta": eta, "to_last_step": seen[ETA_STEPS][0] - at, "to_exit": ended - at}
 
 
-def interleaved(configs: list[str], repeats: int, steps: int, work: Path) -> dict[str, list[dict[str, float]]]:
-    """Every round runs every configuration (and "eta": the ETA run), in a rotated order."""
+def interleaved(configs: list[str], repeats: int, steps: int,
+                work: Path) -> Iterator[dict[str, list[dict[str, float]]]]:
+    """Every round runs every configuration (and "eta": the ETA run), in a rotated order; the results so far after
+    each round (a long run stopped early still leaves its table)."""
     results: dict[str, list[dict[str, float]]] = {config: [] for config in configs}
     for repeat in range(repeats):
         order = configs[repeat % len(configs):] + configs[:repeat % len(configs)]
@@ -125,7 +128,7 @@ def interleaved(configs: list[str], repeats: int, steps: int, work: Path) -> dic
             print(f"round {repeat + 1}/{repeats}: {config} ...", flush=True)
             out = work / "plan-vs-measured" / f"{config}-{repeat}"
             results[config].append(eta_run(out) if config == "eta" else measured(config, steps, out))
-    return results
+        yield results
 
 
 def error(plan: float, median: float) -> float:
@@ -190,7 +193,8 @@ def report(args: argparse.Namespace, configs: list[str], runs: dict, found: dict
     rows, within = table(steps_runs, plans)
     by_measured, by_plan = ordering(steps_runs, plans)
     columns = ["configuration", "phase", "measured s/step (median)", "spread", "planned s/step", "error"]
-    title = (f"rlhf rloo -r rloo/smoke, {args.steps} steps, {args.repeats} interleaved repeats; plan from "
+    done = len(runs[configs[0]])
+    title = (f"rlhf rloo -r rloo/smoke, {args.steps} steps, {done} interleaved repeats; plan from "
              f"{found[configs[0]][1]}")
     print_table(title, columns, rows)
     verdict = (f"ordering (fastest first): measured {', '.join(by_measured)}; planned {', '.join(by_plan)} "
@@ -231,9 +235,9 @@ def main() -> None:
             print("vllm: skipped, vLLM is not installed")
             configs.remove("vllm")
     found = {config: planned(config, args.steps) for config in configs}
-    runs = interleaved(configs + (["eta"] if "eta" in args.configs else []), args.repeats, args.steps,
-                       args.work_dir)
-    report(args, configs, runs, found, (before, load()))
+    for runs in interleaved(configs + (["eta"] if "eta" in args.configs else []), args.repeats, args.steps,
+                            args.work_dir):
+        report(args, configs, runs, found, (before, load()))
 
 
 if __name__ == "__main__":

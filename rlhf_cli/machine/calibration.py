@@ -16,6 +16,7 @@ and where there is nothing and no GPU it knows, it plans without seconds and say
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -109,6 +110,12 @@ def _timed(run: Any, repeats: int) -> float:
     return (time.perf_counter() - started) / repeats
 
 
+def _fastest(run: Any, repeats: int, rounds: int = 50) -> float:
+    """Seconds of one `run`, from the fastest of `rounds` rounds of `repeats`: the machine's rate, not the share of it
+    that other work on the machine left at one moment."""
+    return min(_timed(run, repeats) for _ in range(rounds))
+
+
 def _all_gather(rank: int, port: int, backend: str, found: Any) -> None:
     import torch
     import torch.distributed as dist
@@ -124,8 +131,8 @@ def _all_gather(rank: int, port: int, backend: str, found: Any) -> None:
         if backend == "nccl":
             torch.cuda.synchronize(device)
 
-    seconds = _timed(lambda: gather(large), 5)
-    latency = _timed(lambda: gather(small), 50)
+    seconds = _fastest(lambda: gather(large), 1, rounds=5)
+    latency = statistics.median(_timed(lambda: gather(small), 10) for _ in range(10))  # not the fastest: both ranks'
     if rank == 0:
         found.put((large.numel() * large.element_size() / seconds, latency))
     dist.destroy_process_group()
@@ -144,10 +151,10 @@ def measure() -> Calibration:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     size = 8192 if cuda else 1024
     a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
-    flops = 2 * size**3 / _timed(lambda: (a @ b, sync()), 10 if cuda else 5)
+    flops = 2 * size**3 / _fastest(lambda: (a @ b, sync()), 2, rounds=5 if cuda else 3)
     source = torch.empty(256 << 20 if cuda else 64 << 20, device=device, dtype=torch.uint8)
     target = torch.empty_like(source)
-    bandwidth = 2 * source.numel() / _timed(lambda: (target.copy_(source), sync()), 10)
+    bandwidth = 2 * source.numel() / _fastest(lambda: (target.copy_(source), sync()), 2, rounds=5)
     call = _call_latency(torch, device)
     backend = "nccl" if cuda and torch.cuda.device_count() >= 2 else "gloo"
     with socket.socket() as probe:
@@ -164,13 +171,12 @@ def measure() -> Calibration:
 def _call_latency(torch: Any, device: Any) -> float:
     """Seconds of one call of a tiny nn.Linear from Python: the module machinery, the dispatch and (on a GPU) the
     kernel's launch, without waiting for it; what eager transformers pays per module whatever the model's size.
-    The median of 9 rounds: a moment of other work on the machine moves one round, not the number."""
-    import statistics
-
+    The fastest of many short rounds: the call's own cost, not the share of the machine other work leaves a busy
+    loop (the ranks, which wait on each other, get more of it than a busy loop does)."""
     layer = torch.nn.Linear(8, 8).to(device)
     tiny = torch.randn(2, 8, device=device)
     with torch.no_grad():
-        return statistics.median(_timed(lambda: layer(tiny), 1000) for _ in range(9))
+        return _fastest(lambda: layer(tiny), 100)
 
 
 if __name__ == "__main__":

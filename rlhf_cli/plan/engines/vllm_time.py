@@ -21,6 +21,9 @@ from rlhf_cli.plan.rates import Rates, forward_flops, modules
 VLLM_PREFILL_UTILISATION = 0.5  # share of peak FLOPs of vLLM's prefill (FlashAttention, fused kernels)
 VLLM_DECODE_BANDWIDTH = 0.8  # share of memory bandwidth vLLM's decode reaches with CUDA graphs
 VLLM_STEP_CALLS = 400  # small module calls' worth per decode step: scheduling and sampling (2 ms at 5 us)
+# per generate call: TRL's requests, vLLM's batch scheduled, its outputs detokenized (fitted to the smoke recipe's
+# colocated generation on CPU; 17 ms at 5 us)
+VLLM_CALL_CALLS = 3500
 TP_ALL_REDUCE = 20e-6  # seconds per all-reduce of a decode step's activations between tensor-parallel GPUs
 VLLM_SERVER_GPUS = 1  # the server's GPUs, as TRL's documentation's examples give it
 COLOCATED_BUCKET_OVERHEAD = 5e-3  # seconds per sync bucket: the gather's launch, vLLM's layerwise reload call
@@ -53,7 +56,7 @@ def call_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
     read = (policy.params * b / gpus + kv) / (rates.memory * VLLM_DECODE_BANDWIDTH)
     compute = rates.matmul(forward_flops(policy, sequences, 1) / gpus, VLLM_PREFILL_UTILISATION)
     all_reduce = 2 * policy.layers * TP_ALL_REDUCE if gpus > 1 else 0.0
-    return prefill + c * (max(read, compute) + all_reduce + rates.calls(VLLM_STEP_CALLS))
+    return prefill + c * (max(read, compute) + all_reduce + rates.calls(VLLM_STEP_CALLS)) + rates.calls(VLLM_CALL_CALLS)
 
 
 def wake_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> tuple[float, float]:
