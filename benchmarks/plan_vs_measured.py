@@ -149,16 +149,15 @@ def table(runs: dict[str, list[dict[str, float]]], plans: dict[str, dict[str, fl
     return rows, within
 
 
-def ordering(runs: dict[str, list[dict[str, float]]],
-             plans: dict[str, dict[str, float]]) -> tuple[list[str], list[str]]:
-    """The configurations fastest first by measured median step time (saving left out: only one configuration
-    saves), and by the plan's."""
+def ordering(runs: dict[str, list[dict[str, float]]], plans: dict[str, dict[str, float]],
+             phases: tuple[str, ...] = ("generation", "sync", "train")) -> tuple[list[str], list[str]]:
+    """The configurations fastest first by the measured median of `phases` summed (by default the step; saving
+    left out: only one configuration saves), and by the plan's."""
     def step(config: str) -> float:
-        return statistics.median(sum(seconds for phase, seconds in run.items() if phase != "saving")
-                                 for run in runs[config])
+        return statistics.median(sum(run.get(phase, 0.0) for phase in phases) for run in runs[config])
 
     def planned_step(config: str) -> float:
-        return sum(seconds for phase, seconds in plans[config].items() if phase != "saving")
+        return sum(plans[config].get(phase, 0.0) for phase in phases)
 
     return sorted(runs, key=step), sorted(runs, key=planned_step)
 
@@ -197,9 +196,12 @@ def report(args: argparse.Namespace, configs: list[str], runs: dict, found: dict
     title = (f"rlhf rloo -r rloo/smoke, {args.steps} steps, {done} interleaved repeats; plan from "
              f"{found[configs[0]][1]}")
     print_table(title, columns, rows)
-    verdict = (f"ordering (fastest first): measured {', '.join(by_measured)}; planned {', '.join(by_plan)} "
-               f"({'same' if by_measured == by_plan else 'differs'}); every phase within {TARGET:.0%}: "
-               f"{'yes' if within else 'no'}")
+    generating = ordering(steps_runs, plans, ("generation", "sync"))
+    verdict = (f"ordering by step time (fastest first): measured {', '.join(by_measured)}; planned "
+               f"{', '.join(by_plan)} ({'same' if by_measured == by_plan else 'differs'}); by generation and sync "
+               f"(the phases the configurations change): measured {', '.join(generating[0])}; planned "
+               f"{', '.join(generating[1])} ({'same' if generating[0] == generating[1] else 'differs'}); every phase "
+               f"within {TARGET:.0%}: {'yes' if within else 'no'}")
     eta = eta_verdict(runs["eta"]) if runs.get("eta") else "ETA: not run"
     machine = (f"Load average (1, 5, 15 min) before: {loads[0]}; after: {loads[1]} on {os.cpu_count()} cores "
                "(above the 2 processes a run starts: other work shared the machine).")
