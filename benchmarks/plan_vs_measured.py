@@ -1,29 +1,37 @@
 """The time plan against the smoke recipes' measured phases, on this machine: does `rlhf plan` (fed by this
-machine's calibration, `rlhf doctor --calibrate`) predict each phase's seconds per step, and their ordering?
+machine's calibration, `rlhf doctor --calibrate`) predict each phase's seconds per step, and their ordering? And
+does a running job's ETA hold: a 12-step smoke run's ETA on its progress line at step 3 against the time it then
+really took?
 
-For each configuration (gather, gather budget 0.5, no-gather, vLLM colocate) it runs `rlhf rloo -r rloo/smoke`
-for `--steps` steps, `--repeats` times, interleaved (every round runs every configuration, in a rotated order),
-and reads the ranks' measured phases (summary.json: generation, sync, train, saving; seconds per step). Beside
-them the plan's for exactly the same flags, its phases summed as the ranks measure them
-(rlhf_cli/plan/measured.py). Medians over the repeats, and their spread (min..max); the error of each phase, and
+For each configuration (gather, saving a checkpoint every 2 steps; gather budget 0.5; no-gather; vLLM colocate) it
+runs `rlhf rloo -r rloo/smoke` for `--steps` steps, `--repeats` times, interleaved (every round runs every
+configuration and one 12-step ETA run, in a rotated order), and reads the ranks' measured phases (summary.json:
+generation, sync, train, saving; seconds per step). Beside them the plan's for exactly the same flags, its phases
+summed as the ranks measure them (rlhf_cli/plan/measured.py); the plan's saving counted for the checkpoints only
+(the final save is no step's). Medians over the repeats, and their spread (min..max); the error of each phase, and
 whether the configurations come out in the same order by step time. A table (markdown) and a plot.
 
-The calibration the plan uses is the one remembered in rlhf's cache dir; with `--calibrate` it is measured first.
-A rehearsal on this machine leaves corrections the plan applies (the title says so): for the plan's own accuracy,
-point RLHF_CACHE at a folder with a calibration and no corrections.json.
+The plan uses the calibration in `--cache` (a folder of its own, so no rehearsal's corrections reach the plan),
+measured there first when there is none or with `--calibrate`. The machine's load (/proc/loadavg) before and after
+goes into the table's file: other work on the machine slows the runs, not the plan.
 Configurations that cannot run here (vLLM not installed) are skipped with the reason.
 
-    python benchmarks/plan_vs_measured.py [--repeats 5] [--steps 4] [--configs gather budget no-gather vllm]
+    python benchmarks/plan_vs_measured.py [--repeats 5] [--steps 4] [--configs gather budget no-gather vllm eta]
                                            [--calibrate] [--out benchmarks/results]
-    python benchmarks/plan_vs_measured.py --repeats 1 --configs gather   (a smoke check of the script itself)
+    python benchmarks/plan_vs_measured.py --repeats 1 --configs gather eta   (a smoke check of the script itself)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import statistics
+import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from _common import (
@@ -42,28 +50,40 @@ from _common import (
 
 sys.path.insert(0, str(REPO))
 
-CONFIGS = {"gather": ["--gather"], "budget": ["--gather-budget", "0.5"], "no-gather": ["--no-gather"],
+SAVING_EVERY = ["-s", "save_strategy=steps", "-s", "save_steps=2"]
+CONFIGS = {"gather": ["--gather", *SAVING_EVERY], "budget": ["--gather-budget", "0.5"], "no-gather": ["--no-gather"],
            "vllm": ["--vllm", "colocate", "--gather"]}
-MEASURED = ("generation", "sync", "train")  # the phases every step has (saving is off in the smoke recipe)
+PHASES = {"gather": ("generation", "train", "saving"), "budget": ("generation", "train"),
+          "no-gather": ("generation", "train"), "vllm": ("generation", "sync", "train")}
 TARGET = 0.30  # every phase within 30 % of the measured median
+ETA_STEPS, ETA_AT, ETA_TARGET = 12, 3, 0.20  # a 12-step run's ETA at step 3 within 20 % of what was left
+ETA_LINE = re.compile(r"^step (\d+)/(\d+)\s.*\seta (\d+):(\d\d):(\d\d(?:\.\d)?)\s*$")
 
 
 def flags(config: str, steps: int) -> list[str]:
     return ["-r", "rloo/smoke", "--max-steps", str(steps), *CONFIGS[config]]
 
 
-def planned(config: str, steps: int) -> tuple[dict[str, float], str]:
-    """The plan's seconds per step of the run's own configuration, summed as the ranks measure the phases, and
-    what it timed (the calibration, its age, and a rehearsal's corrections when one was kept here)."""
-    from rlhf_cli.plan.measured import MEASURED_PHASES
-
-    plan = json_output(run_timed(python_module("rlhf_cli", "plan", "rloo", *flags(config, steps), "--json"),
-                                 timeout=300).output)
+def plan_seconds(argv: list[str]) -> tuple[dict[str, float], str]:
+    """The chosen configuration's seconds per step by plan phase, and what it timed on."""
+    plan = json_output(run_timed(python_module("rlhf_cli", "plan", "rloo", *argv, "--json"), timeout=300).output)
     chosen = next(column for column in plan["configurations"] if column["chosen"])
     if not chosen["time"]:
         raise CommandFailed(f"rlhf plan has no seconds here ({plan['gpu']}): run `rlhf doctor --calibrate` first")
-    return ({phase: sum(chosen["time"][name] for name in MEASURED_PHASES[phase]) for phase in MEASURED},
-            plan["gpu"]["source"])
+    return chosen["time"], plan["gpu"]["source"]
+
+
+def planned(config: str, steps: int) -> tuple[dict[str, float], str]:
+    """The plan's seconds per step of the run's own configuration, summed as the ranks measure the phases; saving:
+    the checkpoints' share (the plan with them less the plan without, which keeps only the final save)."""
+    from rlhf_cli.plan.measured import MEASURED_PHASES
+
+    seconds, source = plan_seconds(flags(config, steps))
+    found = {phase: sum(seconds[name] for name in MEASURED_PHASES[phase]) for phase in PHASES[config]}
+    if "saving" in found:
+        without, _ = plan_seconds(flags(config, steps)[:-len(SAVING_EVERY)])
+        found["saving"] -= without["saving"]
+    return found, source
 
 
 def measured(config: str, steps: int, out: Path) -> dict[str, float]:
@@ -71,17 +91,48 @@ def measured(config: str, steps: int, out: Path) -> dict[str, float]:
     run_timed(python_module("rlhf_cli", "rloo", *flags(config, steps), "-o", str(out), "--overwrite", "--quiet"),
               timeout=1200)
     phases = json.loads((out / "summary.json").read_text())["phases"]
-    return {phase: (phases.get(phase) or {}).get("seconds_per_step") or 0.0 for phase in MEASURED}
+    return {phase: (phases.get(phase) or {}).get("seconds_per_step") or 0.0 for phase in PHASES[config]}
 
 
-def interleaved(configs: list[str], repeats: int, steps: int, work: Path) -> dict[str, list[dict[str, float]]]:
+def eta_run(out: Path) -> dict[str, float]:
+    """A 12-step gather run with its progress lines timed as they arrive: the ETA printed at step 3, the seconds
+    from that line to the last step's line (what the ETA counts: the steps left, and saves once one was measured)
+    and to the run's exit (the final save and the ranks' shutdown besides)."""
+    argv = python_module("rlhf_cli", "rloo", "-r", "rloo/smoke", "--max-steps", str(ETA_STEPS), "--gather",
+                         "-o", str(out), "--overwrite")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    seen: dict[int, tuple[float, float]] = {}  # step: (arrival, eta)
+    with subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            found = ETA_LINE.match(line.strip())
+            if found:
+                hours, minutes, seconds = int(found[3]), int(found[4]), float(found[5])
+                seen[int(found[1])] = (time.monotonic(), hours * 3600 + minutes * 60 + seconds)
+        ended = time.monotonic()
+    if process.returncode != 0 or ETA_AT not in seen or ETA_STEPS not in seen:
+        raise CommandFailed(f"{' '.join(argv)}: exit {process.returncode}, progress lines of steps {sorted(seen)}")
+    at, eta = seen[ETA_AT]
+    return {"eta": eta, "to_last_step": seen[ETA_STEPS][0] - at, "to_exit": ended - at}
+
+
+def interleaved(configs: list[str], repeats: int, steps: int,
+                work: Path) -> Iterator[dict[str, list[dict[str, float]]]]:
+    """Every round runs every configuration (and "eta": the ETA run), in a rotated order; the results so far after
+    each round (a long run stopped early still leaves its table)."""
     results: dict[str, list[dict[str, float]]] = {config: [] for config in configs}
     for repeat in range(repeats):
         order = configs[repeat % len(configs):] + configs[:repeat % len(configs)]
         for config in order:
             print(f"round {repeat + 1}/{repeats}: {config} ...", flush=True)
-            results[config].append(measured(config, steps, work / "plan-vs-measured" / f"{config}-{repeat}"))
-    return results
+            out = work / "plan-vs-measured" / f"{config}-{repeat}"
+            results[config].append(eta_run(out) if config == "eta" else measured(config, steps, out))
+        yield results
+
+
+def error(plan: float, median: float) -> float:
+    return (plan - median) / median if median else float("inf")
 
 
 def table(runs: dict[str, list[dict[str, float]]], plans: dict[str, dict[str, float]]) -> tuple[list[list[str]], bool]:
@@ -89,64 +140,106 @@ def table(runs: dict[str, list[dict[str, float]]], plans: dict[str, dict[str, fl
     a measurement is within TARGET."""
     rows, within = [], True
     for config, repeats in runs.items():
-        for phase in MEASURED:
+        for phase in PHASES[config]:
             values = [run[phase] for run in repeats]
             median, plan = statistics.median(values), plans[config][phase]
-            if median == 0 and plan == 0:
-                continue
-            error = (plan - median) / median if median else float("inf")
-            within &= abs(error) <= TARGET
+            within &= abs(error(plan, median)) <= TARGET
             rows.append([config, phase, f"{median:.3f}", f"{min(values):.3f}..{max(values):.3f}", f"{plan:.3f}",
-                         f"{error:+.0%}" if median else "-"])
+                         f"{error(plan, median):+.0%}" if median else "-"])
     return rows, within
 
 
-def ordering(runs: dict[str, list[dict[str, float]]],
-             plans: dict[str, dict[str, float]]) -> tuple[list[str], list[str]]:
-    """The configurations fastest first by measured median step time, and by the plan's."""
+def ordering(runs: dict[str, list[dict[str, float]]], plans: dict[str, dict[str, float]],
+             phases: tuple[str, ...] = ("generation", "sync", "train")) -> tuple[list[str], list[str]]:
+    """The configurations fastest first by the measured median of `phases` summed (by default the step; saving
+    left out: only one configuration saves), and by the plan's."""
     def step(config: str) -> float:
-        return statistics.median(sum(run.values()) for run in runs[config])
-    return sorted(runs, key=step), sorted(runs, key=lambda config: sum(plans[config].values()))
+        return statistics.median(sum(run.get(phase, 0.0) for phase in phases) for run in runs[config])
+
+    def planned_step(config: str) -> float:
+        return sum(plans[config].get(phase, 0.0) for phase in phases)
+
+    return sorted(runs, key=step), sorted(runs, key=planned_step)
+
+
+def eta_verdict(runs: list[dict[str, float]]) -> str:
+    """Each ETA run's ETA at step 3 against the steps' actual rest; the median error and whether every run is
+    within ETA_TARGET."""
+    errors = [error(run["eta"], run["to_last_step"]) for run in runs]
+    each = ", ".join(f"{run['eta']:.1f} s for {run['to_last_step']:.1f} s ({value:+.0%}; "
+                     f"{run['to_exit']:.1f} s to exit)" for run, value in zip(runs, errors, strict=True))
+    within = all(abs(value) <= ETA_TARGET for value in errors)
+    return (f"ETA at step {ETA_AT} of a {ETA_STEPS}-step gather run, against the time to its last step (and to the "
+            f"run's exit, with the final save and shutdown the ETA does not count until a save was measured): "
+            f"{each}; median error {statistics.median(errors):+.0%}; every run within {ETA_TARGET:.0%}: "
+            f"{'yes' if within else 'no'}")
+
+
+def load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def prepare_cache(cache: Path, calibrate: bool) -> None:
+    """The plan's calibration in a cache of its own; measured when missing or asked."""
+    os.environ["RLHF_CACHE"] = str(cache)
+    if calibrate or not (cache / "calibration.json").exists():
+        run_timed(python_module("rlhf_cli", "doctor", "--calibrate"), timeout=600)
+
+
+def report(args: argparse.Namespace, configs: list[str], runs: dict, found: dict, loads: tuple[str, str]) -> None:
+    plans = {config: phases for config, (phases, _) in found.items()}
+    steps_runs = {config: runs[config] for config in configs}
+    rows, within = table(steps_runs, plans)
+    by_measured, by_plan = ordering(steps_runs, plans)
+    columns = ["configuration", "phase", "measured s/step (median)", "spread", "planned s/step", "error"]
+    done = len(runs[configs[0]])
+    title = (f"rlhf rloo -r rloo/smoke, {args.steps} steps, {done} interleaved repeats; plan from "
+             f"{found[configs[0]][1]}")
+    print_table(title, columns, rows)
+    generating = ordering(steps_runs, plans, ("generation", "sync"))
+    verdict = (f"ordering by step time (fastest first): measured {', '.join(by_measured)}; planned "
+               f"{', '.join(by_plan)} ({'same' if by_measured == by_plan else 'differs'}); by generation and sync "
+               f"(the phases the configurations change): measured {', '.join(generating[0])}; planned "
+               f"{', '.join(generating[1])} ({'same' if generating[0] == generating[1] else 'differs'}); every phase "
+               f"within {TARGET:.0%}: {'yes' if within else 'no'}")
+    eta = eta_verdict(runs["eta"]) if runs.get("eta") else "ETA: not run"
+    machine = (f"Load average (1, 5, 15 min) before: {loads[0]}; after: {loads[1]} on {os.cpu_count()} cores "
+               "(above the 2 processes a run starts: other work shared the machine).")
+    print(verdict, eta, machine, sep="\n")
+    write_markdown(args.out / "plan_vs_measured.md",
+                   f"## {title}\n\n{markdown_table(columns, rows)}\n{verdict}\n\n{eta}\n\n{machine}\n")
+    panels = [(f"{phase}: s/step", {config: statistics.median(run[phase] for run in steps_runs[config])
+                                    for config in configs if phase in PHASES[config]})
+              for phase in ("generation", "sync", "train", "saving")]
+    bar_charts(args.out / "plan_vs_measured.png", title, panels,
+               markers={label: {config: plans[config][label.split(":")[0]] for config in bars}
+                        for label, bars in panels}, marker_label="planned")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--configs", nargs="+", choices=[*CONFIGS, "eta"], default=[*CONFIGS, "eta"])
     parser.add_argument("--calibrate", action="store_true", help="measure this machine first (rlhf doctor)")
+    parser.add_argument("--cache", type=Path, default=WORK / "plan-cache")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--work-dir", type=Path, default=WORK)
     args = parser.parse_args()
-    if args.calibrate:
-        run_timed(python_module("rlhf_cli", "doctor", "--calibrate"), timeout=600)
-    configs = list(args.configs)
+    before = load()
+    prepare_cache(args.cache.resolve(), args.calibrate)
+    configs = [config for config in args.configs if config != "eta"]
     if "vllm" in configs:
-        from rlhf_cli.plan.engines.vllm import installed
+        from rlhf_cli.generation.choice import Engine
+        from rlhf_cli.generation.engines import installed
 
-        if not installed():
+        if installed(Engine.colocate.spec) is None:
             print("vllm: skipped, vLLM is not installed")
             configs.remove("vllm")
     found = {config: planned(config, args.steps) for config in configs}
-    plans = {config: phases for config, (phases, _) in found.items()}
-    runs = interleaved(configs, args.repeats, args.steps, args.work_dir)
-    rows, within = table(runs, plans)
-    by_measured, by_plan = ordering(runs, plans)
-    columns = ["configuration", "phase", "measured s/step (median)", "spread", "planned s/step", "error"]
-    title = (f"rlhf rloo -r rloo/smoke, {args.steps} steps, {args.repeats} interleaved repeats; plan from "
-             f"{found[configs[0]][1]}")
-    print_table(title, columns, rows)
-    verdict = (f"ordering (fastest first): measured {', '.join(by_measured)}; planned {', '.join(by_plan)} "
-               f"({'same' if by_measured == by_plan else 'differs'}); every phase within {TARGET:.0%}: "
-               f"{'yes' if within else 'no'}")
-    print(verdict)
-    write_markdown(args.out / "plan_vs_measured.md",
-                   f"## {title}\n\n{markdown_table(columns, rows)}\n{verdict}\n")
-    panels = [(f"{phase}: s/step", {f"{config}": statistics.median(run[phase] for run in runs[config])
-                                    for config in configs}) for phase in MEASURED]
-    bar_charts(args.out / "plan_vs_measured.png", title, panels,
-               markers={f"{phase}: s/step": {config: plans[config][phase] for config in configs}
-                        for phase in MEASURED}, marker_label="planned")
+    for runs in interleaved(configs + (["eta"] if "eta" in args.configs else []), args.repeats, args.steps,
+                            args.work_dir):
+        report(args, configs, runs, found, (before, load()))
 
 
 if __name__ == "__main__":

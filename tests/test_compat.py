@@ -46,8 +46,9 @@ def test_trls_vllm_syncs_through_rlhf_colocated_and_served(monkeypatch: pytest.M
     from rlhf_cli.rank.engines.vllm import sync as vllm_sync
 
     originals = (VLLMGeneration.sync_weights, OnlineDPOTrainer._move_model_to_vllm, VLLMClient.init_communicator,
-                 VLLMClient.generate, VLLMClient.chat)
-    for owner, name, original in ((VLLMGeneration, "sync_weights", originals[0]),
+                 VLLMClient.generate, VLLMClient.chat, VLLMGeneration.generate)
+    for owner, name, original in ((VLLMGeneration, "generate", originals[5]),
+                                  (VLLMGeneration, "sync_weights", originals[0]),
                                   (OnlineDPOTrainer, "_move_model_to_vllm", originals[1]),
                                   (VLLMClient, "init_communicator", originals[2]),
                                   (VLLMClient, "generate", originals[3]), (VLLMClient, "chat", originals[4])):
@@ -78,6 +79,30 @@ def test_trls_vllm_syncs_through_rlhf_colocated_and_served(monkeypatch: pytest.M
     assert target.weight_dir == tmp_path / "vllm-weights" and served.vllm_client.rlhf_server_target is target
     VLLMGeneration.sync_weights(served)
     assert synced[2][1] is target  # one target a generator: it counts the syncs it sent
+
+
+def test_trls_vllm_generation_is_timed_as_the_steps_generation_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRL calls vLLM outside the context HF generation is timed in: without the wrapper its seconds were the
+    `train` phase's."""
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    from rlhf_cli.rank.phases import GENERATION, TRAIN, PeakMeter, StepPhases
+
+    now = [0.0]
+
+    def generate(self, prompts, images, num_generations):
+        now[0] += 2.0
+        return prompts, num_generations
+
+    monkeypatch.setattr(VLLMGeneration, "generate", generate)
+    phases = StepPhases(PeakMeter("rss", lambda: {}, lambda: True), clock=lambda: now[0])
+    monkeypatch.setattr(StepPhases, "active", phases)
+    vllm_compat.replace_trl_vllm_generate(lambda: StepPhases.current().during(GENERATION))
+    phases.begin(TRAIN)
+    assert VLLMGeneration.generate(object(), [[1]], None, 2) == ([[1]], 2)
+    now[0] += 1.0
+    assert phases.snapshot()[GENERATION] == 2.0 and phases.snapshot()[TRAIN] == 1.0
+    assert VLLMGeneration.generate.__wrapped__ is generate
 
 
 def test_a_server_holding_other_weights_is_refused_before_the_first_generation() -> None:

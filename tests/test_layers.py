@@ -18,6 +18,7 @@ PACKAGE = REPO / "rlhf_cli"
 # free disk, no torch) is asked by resolution, the plan, the launcher and `rlhf doctor`.
 LEAVES = {"rlhf_cli", "rlhf_cli.errors", "rlhf_cli.sizes", "rlhf_cli.generation", "rlhf_cli.generation.budget",
           "rlhf_cli.generation.choice", "rlhf_cli.generation.engines", "rlhf_cli.generation.sync_buckets",
+          "rlhf_cli.generation.sync_check",
           "rlhf_cli.machine.probe", "rlhf_cli.machine.cache", "rlhf_cli.machine.gpus", "rlhf_cli.machine.calibration",
           "rlhf_cli.machine.corrections",
           "rlhf_cli.output", "rlhf_cli.output.run_dir", "rlhf_cli.output.files", "rlhf_cli.output.checkpoints",

@@ -17,7 +17,7 @@ from rlhf_cli.generation.budget import Budget
 from rlhf_cli.generation.choice import Engine, Gather, Generation
 from rlhf_cli.generation.sync_buckets import PER_UNIT, WHOLE, bucket_limit, bucket_sizes, buckets
 from rlhf_cli.machine import gpus
-from rlhf_cli.plan import time
+from rlhf_cli.plan import fixed_costs, rates, time
 from rlhf_cli.plan.columns import Candidate
 from rlhf_cli.plan.estimate import plan_run, planned
 from rlhf_cli.plan.inputs import read_inputs
@@ -164,7 +164,32 @@ def test_saving_is_the_checkpoints_the_run_writes_and_its_final_model_over_its_s
     assert never > 0 and every_ten - never == pytest.approx(10 * (every_hundred - never))
     inputs = read_inputs(timed_seed_run("h100", "max_steps=100"))
     final = inputs.roles[0].size.params * inputs.work.element_bytes
-    assert never == pytest.approx(final / time.DISK_BANDWIDTH / 100)
+    per_save = fixed_costs.SAVE_CALLS * rates.CALL_LATENCY  # each save's fixed cost, its bytes aside
+    assert never == pytest.approx((final / time.DISK_BANDWIDTH + per_save) / 100)
+
+
+def test_fixed_costs_follow_the_calibrated_call_and_dominate_a_tiny_model_not_a_large_one(monkeypatch) -> None:
+    """Eager PyTorch's fixed costs are counted in module calls: twice the calibrated call, about twice the smoke
+    recipe's gathered generation and optimizer step (its 2-layer models are almost all fixed cost), while a 7B
+    model's step on H100s moves by under a tenth."""
+    from rlhf_cli.machine import calibration
+
+    def smoke(call: float) -> dict[str, float]:
+        measured = calibration.Calibration("cpu", 50e9, 8e9, 0.1e9, 1e-3, "gloo", 0.0, "here", call)
+        monkeypatch.setattr("rlhf_cli.plan.hardware.remembered", lambda: measured)
+        monkeypatch.setattr("rlhf_cli.plan.hardware.detected", lambda: (None, ""))
+        run = resolve(RunRequest("rloo", "rloo/smoke", {}, planning=True), cuda=False)
+        return _seconds(run, lambda c: c)
+
+    fast, slow = smoke(5e-6), smoke(10e-6)
+    for phase in ("generation", "optimizer_step"):  # the gathered policy's generate; the step's own work
+        assert 1.6 < slow[phase] / fast[phase] <= 2.0, phase
+    assert slow["scoring"] > fast["scoring"] and slow["training"] > fast["training"]  # beside ZeRO-3's fetches
+    big = qwen_run("gather=true")
+    default = sum(_seconds(big, lambda c: c).values())
+    monkeypatch.setattr(rates, "CALL_LATENCY", 2 * rates.CALL_LATENCY)
+    monkeypatch.setattr(rates.Rates, "call", 2 * rates.CALL_LATENCY)
+    assert default < sum(_seconds(big, lambda c: c).values()) < 1.1 * default  # HF decode's launches, mostly
 
 
 def test_vllm_generates_faster_than_hf_and_larger_sync_buckets_sync_faster() -> None:
@@ -339,6 +364,7 @@ def test_a_remembered_calibration_times_every_configuration_and_says_how_old_it_
     write(calibration.cache_dir() / calibration.FILE_NAME, json.dumps(measured.__dict__))
     plan = json.loads(cli("plan", "rloo", "-r", "rloo/smoke", "--json").stdout)
     assert plan["gpu"]["source"].startswith("calibrated here (cpu, 2 hours old)")
+    assert "no module call measured (`rlhf doctor --calibrate` again)" in plan["gpu"]["source"]  # an older one's
     assert plan["gpu"]["bf16_flops"] == 20e9 / 2 and plan["gpu"]["fetch_latency"] == 1e-3  # 2 processes share it
     assert all(column["time"] and column["step_seconds"] > 0 for column in plan["configurations"])
     assert os.environ["RLHF_CACHE"] in str(calibration.cache_dir())

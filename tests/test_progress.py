@@ -116,3 +116,11 @@ def test_the_sync_log_shows_the_syncs_since_the_last_line() -> None:
     text = log.progress_text()
     assert text.startswith("  sync 0.75 s 4") and " sparse 0.80% 96" in text and text.endswith(" check 2e-07")
     assert log.progress_text() == "" and len(log.records()) == 2
+
+
+def test_the_eta_is_rounded_and_to_a_tenth_of_a_second_under_a_minute() -> None:
+    """A short run's whole seconds, cut, would be its error: 3.96 s left showed as 3."""
+    from rlhf_cli.rank.progress import _eta_clock
+
+    assert [_eta_clock(seconds) for seconds in (3.96, 0.0, 59.97, 125.6, 3599.6)] == [
+        "0:00:04.0", "0:00:00.0", "0:01:00", "0:02:06", "1:00:00"]

@@ -54,6 +54,10 @@ TRL_VLLM_INTERNALS = (
              "(rlhf_cli/rank/engines/vllm/sync.py): TRL gathers one tensor per collective, and the whole model at "
              "once with LoRA",
              "TRL's sync gathers by buckets and merges LoRA a layer at a time"),
+    Internal("trl.generation.vllm_generation:VLLMGeneration.generate",
+             "RLOO's and GRPO's vLLM generation is timed as the step's `generation` phase "
+             "(rlhf_cli/rank/phases.py): TRL calls it outside the generation context HF generation is timed in",
+             "TRL's trainers generate with vLLM inside their generation context"),
     Internal("trl.experimental.online_dpo:OnlineDPOTrainer._move_model_to_vllm",
              "online DPO's colocated sync, replaced the same way", "as above"),
     Internal("trl.generation.vllm_client:VLLMClient.init_communicator",
@@ -260,6 +264,23 @@ def replace_trl_vllm_server_transport(before_generation: Callable[[Any], None]) 
     original = VLLMClient.__dict__["init_communicator"]
     init_communicator.__wrapped__ = getattr(original, "__wrapped__", original)  # type: ignore[attr-defined]
     VLLMClient.init_communicator = init_communicator
+
+
+def replace_trl_vllm_generate(timed: Callable[[], Any]) -> None:
+    """Run RLOO's and GRPO's vLLM generation (VLLMGeneration.generate) inside `timed()`, a context manager: TRL
+    calls it outside the generation context the ranks time HF generation in. The original stays `__wrapped__`."""
+    import functools
+
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    original = getattr(VLLMGeneration.generate, "__wrapped__", VLLMGeneration.generate)
+
+    @functools.wraps(original)
+    def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with timed():
+            return original(self, *args, **kwargs)
+
+    VLLMGeneration.generate = generate
 
 
 def _checked_first(method: Callable[..., Any], before: Callable[[Any], None]) -> Callable[..., Any]:

@@ -3,7 +3,9 @@ applies (a CPU machine, a GPU the table lacks).
 
 The measurement (`python -m rlhf_cli.machine.calibration`) runs in a subprocess of its own, because it needs torch
 and planning never imports it: a matmul's FLOP/s, a large copy's memory bandwidth, and a 2-process all-gather's
-rate and latency (gloo on CPU, NCCL on two GPUs), about ten seconds. It is remembered in rlhf's cache dir
+rate and latency (gloo on CPU, NCCL on two GPUs), and what a small module's call costs from Python (eager
+PyTorch's fixed cost per call, which the time plan counts per generated token, micro-batch and step), about ten
+seconds. It is remembered in rlhf's cache dir
 (`$RLHF_CACHE`, else ~/.cache/rlhf) as calibration.json; `rlhf doctor --calibrate` measures again.
 
 When it runs: only on `rlhf doctor --calibrate`. Planning never measures (it would cost a fresh machine, a CI
@@ -14,6 +16,7 @@ and where there is nothing and no GPU it knows, it plans without seconds and say
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -40,6 +43,7 @@ class Calibration:
     backend: str  # gloo or nccl
     measured_at: float  # time.time()
     host: str
+    call_latency: float | None = None  # seconds of one small module's call from Python (None: measured before it was)
 
     def age(self, now: float | None = None) -> str:
         seconds = max(0.0, (now or time.time()) - self.measured_at)
@@ -52,7 +56,9 @@ class Calibration:
     def describe(self) -> str:
         return (f"calibrated here ({self.device}, {self.age()}): matmul {self.matmul_flops / 1e9:.3g} GFLOP/s, "
                 f"memory {self.memory_bandwidth / 1e9:.3g} GB/s, {self.backend} all-gather "
-                f"{self.all_gather_rate / 1e9:.3g} GB/s and {self.all_gather_latency * 1e3:.3g} ms")
+                f"{self.all_gather_rate / 1e9:.3g} GB/s and {self.all_gather_latency * 1e3:.3g} ms"
+                + (f", a module call {self.call_latency * 1e6:.3g} us" if self.call_latency else
+                   ", no module call measured (`rlhf doctor --calibrate` again)"))
 
 
 def as_gpu(calibration: Calibration, processes_per_machine: int) -> Gpu:
@@ -63,7 +69,7 @@ def as_gpu(calibration: Calibration, processes_per_machine: int) -> Gpu:
     return Gpu(f"this machine ({calibration.device}, calibrated)", calibration.matmul_flops / share,
                calibration.memory_bandwidth / share, calibration.backend,
                calibration.all_gather_rate / COLLECTIVE_EFFICIENCY, calibration.memory_bandwidth / share,
-               fetch_latency=calibration.all_gather_latency)
+               fetch_latency=calibration.all_gather_latency, call_latency=calibration.call_latency)
 
 
 def remembered(cache: Path | None = None) -> Calibration | None:
@@ -104,6 +110,12 @@ def _timed(run: Any, repeats: int) -> float:
     return (time.perf_counter() - started) / repeats
 
 
+def _fastest(run: Any, repeats: int, rounds: int = 50) -> float:
+    """Seconds of one `run`, from the fastest of `rounds` rounds of `repeats`: the machine's rate, not the share of it
+    that other work on the machine left at one moment."""
+    return min(_timed(run, repeats) for _ in range(rounds))
+
+
 def _all_gather(rank: int, port: int, backend: str, found: Any) -> None:
     import torch
     import torch.distributed as dist
@@ -119,8 +131,8 @@ def _all_gather(rank: int, port: int, backend: str, found: Any) -> None:
         if backend == "nccl":
             torch.cuda.synchronize(device)
 
-    seconds = _timed(lambda: gather(large), 5)
-    latency = _timed(lambda: gather(small), 50)
+    seconds = _fastest(lambda: gather(large), 1, rounds=5)
+    latency = statistics.median(_timed(lambda: gather(small), 10) for _ in range(10))  # not the fastest: both ranks'
     if rank == 0:
         found.put((large.numel() * large.element_size() / seconds, latency))
     dist.destroy_process_group()
@@ -139,10 +151,11 @@ def measure() -> Calibration:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     size = 8192 if cuda else 1024
     a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
-    flops = 2 * size**3 / _timed(lambda: (a @ b, sync()), 10 if cuda else 5)
+    flops = 2 * size**3 / _fastest(lambda: (a @ b, sync()), 2, rounds=5 if cuda else 3)
     source = torch.empty(256 << 20 if cuda else 64 << 20, device=device, dtype=torch.uint8)
     target = torch.empty_like(source)
-    bandwidth = 2 * source.numel() / _timed(lambda: (target.copy_(source), sync()), 10)
+    bandwidth = 2 * source.numel() / _fastest(lambda: (target.copy_(source), sync()), 2, rounds=5)
+    call = _call_latency(torch, device)
     backend = "nccl" if cuda and torch.cuda.device_count() >= 2 else "gloo"
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -152,7 +165,18 @@ def measure() -> Calibration:
     mp.start_processes(_all_gather, args=(port, backend, found), nprocs=2, start_method="spawn")
     rate, latency = found.get()
     name = torch.cuda.get_device_name(0) if cuda else "cpu"
-    return Calibration(name, flops, bandwidth, rate, latency, backend, time.time(), socket.gethostname())
+    return Calibration(name, flops, bandwidth, rate, latency, backend, time.time(), socket.gethostname(), call)
+
+
+def _call_latency(torch: Any, device: Any) -> float:
+    """Seconds of one call of a tiny nn.Linear from Python: the module machinery, the dispatch and (on a GPU) the
+    kernel's launch, without waiting for it; what eager transformers pays per module whatever the model's size.
+    The fastest of many short rounds: the call's own cost, not the share of the machine other work leaves a busy
+    loop (the ranks, which wait on each other, get more of it than a busy loop does)."""
+    layer = torch.nn.Linear(8, 8).to(device)
+    tiny = torch.randn(2, 8, device=device)
+    with torch.no_grad():
+        return _fastest(lambda: layer(tiny), 100)
 
 
 if __name__ == "__main__":

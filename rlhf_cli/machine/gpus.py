@@ -59,6 +59,7 @@ class Gpu:
     network: float = NETWORK  # bytes/s each way per GPU between machines
     network_source: str = NETWORK_SOURCE
     fetch_latency: float | None = None  # seconds ZeRO-3 pays per module fetched, when measured (else assumed)
+    call_latency: float | None = None  # seconds of a small module's call from Python, when measured (else assumed)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

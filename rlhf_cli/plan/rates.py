@@ -17,6 +17,10 @@ MATMUL_UTILISATION = 0.35
 # ZeRO-3 fetching one module: its pre-forward hook, an all-gather launch, the release; on CPU with gloo we measured
 # 0.8 ms (benchmarks/results/gather_units.md); on a GPU with NCCL assumed 0.15 ms
 ZERO3_MODULE_OVERHEAD = 0.15e-3
+# A small module's call from Python on a GPU's host (the module machinery, dispatch, the kernel's launch): assumed
+# 5 us, so that a llama layer's calls in a decode step (rlhf_cli/plan/fixed_costs.py) cost the 0.3 ms that keeps HF
+# generate near 30-40 tokens/s for a 7B model at batch 1 on an A100; `rlhf doctor --calibrate` measures it
+CALL_LATENCY = 5e-6
 MODULES_PER_LAYER = 13  # a llama decoder layer: 9 modules with parameters, 4 without (for models without units)
 
 
@@ -33,6 +37,7 @@ class Rates:
     interconnect: float  # bytes/s each way over the link between GPUs (a broadcast to a vLLM server)
     params_offloaded: bool  # ZeRO-3's parameter shards live in CPU memory
     module_overhead: float = ZERO3_MODULE_OVERHEAD  # seconds per module ZeRO-3 fetches
+    call: float = CALL_LATENCY  # seconds per small module call from Python (eager PyTorch's fixed cost)
 
     @classmethod
     def of(cls, gpu: Gpu, gpus: int, machines: int, params_offloaded: bool) -> Rates:
@@ -40,7 +45,8 @@ class Rates:
         link = min(gpu.interconnect_bandwidth, gpu.network) if machines > 1 else gpu.interconnect_bandwidth
         return cls(gpu.bf16_flops, gpu.memory_bandwidth, link * COLLECTIVE_EFFICIENCY, gpu.host_bandwidth, gpus,
                    machines, gpu.interconnect_bandwidth * COLLECTIVE_EFFICIENCY, params_offloaded,
-                   gpu.fetch_latency if gpu.fetch_latency is not None else ZERO3_MODULE_OVERHEAD)
+                   gpu.fetch_latency if gpu.fetch_latency is not None else ZERO3_MODULE_OVERHEAD,
+                   gpu.call_latency if gpu.call_latency is not None else CALL_LATENCY)
 
     def all_gather(self, total_bytes: float) -> float:
         """Seconds to gather `total_bytes` sharded over every GPU: each receives all but its own share."""
@@ -54,6 +60,10 @@ class Rates:
 
     def matmul(self, flops: float, utilisation: float = MATMUL_UTILISATION) -> float:
         return flops / (self.flops * utilisation)
+
+    def calls(self, count: float) -> float:
+        """Seconds of `count` small module calls' fixed cost."""
+        return count * self.call
 
 
 def forward_flops(model: ModelSize, sequences: float, length: int) -> float:

@@ -25,7 +25,7 @@ from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import StepWork
 from rlhf_cli.generation.budget import bought_total
 from rlhf_cli.machine.gpus import Gpu
-from rlhf_cli.plan import memory
+from rlhf_cli.plan import fixed_costs, memory
 from rlhf_cli.plan.columns import Candidate
 from rlhf_cli.plan.engines import plan_room
 from rlhf_cli.plan.inputs import Inputs
@@ -38,9 +38,6 @@ PHASES = (GENERATION, WEIGHT_SYNC, SCORING, TRAINING, OPTIMIZER_STEP, SAVING, WA
 
 # Assumed, then checked against published step times (benchmarks/plan_published.py):
 HF_DECODE_BANDWIDTH = 0.6  # share of memory bandwidth HF generate's decode step reaches reading the weights
-# eager PyTorch pays about ten kernel launches and their Python per decoder layer and generated token: ~0.3 ms a
-# layer, what keeps HF generate near 30-40 tokens/s for a 7B model at batch 1 on an A100
-HF_DECODE_OVERHEAD_PER_LAYER = 0.3e-3
 ADAM_BYTES = 28  # per parameter of a GPU's partition: fp32 gradient, master, exp_avg, exp_avg_sq read, 3 written
 ADAM_BANDWIDTH = 0.8  # share of memory bandwidth a fused Adam reaches
 # DeepSpeedCPUAdam (AVX-512, every core of a machine): about 1e9 parameters a second per machine, assumed (the
@@ -67,7 +64,7 @@ def step_time(inputs: Inputs, candidate: Candidate, gpu: Gpu, checkpoint_bytes: 
         SCORING: scoring_seconds(inputs, candidate, rates, step),
         TRAINING: training_seconds(inputs, candidate, rates, step),
         OPTIMIZER_STEP: optimizer_seconds(inputs, candidate, rates),
-        SAVING: saving_seconds(inputs, checkpoint_bytes, hw.machines),
+        SAVING: saving_seconds(inputs, checkpoint_bytes, hw.machines, rates.calls(fixed_costs.SAVE_CALLS)),
         WAITING: 0.0,
     }
 
@@ -82,7 +79,7 @@ def generation_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step:
     prefill = rates.matmul(forward_flops(policy, batch, p))
     kv = memory.kv_cache(policy, batch, p + c // 2, b)
     token = max((policy.params * b + kv) / (rates.memory * HF_DECODE_BANDWIDTH),
-                rates.matmul(forward_flops(policy, batch, 1))) + HF_DECODE_OVERHEAD_PER_LAYER * policy.layers
+                rates.matmul(forward_flops(policy, batch, 1))) + rates.calls(fixed_costs.decode_token(policy))
     gathered, gathered_modules = _gathered(inputs, candidate)
     rest = policy.params - gathered
     once = rates.fetch(gathered * b)
@@ -90,7 +87,7 @@ def generation_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step:
     per_pass = rates.fetch(rest * b)
     fetch = rest_modules * rates.module_overhead
     passes = max(prefill, per_pass) + fetch + c * (max(token, per_pass) + fetch)
-    return calls * (once + passes)
+    return calls * (once + passes + rates.calls(fixed_costs.forward(policy) + fixed_costs.GENERATE_CALLS))
 
 
 def _gathered(inputs: Inputs, candidate: Candidate) -> tuple[int, int]:
@@ -119,7 +116,8 @@ def _forward_pass(inputs: Inputs, model: ModelSize, batch: int, length: int,
     """One ZeRO-3 forward: compute overlapped with gathering every module, plus each module's fetch overhead."""
     b = inputs.work.element_bytes
     gather = rates.fetch(model.params * b)
-    return max(rates.matmul(forward_flops(model, batch, length)), gather) + modules(model) * rates.module_overhead
+    return (max(rates.matmul(forward_flops(model, batch, length)), gather) + modules(model) * rates.module_overhead
+            + rates.calls(fixed_costs.forward(model)))
 
 
 def training_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: StepWork) -> float:
@@ -138,31 +136,33 @@ def training_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: S
         flops = base * forward + (6 * adapter * work.train_batch * work.train_sequence if adapter else 0)
         gradients = (adapter if adapter is not None else model.params) * b
         comm = 2 * rates.fetch(model.params * b) + rates.all_gather(gradients)
-        seconds += micro_batches * (max(rates.matmul(flops), comm) + 2 * modules(model) * rates.module_overhead)
+        seconds += micro_batches * (max(rates.matmul(flops), comm) + 2 * modules(model) * rates.module_overhead
+                                    + rates.calls(fixed_costs.forward_backward(model)))
     return seconds
 
 
 def optimizer_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
     """Adam over each GPU's partition: on the GPU at its memory's rate; offloaded, DeepSpeedCPUAdam on the
     machine's cores with the gradients down and the updated parameters up over PCIe; on NVMe, the states read and
-    written too."""
+    written too. Each step also pays its fixed calls (the trainer's per-step work and DeepSpeed's step)."""
     b = inputs.work.element_bytes
     trained = sum(role.adapter.params if candidate.lora and role.adapter else role.size.params
                   for role in inputs.roles if role.trained)
     share = trained / rates.gpus
+    fixed = rates.calls(fixed_costs.STEP_CALLS)
     if candidate.offload_optimizer == "none":
-        return share * (ADAM_BYTES + b) / (rates.memory * ADAM_BANDWIDTH)
-    seconds = trained / rates.machines / CPU_ADAM_RATE + share * 2 * b / rates.host
+        return share * (ADAM_BYTES + b) / (rates.memory * ADAM_BANDWIDTH) + fixed
+    seconds = fixed + trained / rates.machines / CPU_ADAM_RATE + share * 2 * b / rates.host
     if candidate.offload_optimizer == "nvme":
         seconds += 2 * trained / rates.machines * memory.OPTIMIZER_STATE_BYTES / NVME_BANDWIDTH
     return seconds
 
 
-def saving_seconds(inputs: Inputs, checkpoint_bytes: int, machines: int) -> float:
-    """The run's writes at the disk's rate, per step: a checkpoint every `save_steps` (a fraction of `max_steps`;
-    none with `save_strategy: no`) and, at the end, the final model's weights (the ranks always save it). With
-    `max_steps` known, the checkpoints the run really writes and the final model spread over its steps; else one
-    checkpoint over `save_steps`."""
+def saving_seconds(inputs: Inputs, checkpoint_bytes: int, machines: int, per_save: float = 0.0) -> float:
+    """The run's writes at the disk's rate, each with its fixed cost `per_save`, per step: a checkpoint every
+    `save_steps` (a fraction of `max_steps`; none with `save_strategy: no`) and, at the end, the final model's
+    weights (the ranks always save it). With `max_steps` known, the checkpoints the run really writes and the final
+    model spread over its steps; else one checkpoint over `save_steps`."""
     rate = DISK_BANDWIDTH * machines
     steps = inputs.value("max_steps") or 0
     every = inputs.value("save_steps") or TRL_SAVE_STEPS
@@ -171,7 +171,7 @@ def saving_seconds(inputs: Inputs, checkpoint_bytes: int, machines: int) -> floa
     every = max(int(every), 1)
     saving = str(inputs.value("save_strategy")) != "no"
     if steps <= 0:
-        return checkpoint_bytes / rate / every if saving else 0.0
+        return (checkpoint_bytes / rate + per_save) / every if saving else 0.0
     final = inputs.roles[0].size.params * inputs.work.element_bytes
     checkpoints = steps // every if saving else 0
-    return (checkpoints * checkpoint_bytes + final) / rate / steps
+    return ((checkpoints * checkpoint_bytes + final) / rate + (checkpoints + 1) * per_save) / steps

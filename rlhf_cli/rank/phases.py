@@ -1,8 +1,9 @@
 """Where every run's optimizer steps go: seconds per step and peak memory in each phase, measured on every rank.
 
-Phases (STEP_PHASES): `generation` inside TRL's generation context (rlhf_cli/rank/zero3.py), `sync` a weight sync
-into vLLM (rlhf_cli/rank/engines/sync.py), `saving` a checkpoint's save (from the step that asks for it to
-transformers' on_save, rlhf_cli/rank/lifecycle.py), and `train` the rest of the step. Phases nest: a sync inside
+Phases (STEP_PHASES): `generation` inside TRL's generation context (rlhf_cli/rank/zero3.py) or the engine's own
+generate (rlhf_cli/rank/engines/), `sync` a weight sync into the engine (rlhf_cli/rank/engines/sync.py), `saving`
+a checkpoint's save (from the step that asks for it to transformers' on_save, rlhf_cli/rank/lifecycle.py), and
+`train` the rest of the step. Phases nest: a sync inside
 generation counts as sync, not twice. Loading before training and the final save after it are no step's.
 
 Peak memory per phase: on CUDA torch's allocator peaks (reserved, plus what the device holds outside the

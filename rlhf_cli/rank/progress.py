@@ -25,6 +25,14 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
+def _eta_clock(seconds: float) -> str:
+    """The ETA rounded, not cut; under a minute to a tenth of a second (a short run's whole seconds would be its
+    error)."""
+    if seconds < 59.95:
+        return f"0:00:{seconds:04.1f}"
+    return _clock(round(seconds))
+
+
 class TrainingProgress(TrainerCallback):
     """Rank 0's view of training; `live` redraws a bar, otherwise each log is one line."""
 
@@ -72,7 +80,7 @@ class TrainingProgress(TrainerCallback):
         if self.baseline is None:  # the first step carries the start-up (allocation, warm-up): the ETA leaves it out
             self.baseline = (state.global_step, StepPhases.current().snapshot(), time.monotonic())
         if self.progress is not None:
-            self.progress.update(self.task, completed=state.global_step, eta=_clock(self.eta(args, state)))
+            self.progress.update(self.task, completed=state.global_step, eta=_eta_clock(self.eta(args, state)))
 
     def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         self.saves += 1
@@ -109,7 +117,7 @@ class TrainingProgress(TrainerCallback):
             return
         elapsed = time.monotonic() - self.started
         self.console.print(f"step {state.global_step}/{state.max_steps}  {metrics}  elapsed {_clock(elapsed)}  "
-                           f"eta {_clock(self.eta(args, state))}", markup=False, highlight=False, soft_wrap=True)
+                           f"eta {_eta_clock(self.eta(args, state))}", markup=False, highlight=False, soft_wrap=True)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         if self.progress is not None:

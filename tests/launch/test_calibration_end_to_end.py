@@ -22,6 +22,8 @@ def test_doctor_calibrates_this_machine_and_the_plan_then_has_seconds(tmp_path: 
     assert "calibrated here (cpu, " in done.stdout, done.stderr[-2000:]
     kept = json.loads((tmp_path / "calibration.json").read_text())
     assert kept["backend"] == "gloo" and kept["matmul_flops"] > 1e8 and kept["all_gather_rate"] > 0
+    assert 1e-7 < kept["call_latency"] < 1e-3  # a small module's call from Python: microseconds
     plan = json.loads(rlhf("plan", "rloo", "-r", "rloo/smoke", "--json", cache=tmp_path).stdout)
-    assert plan["gpu"]["source"].startswith("calibrated here (cpu")
+    assert plan["gpu"]["source"].startswith("calibrated here (cpu") and "a module call" in plan["gpu"]["source"]
+    assert plan["gpu"]["call_latency"] == kept["call_latency"]
     assert all(column["step_seconds"] > 0 for column in plan["configurations"])

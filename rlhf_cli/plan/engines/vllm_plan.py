@@ -18,7 +18,7 @@ from rlhf_cli.plan import memory
 from rlhf_cli.plan.columns import Candidate
 from rlhf_cli.plan.engines import EngineWords, vllm
 from rlhf_cli.plan.engines.vllm_search import Evaluate, findings, longest_kv
-from rlhf_cli.plan.engines.vllm_time import call_seconds, sync_seconds, wake_seconds
+from rlhf_cli.plan.engines.vllm_time import call_seconds, step_sync_seconds, wake_seconds
 from rlhf_cli.plan.inputs import Inputs
 from rlhf_cli.plan.memory import TRAINING, Component
 from rlhf_cli.plan.rates import Rates
@@ -94,7 +94,7 @@ def engine_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: Ste
     wake_weights, wake_kv = wake_seconds(inputs, candidate, rates)
     calls = step.generated / inputs.work.generation_batch
     generation = calls * call_seconds(inputs, candidate, rates) + wake_kv * step.syncs
-    return generation, (sync_seconds(inputs, candidate, rates) + wake_weights) * step.syncs
+    return generation, step_sync_seconds(inputs, candidate, rates, step.syncs, wake_weights)
 
 
 def engine_findings(evaluate: Evaluate, inputs: Inputs, settings: vllm.VllmSettings, engine: Engine,

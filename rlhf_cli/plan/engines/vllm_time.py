@@ -9,16 +9,21 @@ hands each to vLLM: copied in place when colocated, broadcast from rank 0 to the
 
 from __future__ import annotations
 
-from rlhf_cli.plan import memory
+from rlhf_cli.algorithms import algorithm
+from rlhf_cli.generation.sync_check import PROBE_PROMPTS, PROBE_TOKENS, checked
+from rlhf_cli.plan import fixed_costs, memory
 from rlhf_cli.plan.columns import Candidate
 from rlhf_cli.plan.engines import vllm
 from rlhf_cli.plan.inputs import Inputs
-from rlhf_cli.plan.rates import Rates, forward_flops
+from rlhf_cli.plan.rates import Rates, forward_flops, modules
 
 # All assumed, then checked against published step times (benchmarks/plan_published.py):
 VLLM_PREFILL_UTILISATION = 0.5  # share of peak FLOPs of vLLM's prefill (FlashAttention, fused kernels)
 VLLM_DECODE_BANDWIDTH = 0.8  # share of memory bandwidth vLLM's decode reaches with CUDA graphs
-VLLM_STEP_OVERHEAD = 2e-3  # seconds per decode step: scheduling and sampling
+VLLM_STEP_CALLS = 400  # small module calls' worth per decode step: scheduling and sampling (2 ms at 5 us)
+# per generate call: TRL's requests, vLLM's batch scheduled, its outputs detokenized (fitted to the smoke recipe's
+# colocated generation on CPU; 17 ms at 5 us)
+VLLM_CALL_CALLS = 3500
 TP_ALL_REDUCE = 20e-6  # seconds per all-reduce of a decode step's activations between tensor-parallel GPUs
 VLLM_SERVER_GPUS = 1  # the server's GPUs, as TRL's documentation's examples give it
 COLOCATED_BUCKET_OVERHEAD = 5e-3  # seconds per sync bucket: the gather's launch, vLLM's layerwise reload call
@@ -28,6 +33,12 @@ SERVER_BUCKET_OVERHEAD = 20e-3  # seconds per sync bucket to a server: its HTTP 
 # one at a time, 11.8 s in 2 GiB buckets; benchmarks/plan_published.py replays both)
 TENSOR_LOAD = 0.5e-3
 SLEEP_CYCLE_OVERHEAD = 0.05  # seconds per sleep and wake: the allocator's unmap and map calls (assumed)
+# Fixed costs in small module calls (rlhf_cli/plan/fixed_costs.py), fitted to the smoke recipe's colocated syncs on
+# CPU: per tensor synced, the delta's snapshot and both sides' checksums; per self-check, vLLM's logprobs and the
+# policy's head gathered; once per run, vLLM's first generation (buffers allocated; the first self-check pays it)
+SYNC_TENSOR_CALLS = 340
+CHECK_CALLS = 30_000
+FIRST_GENERATION_CALLS = 15_000
 
 
 def call_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
@@ -45,7 +56,7 @@ def call_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
     read = (policy.params * b / gpus + kv) / (rates.memory * VLLM_DECODE_BANDWIDTH)
     compute = rates.matmul(forward_flops(policy, sequences, 1) / gpus, VLLM_PREFILL_UTILISATION)
     all_reduce = 2 * policy.layers * TP_ALL_REDUCE if gpus > 1 else 0.0
-    return prefill + c * (max(read, compute) + all_reduce + VLLM_STEP_OVERHEAD)
+    return prefill + c * (max(read, compute) + all_reduce + rates.calls(VLLM_STEP_CALLS)) + rates.calls(VLLM_CALL_CALLS)
 
 
 def wake_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> tuple[float, float]:
@@ -63,12 +74,20 @@ def wake_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> tuple[fl
     return weights + SLEEP_CYCLE_OVERHEAD / 2, kv + SLEEP_CYCLE_OVERHEAD / 2
 
 
+def step_sync_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, syncs: float, wake_weights: float) -> float:
+    """One optimizer step's weight syncs (`syncs` of them, each after a wake costing `wake_weights`) and its share
+    of the sync's self-checks."""
+    return (sync_seconds(inputs, candidate, rates) + wake_weights) * syncs + check_seconds(inputs, candidate, rates)
+
+
 def sync_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
-    """One weight sync of the candidate's buckets (a unit's modules counted as its tensors)."""
+    """One weight sync of the candidate's buckets (a unit's modules counted as its tensors), with rlhf's own work per
+    tensor (the delta's snapshot, both sides' checksums) that other frameworks' syncs do not do."""
     b = inputs.work.element_bytes
     buckets = inputs.sync_buckets(candidate.generation.gather, candidate.lora)
-    return buckets_seconds([(numel * b, tensors, alike) for numel, tensors, alike in buckets], rates,
-                           candidate.generation.engine.spec.is_server)
+    checks = rates.calls(SYNC_TENSOR_CALLS * sum(tensors * alike for _, tensors, alike in buckets))
+    return checks + buckets_seconds([(numel * b, tensors, alike) for numel, tensors, alike in buckets], rates,
+                                    candidate.generation.engine.spec.is_server)
 
 
 def buckets_seconds(buckets: list[tuple[float, int, int]], rates: Rates, server: bool) -> float:
@@ -81,3 +100,22 @@ def buckets_seconds(buckets: list[tuple[float, int, int]], rates: Rates, server:
             size / rates.memory + COLOCATED_BUCKET_OVERHEAD
         seconds += alike * (rates.fetch(size) + handing + tensors * TENSOR_LOAD)
     return seconds
+
+
+def check_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
+    """The sync's self-check per optimizer step (rlhf_cli/rank/engines/vllm/self_check.py): after the first two syncs
+    and every `vllm_sync_check_steps`-th, vLLM continues the probe's prompts and the policy scores them, one
+    forward a prompt; the first check also pays vLLM's first generation. Over the run's steps (`max_steps`; unknown:
+    only the periodic checks)."""
+    every, steps = inputs.value("vllm_sync_check_steps"), inputs.value("max_steps") or 0
+    if not every or candidate.engine_settings is None:
+        return 0.0
+    policy, b = inputs.roles[0].size, inputs.work.element_bytes
+    probe = PROBE_PROMPTS * (rates.fetch(policy.params * b) + modules(policy) * rates.module_overhead
+                             + rates.calls(fixed_costs.forward(policy)))
+    probe += rates.calls(PROBE_TOKENS * VLLM_STEP_CALLS + CHECK_CALLS)
+    if steps <= 0:
+        return probe / every
+    syncs = round(steps * algorithm(inputs.algorithm).step_work(inputs.value).syncs)
+    checks = sum(checked(sync, every, False) for sync in range(1, syncs + 1))
+    return (checks * probe + rates.calls(FIRST_GENERATION_CALLS)) / steps

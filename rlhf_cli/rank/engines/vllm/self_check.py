@@ -17,15 +17,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from rlhf_cli.compat import vllm as vllm_compat
+from rlhf_cli.generation.sync_check import PROBE_PROMPT_TOKENS, PROBE_PROMPTS, PROBE_TOKENS, checked
 from rlhf_cli.rank.engines.weights import checkpoint_names, gathered
 
-PROBE_PROMPTS = 3
-PROBE_PROMPT_TOKENS = 6
-PROBE_TOKENS = 4
 # Mean |vLLM logprob - policy logprob| over the probe's tokens above which the sync is broken: a float32 sync is
 # exact to ~1e-5 on CPU; half precision kernels differ by ~1e-2 (TRL's own bf16 runs log 0.01-0.05).
 TOLERANCE = {"float32": 1e-2, "bfloat16": 1e-1, "float16": 1e-1}
-FIRST_CHECKED = 2  # syncs checked from the start: the starting weights', then the first update's
 
 
 class SyncCheckFailed(RuntimeError):
@@ -46,12 +43,9 @@ class SyncCheck:
         self.syncs = 0
 
     def due(self, woke: bool) -> bool:
-        """Whether the sync just done is checked: the first two, the one after a wake from sleep, every `every`-th.
-        TRL's trainers sync the starting weights before the first generation, which vLLM already holds: a sync that
-        drops a parameter passes that check, so the second (the first update's weights) is checked too; a short
-        run would otherwise end before the `every`-th."""
+        """Whether the sync just done is checked (rlhf_cli/generation/sync_check.checked)."""
         self.syncs += 1
-        return self.every > 0 and (self.syncs <= FIRST_CHECKED or woke or self.syncs % self.every == 0)
+        return checked(self.syncs, self.every, woke)
 
     def run(self, model: Any, llm: Any, woke: bool = False) -> dict[str, float]:
         """The probe's logprob differences (mean and max over its tokens); SyncCheckFailed above the tolerance.

@@ -17,6 +17,7 @@ from rlhf_cli.rank.engines.sync import sync_weights
 from rlhf_cli.rank.engines.vllm.server import WEIGHT_DIR, ServerTarget
 from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
 from rlhf_cli.rank.engines.weights import SyncLimit
+from rlhf_cli.rank.phases import GENERATION, StepPhases
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ def install_vllm(gather: Gather, dtype: str, seed: int, check: Any, output_dir: 
     vllm_compat.replace_trl_vllm_engine(engine)
     load_object(sync_hook)(SyncSettings(gather, check, output_dir))
     vllm_compat.replace_trl_vllm_server_transport(check_server_version)
+    vllm_compat.replace_trl_vllm_generate(lambda: StepPhases.current().during(GENERATION))  # the `generation` phase
 
 
 def hook_vllm_generation(settings: SyncSettings) -> None:
