@@ -91,9 +91,6 @@ FIELD_CHECKS: dict[str, Callable[[Algorithm], bool]] = {
     # a trainer that takes tools has TRL's turn limit for them, and a bundled recipe that calls one
     "takes_tools": lambda e: e.takes_tools == ("max_tool_calling_iterations" in catalogue(e.name))
     and e.takes_tools == (RECIPES / e.name / "agent-smoke.yaml").is_file(),
-    # a reason is a sentence naming the trainer it comes from, and only TRL's online DPO has one today
-    "server_needs_gpu": lambda e: (e.server_needs_gpu is None) == (e.name != "online_dpo")
-    and (e.server_needs_gpu is None or e.trainer_class.rpartition(":")[2] in e.server_needs_gpu),
     "sync_hooks": lambda e: _sync_hooks_complete(e),
 }
 

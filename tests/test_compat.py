@@ -46,12 +46,13 @@ def test_trls_vllm_syncs_through_rlhf_colocated_and_served(monkeypatch: pytest.M
     from rlhf_cli.rank.engines.vllm import sync as vllm_sync
 
     originals = (VLLMGeneration.sync_weights, OnlineDPOTrainer._move_model_to_vllm, VLLMClient.init_communicator,
-                 VLLMClient.generate, VLLMClient.chat, VLLMGeneration.generate)
+                 VLLMClient.generate, VLLMClient.chat, VLLMGeneration.generate, OnlineDPOTrainer.__init__)
     for owner, name, original in ((VLLMGeneration, "generate", originals[5]),
                                   (VLLMGeneration, "sync_weights", originals[0]),
                                   (OnlineDPOTrainer, "_move_model_to_vllm", originals[1]),
                                   (VLLMClient, "init_communicator", originals[2]),
-                                  (VLLMClient, "generate", originals[3]), (VLLMClient, "chat", originals[4])):
+                                  (VLLMClient, "generate", originals[3]), (VLLMClient, "chat", originals[4]),
+                                  (OnlineDPOTrainer, "__init__", originals[6])):
         monkeypatch.setattr(owner, name, original)  # restored after the test
     monkeypatch.setattr(vllm_compat, "replace_trl_vllm_engine", lambda factory: None)  # TRL imports LLM only with vLLM
     synced = []
@@ -103,6 +104,36 @@ def test_trls_vllm_generation_is_timed_as_the_steps_generation_phase(monkeypatch
     now[0] += 1.0
     assert phases.snapshot()[GENERATION] == 2.0 and phases.snapshot()[TRAIN] == 1.0
     assert VLLMGeneration.generate.__wrapped__ is generate
+
+
+def test_online_dpo_builds_its_server_mode_without_an_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRL's OnlineDPOTrainer asks the current accelerator in server mode (for the communicator rlhf skips): while
+    it is built for a server, a process without one is told the CPU; colocated, and afterwards, the answer is
+    torch's own."""
+    import inspect
+    from types import SimpleNamespace
+
+    import torch
+    from trl.experimental.online_dpo import OnlineDPOTrainer
+
+    trls = getattr(OnlineDPOTrainer.__init__, "__wrapped__", OnlineDPOTrainer.__init__)
+    assert "torch.accelerator.current_accelerator().type" in inspect.getsource(trls)  # the shim's reason is still
+    own = torch.accelerator.current_accelerator()
+    told = []
+
+    def init(self: object, model: object, ref_model: object = None, reward_funcs: object = None,
+             args: object = None) -> None:  # TRL's parameters up to `args`
+        told.append(torch.accelerator.current_accelerator())
+
+    monkeypatch.setattr(OnlineDPOTrainer, "__init__", init)
+    vllm_compat.replace_trl_online_dpo_server_device()
+    assert OnlineDPOTrainer.__init__.__wrapped__ is init
+    server, colocated = (SimpleNamespace(use_vllm=True, vllm_mode=mode) for mode in ("server", "colocate"))
+    OnlineDPOTrainer("policy", None, None, server)
+    OnlineDPOTrainer(model="policy", args=colocated)
+    OnlineDPOTrainer(model="policy", args=server)
+    assert told == [own or torch.device("cpu"), own, own or torch.device("cpu")]
+    assert torch.accelerator.current_accelerator() == own
 
 
 def test_a_server_holding_other_weights_is_refused_before_the_first_generation() -> None:

@@ -102,19 +102,3 @@ def test_a_closed_port_is_a_warning_that_says_how_long_the_ranks_wait(cli, nothi
         assert "weights reach the server through a shared directory" in said and "rlhf vllm-serve grpo" in said
     assert len(nothing_launches) == 1
 
-
-@pytest.mark.parametrize("machine_has_gpu", [False, True])
-def test_online_dpo_with_a_server_on_a_machine_without_a_gpu_is_one_line(cli, tmp_path: Path, monkeypatch,
-                                                                          machine_has_gpu: bool) -> None:
-    """TRL's OnlineDPOTrainer asks the rank's accelerator when it connects to a server: on a machine without a GPU
-    that is None and the ranks die inside TRL, so the run is refused before launch; `rlhf plan` (another machine)
-    and a machine with a GPU are not."""
-    monkeypatch.setattr("rlhf_cli.config.resolve.cuda_present", lambda: machine_has_gpu)
-    args = ("online-dpo", "-r", "online_dpo/smoke", "-o", tmp_path / "out", "--vllm", "server", "--dry-run")
-    result = cli(*args)
-    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
-    if machine_has_gpu:
-        assert not any("OnlineDPOTrainer" in line for line in errors), result.output
-    else:
-        assert result.exit_code == 2 and len(errors) == 1 and "OnlineDPOTrainer asks" in errors[0]
-    assert cli("plan", "online-dpo", "-r", "online_dpo/smoke", "--vllm", "server").exit_code == 0

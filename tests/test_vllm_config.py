@@ -31,10 +31,10 @@ def _trainer(cli, command: str, *args: str) -> dict:
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_vllm_flag_sets_trls_keys(cli, vllm_installed, command: str) -> None:
-    mode = "colocate" if command == "online-dpo" else "server"  # online DPO's server mode needs a GPU here
-    trainer = _trainer(cli, command, "--vllm", mode, "--set", "vllm_server_port=8123")
-    assert trainer["use_vllm"] is True and trainer["vllm_mode"] == mode
+def test_vllm_flag_sets_trls_keys(cli, vllm_installed, monkeypatch, command: str) -> None:
+    monkeypatch.setattr("rlhf_cli.config.resolve.cuda_present", lambda: False)  # every trainer serves from a CPU
+    trainer = _trainer(cli, command, "--vllm", "server", "--set", "vllm_server_port=8123")
+    assert trainer["use_vllm"] is True and trainer["vllm_mode"] == "server"
     assert trainer["vllm_server_port"] == 8123
 
 

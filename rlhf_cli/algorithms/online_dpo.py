@@ -29,8 +29,6 @@ ALGORITHM = Algorithm(
     builder="rlhf_cli.rank.builders:build_online_dpo",
     sync_hooks={"vllm": "rlhf_cli.rank.engines.vllm.sync:hook_online_dpo"},
     trainer_class="trl.experimental.online_dpo:OnlineDPOTrainer",
-    server_needs_gpu=("TRL 1.16's OnlineDPOTrainer asks the training process's accelerator when it connects to "
-                           "a vLLM server, and a machine without a GPU has none"),
     completion_field="max_new_tokens",
     batch_fields=("per_device_train_batch_size",),
     batches=_batches,

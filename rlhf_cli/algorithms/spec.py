@@ -109,8 +109,6 @@ class Algorithm:
     # columns: a function takes them, or **kwargs)
     reward_keywords: tuple[str, ...] = ()
     takes_tools: bool = False  # the trainer takes `tools`, `environment_factory` and `rollout_func` (GRPO)
-    # why the trainer cannot reach a generation server from processes without a GPU (None: it can)
-    server_needs_gpu: str | None = None
     # engine name -> `module:function` making the trainer sync that engine's weights through rlhf's weight sync
     # (replacing the trainer's own); imported inside ranks only
     sync_hooks: Mapping[str, str] = field(default_factory=dict)

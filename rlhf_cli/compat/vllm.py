@@ -5,8 +5,10 @@ on, listed as rlhf_cli/compat lists the rest, with why and until. Resolved only 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rlhf_cli.compat import Internal, InternalsChanged
@@ -65,6 +67,12 @@ TRL_VLLM_INTERNALS = (
              "sides, and a server started by `trl vllm-serve`): rlhf syncs the server through a directory instead "
              "(rlhf_cli/rank/engines/vllm/server.py), so the communicator is not set up",
              "TRL's trainers take a weight transfer of the caller's", ("self", "device")),
+    Internal("trl.experimental.online_dpo:OnlineDPOTrainer.__init__",
+             "in server mode TRL's OnlineDPOTrainer asks `torch.accelerator.current_accelerator()` for the device "
+             "of the NCCL communicator above, which rlhf never sets up; a process without an accelerator is told "
+             "None and the trainer dies on `None.type`: while it is built there, the answer is the CPU",
+             "TRL's OnlineDPOTrainer passes `accelerator.device` as RLOO's and GRPO's VLLMGeneration does",
+             ("args",)),
     Internal("trl.generation.vllm_client:VLLMClient.generate",
              "before a run's first generation from a server, rlhf checks the server holds the weights the run last "
              "sent it (a server serving one run after another)", "as above"),
@@ -269,8 +277,6 @@ def replace_trl_vllm_server_transport(before_generation: Callable[[Any], None]) 
 def replace_trl_vllm_generate(timed: Callable[[], Any]) -> None:
     """Run RLOO's and GRPO's vLLM generation (VLLMGeneration.generate) inside `timed()`, a context manager: TRL
     calls it outside the generation context the ranks time HF generation in. The original stays `__wrapped__`."""
-    import functools
-
     from trl.generation.vllm_generation import VLLMGeneration
 
     original = getattr(VLLMGeneration.generate, "__wrapped__", VLLMGeneration.generate)
@@ -283,10 +289,51 @@ def replace_trl_vllm_generate(timed: Callable[[], Any]) -> None:
     VLLMGeneration.generate = generate
 
 
+def replace_trl_online_dpo_server_device() -> None:
+    """Make TRL's OnlineDPOTrainer start server mode in a process without an accelerator (a CPU rank): while it is
+    built there with `vllm_mode="server"`, `torch.accelerator.current_accelerator()` answers the CPU instead of
+    None. It asks only for the device of the NCCL communicator that `replace_trl_vllm_server_transport` skips.
+    The original stays reachable as `__wrapped__`."""
+    import inspect
+
+    from trl.experimental.online_dpo import OnlineDPOTrainer
+
+    original = getattr(OnlineDPOTrainer.__init__, "__wrapped__", OnlineDPOTrainer.__init__)
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        config = signature.bind(self, *args, **kwargs).arguments.get("args")
+        served = config is not None and config.use_vllm and config.vllm_mode == "server"
+        with cpu_as_current_accelerator() if served else contextlib.nullcontext():
+            original(self, *args, **kwargs)
+
+    OnlineDPOTrainer.__init__ = init
+
+
+@contextlib.contextmanager
+def cpu_as_current_accelerator() -> Iterator[None]:
+    """Within: `torch.accelerator.current_accelerator()` answers the CPU device where it would answer None (no
+    accelerator); a process with one is left alone."""
+    import torch
+
+    asked = torch.accelerator.current_accelerator
+    if asked() is not None:
+        yield
+        return
+
+    def current_accelerator(check_available: bool = False) -> Any:
+        return torch.device("cpu")
+
+    torch.accelerator.current_accelerator = current_accelerator
+    try:
+        yield
+    finally:
+        torch.accelerator.current_accelerator = asked
+
+
 def _checked_first(method: Callable[..., Any], before: Callable[[Any], None]) -> Callable[..., Any]:
     """`method` (its original as `__wrapped__`), calling `before` with the instance first."""
-    import functools
-
     @functools.wraps(method)
     def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
         before(self)

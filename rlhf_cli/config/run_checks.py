@@ -324,8 +324,7 @@ def check_across_fields(draft: Draft, accelerate: dict[str, Any], cpu_only: bool
                   lambda values: entry.checks(values, processes),
                   lambda values: lora_problems(values, entry, is_zero3(accelerate)),
                   lambda values: engine_problems(values, draft.said, processes, cuda=not cpu_only,
-                                                 planning=draft.request.planning,
-                                                 server_needs_gpu=entry.server_needs_gpu),
+                                                 planning=draft.request.planning),
                   lambda values: length_problems(values, entry.completion_field, prompt_file,
                                                  draft.value("dataset_prompt_column"))):
         try:

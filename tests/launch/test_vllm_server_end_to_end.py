@@ -1,8 +1,6 @@
-"""`--vllm server` for TRL's trainers (RLOO, GRPO) against one `rlhf vllm-serve` (the session's, which
-PPO's server test uses too), one run after another: their weights reach the server through rlhf's sync over the
-run's directory (rlhf_cli/rank/engines/vllm/sync.py), never TRL's NCCL communicator, on the CPU. (Online DPO's
-trainer reads the current accelerator's type when it connects to a server, which fails without one: its server
-mode is not run here.)
+"""`--vllm server` for TRL's trainers (RLOO, GRPO, online DPO) against one `rlhf vllm-serve` (the session's,
+which PPO's server test uses too), one run after another: their weights reach the server through rlhf's sync over
+the run's directory (rlhf_cli/rank/engines/vllm/sync.py), never TRL's NCCL communicator, on the CPU.
 
 Skipped where vLLM is not installed; run them with the Python that has it (README: Tests).
 """
@@ -20,7 +18,7 @@ pytestmark = [needs_vllm]
 
 
 @pytest.mark.timeout(1500)  # the session's server start, then a launched run
-@pytest.mark.parametrize("command", ["rloo", "grpo"])
+@pytest.mark.parametrize("command", ["rloo", "grpo", "online-dpo"])
 def test_trls_trainers_train_against_the_server_through_rlhfs_sync(command: str, tmp_path: Path,
                                                                    vllm_server: str) -> None:
     """2 steps against a server an earlier run left its weights in: the run syncs before each step's generation

@@ -4,7 +4,7 @@ the keys of rlhf's own an engine adds to every recipe (`ENGINE_FIELDS`, in the c
 rlhf_cli/config/fields.py).
 
 Each separate engine's row in the registry names its module here (its `config` face). Such a module offers
-`engine_problems(values, said, processes, cuda, planning, server_needs_gpu)`, `length_problems(values, completion_field,
+`engine_problems(values, said, processes, cuda, planning)`, `length_problems(values, completion_field,
 prompt_file, column)`, `tied_head_problems(values, targets)` and `check_server(draft)`, each with nothing to say of
 a run that generates with another engine, and `SYNC_DEFAULT_SOURCE`, the source of the gather choice it defaults.
 """
@@ -36,11 +36,10 @@ def _rooms() -> list[ModuleType]:
     return [importlib.import_module(path) for path in face_paths("config")]
 
 
-def engine_problems(values: Values, said: Any, processes: int, cuda: bool, planning: bool,
-                    server_needs_gpu: str | None) -> list[str]:
+def engine_problems(values: Values, said: Any, processes: int, cuda: bool, planning: bool) -> list[str]:
     """What stops a run's engine before launch: its install, its settings against the machine and processes."""
     return [problem for room in _rooms()
-            for problem in room.engine_problems(values, said, processes, cuda, planning, server_needs_gpu)]
+            for problem in room.engine_problems(values, said, processes, cuda, planning)]
 
 
 def length_problems(values: Values, completion_field: str, prompt_file: Path | None, column: str) -> list[str]:

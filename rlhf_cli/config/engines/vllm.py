@@ -49,12 +49,10 @@ def _where(said: Said, name: str, value: Any) -> str:
     return found.format(value=value) if found else f"`{name}: {value}`"
 
 
-def engine_problems(values: Values, said: Said, processes: int, cuda: bool, planning: bool = False,
-                    server_needs_gpu: str | None = None) -> list[str]:
+def engine_problems(values: Values, said: Said, processes: int, cuda: bool, planning: bool = False) -> list[str]:
     """What stops a run with `use_vllm` before launch (a mistyped `vllm_mode` is a choice field's error): the
-    install, sleep mode or (`server_needs_gpu`: the algorithm's reason) a server without a GPU, tensor parallelism
-    that does not divide the processes. `rlhf plan` plans for another machine as well: it skips what depends on
-    this one (the install, the GPU)."""
+    install, sleep mode without a GPU, tensor parallelism that does not divide the processes. `rlhf plan` plans
+    for another machine as well: it skips what depends on this one (the install, the GPU)."""
     engine = Engine.from_values(values)
     problems: list[str] = []
     if not engine.spec.is_vllm:
@@ -69,8 +67,6 @@ def engine_problems(values: Values, said: Said, processes: int, cuda: bool, plan
     if values("vllm_enable_sleep_mode") and not cuda and not planning:
         problems.append(f"{_where(said, 'vllm_enable_sleep_mode', 'true')}: vLLM sleeps only on CUDA, ROCm or XPU "
                         "GPUs (its CPU build refuses sleep mode) and this machine has none; set it to false")
-    if engine.spec.is_server and server_needs_gpu and not cuda and not planning:
-        problems.append(f"{where}: {server_needs_gpu}; generate with --vllm colocate here, or train on GPUs")
     if engine.spec.is_colocated:
         problems += _backend_problems(values, said, where)
     tensor_parallel = values("vllm_tensor_parallel_size")
