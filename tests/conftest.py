@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
+MOST_WORKERS = 4  # each launched test starts 2 ranks (and some a vLLM engine): more workers, more memory
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject's addopts): one worker per core, at most MOST_WORKERS, at least 2. A launched run keeps
+    about one core busy on average (its five processes mostly start one after another), so 2 workers fill a 2-core
+    machine; tests that read one shared run or server carry one `xdist_group` and run on one worker."""
+    return max(2, min(len(os.sched_getaffinity(0)), MOST_WORKERS))
 
 
 @pytest.fixture(autouse=True)

@@ -73,6 +73,10 @@ def one_rank(rank: int, port: int, scenario: str, together: bool, results: Any) 
     os.environ.update(RANK=str(rank), SCENARIO=scenario)
     import torch
     import torch.distributed as dist
+
+    from rlhf_cli import compat
+
+    compat.keep_trl_from_importing_vllm()  # as a rank without vLLM does: seconds of import saved in each process
     import trl.trainer.grpo_trainer as grpo
 
     from rlhf_cli.rank.agent_turns import take_turns_together

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ARCHITECTURES, RECIPES, SEED, seed_run, write
+from helpers import ARCHITECTURES, RECIPES, SEED, free_port, seed_run, write
 from rlhf_cli.config.resolve import RunRequest, resolve
 from rlhf_cli.errors import ConfigError
 from rlhf_cli.generation.budget import Budget, BudgetError, Unit, choose, parse_budget
@@ -134,7 +134,7 @@ def test_zero3_module_ids_stay_unique_when_hooks_are_put_back(tmp_path: Path) ->
     the units it gathers and puts them back: the ids must come back as they were (re-registering numbered a
     unit's root like the last module registered). TRL's full gather renumbers the whole model, uniquely."""
     probe = write(tmp_path / "probe.py", ZERO3_IDS_PROBE)
-    environment = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29614",
+    environment = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
                    "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
     done = subprocess.run([sys.executable, str(probe), json.dumps(ARCHITECTURES["llama-tied-bias"])],
                           env=environment, capture_output=True, text=True, timeout=300, check=False)

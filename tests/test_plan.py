@@ -19,6 +19,7 @@ from helpers import (
     SEED_HARDWARE,
     TINY,
     cache_model,
+    free_port,
     saved_by_one_layer,
     seed_run,
     write,
@@ -118,7 +119,7 @@ def test_model_states_are_what_deepspeeds_zero3_optimizer_allocates(tmp_path: Pa
     """One process, DeepSpeed's CPU accelerator: the partitions, master weights, Adam's moments and gradient
     buffers it really creates, against the plan's bytes per parameter (one GPU: the shard is the model)."""
     probe = write(tmp_path / "probe.py", ZERO3_PROBE)
-    environment = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29613",
+    environment = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
                    "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
     done = subprocess.run([sys.executable, str(probe)], env=environment, capture_output=True, text=True,
                           timeout=300, check=False)

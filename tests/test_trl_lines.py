@@ -15,6 +15,9 @@ from rlhf_cli.cli.train import trl_style_flags
 from rlhf_cli.config.fields import catalogue
 from rlhf_cli.config.resolve import RunRequest, resolve
 
+# TRL's own parse of every line, once (the module-scoped `trl_parsed`): the file on one worker (tests/conftest.py)
+pytestmark = pytest.mark.xdist_group("trl-lines")
+
 LINES = {  # algorithm -> command lines as TRL's docs and public scripts write them
     "rloo": [
         ["--lora_target_modules", "q_proj", "v_proj", "--use_peft"],

@@ -31,6 +31,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if HERE in item.path.parents:
             item.add_marker(pytest.mark.launch)
+        if "vllm_server" in item.fixturenames:  # one server a session: its tests on one worker (tests/conftest.py)
+            item.add_marker(pytest.mark.xdist_group("vllm-server"))
 
 
 @pytest.fixture(scope="session")

@@ -99,12 +99,22 @@ def case_id(entry: Algorithm, family: str, mode: str, kind: str, lora: bool) -> 
     return f"{entry.command}-{family}-{mode}-{kind}{'-lora' if lora else ''}"
 
 
-CASES = [pytest.param(entry, family, mode, prompt_kind(f, a, mode), with_lora(entry, f, mode),
-                      id=case_id(entry, family, mode, prompt_kind(f, a, mode), with_lora(entry, f, mode)),
-                      marks=() if in_default_run(f, a, mode) else pytest.mark.full_matrix)
-         for a, entry in enumerate(ALGORITHMS.values()) for f, family in enumerate(FAMILIES) for mode in MODES]
 # In the default run; no LoRA, so that nothing follows the ranks on machine 0 alone.
 TWO_MACHINES = "rloo-gemma-gather-plain"
+# Its run is read by test_two_machines_on_one_host_train_together too: both on one worker (tests/conftest.py).
+ON_TWO_MACHINES = pytest.mark.xdist_group("two-machines")
+
+
+def case_marks(family_index: int, algorithm_index: int, mode: str, case: str) -> list[pytest.MarkDecorator]:
+    return [*(() if in_default_run(family_index, algorithm_index, mode) else [pytest.mark.full_matrix]),
+            *([ON_TWO_MACHINES] if case == TWO_MACHINES else [])]
+
+
+CASES = [pytest.param(entry, family, mode, prompt_kind(f, a, mode), with_lora(entry, f, mode),
+                      id=case_id(entry, family, mode, prompt_kind(f, a, mode), with_lora(entry, f, mode)),
+                      marks=case_marks(f, a, mode, case_id(entry, family, mode, prompt_kind(f, a, mode),
+                                                           with_lora(entry, f, mode))))
+         for a, entry in enumerate(ALGORITHMS.values()) for f, family in enumerate(FAMILIES) for mode in MODES]
 
 
 @pytest.fixture(scope="module")
@@ -260,6 +270,7 @@ def test_family_trains(entry: Algorithm, family: str, mode: str, kind: str, lora
         assert agreement(*per_rank) < 0.5
 
 
+@ON_TWO_MACHINES
 def test_two_machines_on_one_host_train_together(case_run) -> None:
     """TWO_MACHINES's run: two launchers on this host, one rank each, machine 1 quiet."""
     [case] = [case.values for case in CASES if case.id == TWO_MACHINES]

@@ -74,6 +74,7 @@ def offloaded_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple
     return work / "run", layout
 
 
+@pytest.mark.xdist_group("ppo-offloaded-run")  # one module-scoped run, one worker
 def test_checkpoint_loads_and_resume_continues_episodes_and_schedule(offloaded_run: tuple[Path, tuple[str, ...]],
                                                                      tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
@@ -95,6 +96,7 @@ def test_checkpoint_loads_and_resume_continues_episodes_and_schedule(offloaded_r
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.xdist_group("ppo-offloaded-run")  # one module-scoped run, one worker
 def test_ppo_trains_with_optimizer_and_parameters_offloaded_to_cpu(offloaded_run: tuple[Path, tuple[str, ...]]) -> None:
     """Also from a user's accelerate config that leaves zero3_save_16bit_model false, accelerate's default: before,
     the run died at its first save (accelerate's get_state_dict refuses); the policy is consolidated anyway."""
@@ -153,6 +155,7 @@ def lora_learning_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.xdist_group("ppo-lora-learning-run")  # one module-scoped run, one worker
 def test_ppo_with_lora_learns_on_a_learnable_reward(lora_learning_run: Path) -> None:
     """As test_ppo_end_to_end's learning test, with adapters (rank 16) on the policy and value model and no
     reference model: the KL starts at 0 and the score rises, 0.078 -> 0.187 over the last 3 of 20 updates (Kendall's
@@ -169,6 +172,7 @@ def test_ppo_with_lora_learns_on_a_learnable_reward(lora_learning_run: Path) -> 
     assert_adapter_and_merged_model_load(lora_learning_run)
 
 
+@pytest.mark.xdist_group("ppo-lora-learning-run")  # one module-scoped run, one worker
 def test_ppo_with_lora_checkpoints_adapters_and_resumes(lora_learning_run: Path, tmp_path: Path) -> None:
     """The learning run's checkpoint resumed, gathering (the run generated from shards: the same tokens)."""
     full = logged(lora_learning_run)
