@@ -53,6 +53,7 @@ from _common import (
 RECIPE = RECIPES / "ppo" / "smoke.yaml"
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 SERVER = "vLLM server, delta"
+RATES = ["1e-6", "1e-3"]  # an RL learning rate and a large one
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,9 @@ def read_run(run: Path, into: Pooled) -> None:
                                     for call in r["generation_probe"]["per_call"]))
         return
     generation = [r["vllm_generation_seconds"][1:] for r in records]
-    syncs = [r["vllm_sync"][1:] for r in records]
+    # the sync before each generation call (a server's run also syncs before its first; the last may follow none)
+    syncs = [r["vllm_sync"][-len(r["vllm_generation_seconds"]) - 1:][:len(r["vllm_generation_seconds"])][1:]
+             for r in records]
     for calls in zip(*generation, *syncs, strict=True):
         seconds, synced = calls[:len(records)], calls[len(records):]
         into.generation_seconds.append(statistics.mean(seconds))
@@ -180,23 +183,48 @@ def socket_port() -> Iterator[int]:
 
 
 def load() -> str:
-    return os.getloadavg().__repr__()
+    """The load average (1, 5, 15 minutes): how shared the machine was."""
+    return " / ".join(f"{value:.1f}" for value in os.getloadavg())
 
 
-def report(args: argparse.Namespace, results: dict[tuple[str, str], Pooled], runs: int, loads: list[str]) -> None:
-    """Print and write the table of what has run so far (rewritten after every run: always whole)."""
+def slug(mode: Mode, rate: str) -> str:
+    return f"{re.sub('[^a-z0-9]+', '-', mode.name.lower()).strip('-')}-lr{rate}"
+
+
+def all_rates(args: argparse.Namespace) -> list[str]:
+    return list(dict.fromkeys([*RATES, *args.rates]))
+
+
+def finished_runs(work: Path, args: argparse.Namespace) -> dict[tuple[str, str], Pooled]:
+    """Every finished run in the work folder (its summary written), pooled by mode and learning rate."""
+    results: dict[tuple[str, str], Pooled] = {}
+    for rate in all_rates(args):
+        for mode in modes(args.budget):
+            for run in sorted(work.glob(f"{slug(mode, rate)}-*")):
+                if (run / "summary.json").is_file():
+                    read_run(run, results.setdefault((mode.name, rate), Pooled()))
+    return results
+
+
+def report(args: argparse.Namespace, work: Path) -> None:
+    """Print and write the table of every finished run (rewritten after every run: always whole)."""
+    results = finished_runs(work, args)
+    names = [mode.name for mode in modes(args.budget)]
     reference = {rate: statistics.median(p.step_seconds) for (name, rate), p in results.items() if name == "HF gather"}
     rows = [row(name, rate, pooled, reference.get(rate)) for (name, rate), pooled in
-            sorted(results.items(), key=lambda item: (item[0][1], [m.name for m in args.modes].index(item[0][0])))]
+            sorted(results.items(), key=lambda item: (all_rates(args).index(item[0][1]), names.index(item[0][0])))]
+    runs = sum(1 for run in work.glob("*/summary.json"))
     title = (f"PPO, smoke policy, bf16, 2 CPU processes under ZeRO-3, {args.rollouts} x {args.completion_length} "
-             f"sampled tokens per rank per step, {args.steps} steps, {runs} runs of {args.repeats} interleaved rounds")
+             f"sampled tokens per rank per step, {args.steps} steps a run, {runs} runs")
     print_table(title, COLUMNS, rows)
     panels = [(f"s/step gen + sync, lr {rate}", {name: statistics.median(p.step_seconds)
                                                 for (name, r), p in results.items() if r == rate})
-              for rate in args.rates]
+              for rate in all_rates(args) if any(r == rate for _, r in results)]
     bar_charts(args.out / "vllm.png", title, panels)
-    note = (f"Values: median (min-max) over every step after the first of every repeat. The machine was shared "
-            f"with other work: load average (1, 5, 15 min) at start {loads[0]}, at the last run's end {loads[-1]}.")
+    loads = (work / "loads.txt").read_text().splitlines()
+    note = ("Values: median (min-max) over every step after the first of every run. The machine was shared with "
+            f"other work: load average (1 / 5 / 15 min) at the first run's start {loads[0]}, when last recorded "
+            f"{loads[-1]}.")
     write_markdown(args.out / "vllm.md", f"# {title}\n\n{markdown_table(COLUMNS, rows)}\n{note}\n\n"
                    "![vllm](vllm.png)\n")
 
@@ -204,32 +232,36 @@ def report(args: argparse.Namespace, results: dict[tuple[str, str], Pooled], run
 def main() -> None:
     parser = benchmark_parser(__doc__, "PPO updates per run (one generation call and one sync each)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds of every mode at every rate")
-    parser.add_argument("--rates", nargs="+", default=["1e-6", "1e-3"], help="learning rates")
+    parser.add_argument("--rates", nargs="+", default=RATES, help="learning rates")
     parser.add_argument("--rollouts", type=int, default=4, help="responses per rank per step (even)")
     parser.add_argument("--budget", default="0.5", help="the HF run's gather budget")
-    parser.add_argument("--only", nargs="*", help="run only the modes of these names")
+    parser.add_argument("--only", nargs="*", help="run only these modes, adding to the runs in the work folder")
+    parser.add_argument("--report-only", action="store_true", help="write the table of the finished runs, run none")
     args = parser.parse_args()
-    args.modes = [mode for mode in modes(args.budget) if not args.only or mode.name in args.only]
+    if args.report_only:
+        return report(args, args.work_dir / "runs" / "vllm")
+    chosen = [mode for mode in modes(args.budget) if not args.only or mode.name in args.only]
     work = args.work_dir / "runs" / "vllm"
-    shutil.rmtree(work, ignore_errors=True)  # a rerun starts clean
-    work.mkdir(parents=True)
-    results: dict[tuple[str, str], Pooled] = {}
-    loads, runs = [load()], 0
-    with vllm_server(work / "server.log") if any(m.name == SERVER for m in args.modes) else socket_port() as url:
+    if not args.only:
+        shutil.rmtree(work, ignore_errors=True)  # a rerun starts clean
+    work.mkdir(parents=True, exist_ok=True)
+    with (work / "loads.txt").open("a") as loads:
+        loads.write(load() + "\n")
+    with vllm_server(work / "server.log") if any(m.name == SERVER for m in chosen) else socket_port() as url:
         for repeat in range(args.repeats):
             for rate in args.rates:
-                for mode in args.modes:
-                    out = work / f"{re.sub('[^a-z0-9]+', '-', mode.name.lower()).strip('-')}-lr{rate}-{repeat}"
+                for mode in chosen:
+                    out = work / f"{slug(mode, rate)}-{repeat}"
                     extra = ("--set", f"vllm_server_base_url={url}") if mode.name == SERVER else ()
                     print(f"round {repeat + 1}: {mode.name}, lr {rate} ...", flush=True)
+                    shutil.rmtree(out, ignore_errors=True)  # never a half-written run read back
                     run_timed(python_module("rlhf_cli", "ppo", *run_flags(mode, rate, args.steps,
                                                                          args.completion_length, args.rollouts),
                                             *extra, "-o", str(out), "--overwrite"),
                               env={"RLHF_PROBE_GENERATION": "1", **VLLM_ENV}, timeout=1800)
-                    read_run(out, results.setdefault((mode.name, rate), Pooled()))
-                    runs += 1
-                    loads.append(load())
-                    report(args, results, runs, loads)
+                    with (work / "loads.txt").open("a") as loads:
+                        loads.write(load() + "\n")
+                    report(args, work)
 
 
 if __name__ == "__main__":
