@@ -8,7 +8,7 @@ needs before generating:
 
 - HF `generate` with `--gather`, `--gather-budget B` and `--no-gather`: seconds per call from the generation probe
   (RLHF_PROBE_GENERATION=1), its gathering included;
-- vLLM colocate, `--gather`, with the dense sync (`vllm_sync_delta=false`: every sync sends the whole policy) and
+- vLLM colocate, `--gather`, with the dense sync (`weight_sync_delta=false`: every sync sends the whole policy) and
   with the delta sync: vLLM's generation seconds plus the weight sync's;
 - vLLM server (`rlhf vllm-serve`, started once here, + `--vllm server`): the same, the sync through the run's
   directory.
@@ -65,7 +65,7 @@ class Mode:
 def modes(budget: str) -> list[Mode]:
     return [Mode("HF gather", ("--gather",)), Mode(f"HF budget {budget}", ("--gather-budget", budget)),
             Mode("HF no-gather", ("--no-gather",)),
-            Mode("vLLM colocate, dense sync", ("--vllm", "colocate", "--gather", "--set", "vllm_sync_delta=false")),
+            Mode("vLLM colocate, dense sync", ("--vllm", "colocate", "--gather", "--set", "weight_sync_delta=false")),
             Mode("vLLM colocate, delta sync", ("--vllm", "colocate", "--gather")),
             Mode(SERVER, ("--vllm", "server", "--gather"))]
 

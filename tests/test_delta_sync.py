@@ -143,7 +143,7 @@ def test_a_float32_generator_is_synced_whole_and_says_why() -> None:
 
 
 def test_with_the_delta_turned_off_every_sync_is_dense_checked_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`vllm_sync_delta: false`: a bf16 generator gets the whole policy at every sync, still checked bit for bit."""
+    """`weight_sync_delta: false`: a bf16 generator gets the whole policy at every sync, still checked bit for bit."""
     monkeypatch.setattr(Tracker, "delta_off", True)
     model, holder = Policy(), Holder()
     sync_weights(model, holder, SyncLimit(PER_UNIT))

@@ -139,9 +139,9 @@ OWN_FIELDS = (
     Field("vllm_sync_check_steps", "launch", ("int",), 10,
           "With vLLM colocated: compare vLLM's logprobs with the policy's on a fixed probe after the first weight "
           "sync, after every wake from sleep and every this many syncs; the run stops when they differ. 0: never."),
-    Field("vllm_sync_delta", "launch", ("bool",), True,
-          "With vLLM and a bf16/fp16 generator: after the first weight sync send only what changed (a shard-local "
-          "delta); false: every sync sends the whole policy (the dense sync, for debugging or comparison)."),
+    Field("weight_sync_delta", "launch", ("bool",), True,
+          "With a separate generator in bf16/fp16: after the first weight sync send only what changed (a "
+          "shard-local delta); false: every sync sends the whole policy (dense, for debugging or comparison)."),
     Field("dataset_prompt_column", "script", ("str",), "prompt",
           "Dataset column holding the prompt (plain text or a list of chat messages)."),
     Field("env", "launch", ("dict",), {},

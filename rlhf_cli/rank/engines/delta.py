@@ -47,7 +47,7 @@ LORA_SCOPE = "LoRA: only the adapted modules' merged weights are compared and pa
 FULL_SCOPE = "every trained weight is compared; what changed is patched"
 FIRST_REASON = "first sync: the generator holds the checkpoint"
 WOKE_REASON = "the generator woke from a sleep that dropped its weights"
-OFF_REASON = "vllm_sync_delta is false: every sync sends the whole policy"
+OFF_REASON = "weight_sync_delta is false: every sync sends the whole policy"
 
 
 class SyncMismatch(RuntimeError):
@@ -63,7 +63,7 @@ class Tracker:
     """What this rank last sent one generator: its own partition of each parameter, in the generator's dtype."""
 
     _of: ClassVar[weakref.WeakKeyDictionary[Any, Tracker]] = weakref.WeakKeyDictionary()
-    delta_off: ClassVar[bool] = False  # the recipe's `vllm_sync_delta: false`: dense syncs, for debugging
+    delta_off: ClassVar[bool] = False  # the recipe's `weight_sync_delta: false`: dense syncs, for debugging
 
     def __init__(self, target: WeightTarget) -> None:
         self.dtype = target.dtype

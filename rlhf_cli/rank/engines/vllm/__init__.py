@@ -21,7 +21,7 @@ def install(config: Any, inputs: Any) -> None:
 
     dtype = training_dtype(config.bf16, config.fp16, (config.model_init_kwargs or {}).get("dtype"),
                            inputs.model_value("model_name_or_path"))
-    Tracker.delta_off = not inputs.launch_value("vllm_sync_delta")
+    Tracker.delta_off = not inputs.launch_value("weight_sync_delta")
     generation = inputs.generation()
     install_vllm(generation.gather, dtype=dtype, seed=config.seed,
                  check=SyncCheck(inputs.launch_value("vllm_sync_check_steps")), output_dir=config.output_dir,
