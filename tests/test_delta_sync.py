@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rlhf_cli.generation.sync_buckets import PER_UNIT
-from rlhf_cli.rank.engines.delta import INDEX_BYTES, SyncMismatch, bit_sums, group_of
+from rlhf_cli.rank.engines.delta import INDEX_BYTES, OFF_REASON, SyncMismatch, Tracker, bit_sums, group_of
 from rlhf_cli.rank.engines.sync import sync_weights
 from rlhf_cli.rank.engines.weights import Patch, SyncLimit
 
@@ -140,6 +140,18 @@ def test_a_float32_generator_is_synced_whole_and_says_why() -> None:
     _step(model, 0.01)
     record = sync_weights(model, holder, SyncLimit(PER_UNIT))
     assert record["mode"] == "dense" and "float32" in record["dense_reason"]
+
+
+def test_with_the_delta_turned_off_every_sync_is_dense_checked_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`weight_sync_delta: false`: a bf16 generator gets the whole policy at every sync, still checked bit for bit."""
+    monkeypatch.setattr(Tracker, "delta_off", True)
+    model, holder = Policy(), Holder()
+    sync_weights(model, holder, SyncLimit(PER_UNIT))
+    _step(model, 0.02)
+    record = sync_weights(model, holder, SyncLimit(PER_UNIT))
+    assert record["mode"] == "dense" and record["dense_reason"] == OFF_REASON and not holder.patches
+    assert record["bytes_sent"] == record["dense_bytes"] and record["groups_verified"] == 3
+    assert all(torch.equal(holder.held[n], p.detach().flatten()) for n, p in model.named_parameters())
 
 
 def test_checksums_do_not_depend_on_layout_and_groups_are_modules() -> None:

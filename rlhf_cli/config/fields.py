@@ -91,6 +91,9 @@ OWN_FIELDS = (
           "Seconds without progress on any rank (or without a rank's heartbeat) before the job stops and names the "
           "stalled rank; loading and saving do not count. The collective timeout (ddp_timeout) follows it."),
     *ENGINE_FIELDS,
+    Field("weight_sync_delta", "launch", ("bool",), True,
+          "With a separate generator in bf16/fp16: after the first weight sync send only what changed (a "
+          "shard-local delta); false: every sync sends the whole policy (dense, for debugging or comparison)."),
     Field("dataset_prompt_column", "script", ("str",), "prompt",
           "Dataset column holding the prompt (plain text or a list of chat messages)."),
     Field("env", "launch", ("dict",), {},

@@ -47,6 +47,7 @@ LORA_SCOPE = "LoRA: only the adapted modules' merged weights are compared and pa
 FULL_SCOPE = "every trained weight is compared; what changed is patched"
 FIRST_REASON = "first sync: the generator holds the checkpoint"
 WOKE_REASON = "the generator woke from a sleep that dropped its weights"
+OFF_REASON = "weight_sync_delta is false: every sync sends the whole policy"
 
 
 class SyncMismatch(RuntimeError):
@@ -62,6 +63,7 @@ class Tracker:
     """What this rank last sent one generator: its own partition of each parameter, in the generator's dtype."""
 
     _of: ClassVar[weakref.WeakKeyDictionary[Any, Tracker]] = weakref.WeakKeyDictionary()
+    delta_off: ClassVar[bool] = False  # the recipe's `weight_sync_delta: false`: dense syncs, for debugging
 
     def __init__(self, target: WeightTarget) -> None:
         self.dtype = target.dtype
@@ -86,7 +88,7 @@ class Tracker:
         """Why the sync due now is dense, or None for a delta."""
         import torch
 
-        reasons = [(getattr(target, "dense_reason", None), True), (self.refused, True),
+        reasons = [(getattr(target, "dense_reason", None), True), (OFF_REASON, self.delta_off), (self.refused, True),
                    (FLOAT32_REASON, self.dtype == torch.float32), (self.unmergeable, True),
                    (FIRST_REASON, self.snapshot is None), (WOKE_REASON, woke)]
         return next((reason for reason, applies in reasons if reason and applies), None)
@@ -100,8 +102,9 @@ class Tracker:
             sent = sum(full_numel(p) * p.element_size() for p in unique_params(model) if id(p) in sent_names(model))
             return {"mode": "dense", "dense_reason": reason, "bytes_sent": sent, "dense_bytes": sent,
                     "changed_share": None, "groups_verified": 0, "groups_unverified": []}
-        self.snapshot = {key: value.to(self.dtype, copy=True).cpu() for _, slices in bucket_slices(model, limit)
-                         for key, (_, value) in slices.items()}
+        self.snapshot = None if self.delta_off else {  # no delta follows: no snapshot to pay for
+            key: value.to(self.dtype, copy=True).cpu() for _, slices in bucket_slices(model, limit)
+            for key, (_, value) in slices.items()}
         expected = self._expected(model)
         found = _group(target.checksums())
         self.unverified = {group for group, sums in _group(expected).items()
