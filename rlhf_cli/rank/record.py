@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from rlhf_cli.generation.choice import GATHER_KEY
 from rlhf_cli.output.run_dir import RunDir, checkpoint_step
 from rlhf_cli.rank.engines import GENERATION_SECONDS_KEY, SYNC_RECORD_KEY
 from rlhf_cli.rank.engines.sync_log import SYNC_LOG
@@ -26,7 +27,7 @@ def write_rank_record(trainer: Any, phases: dict[str, Any] | None = None) -> Pat
         "machine_rank": int(os.environ.get("GROUP_RANK", "0")),  # set by torch's elastic launcher
         "world_size": accelerator.num_processes,
         "hostname": socket.gethostname(),
-        "ds3_gather_for_generation": trainer.args.ds3_gather_for_generation,
+        GATHER_KEY: getattr(trainer.args, GATHER_KEY),  # TRL's key, spelled where the gather choice lives
         "global_step": trainer.state.global_step,
         **(phases or {"phases": None, "memory": None}),  # seconds per step and peak bytes of each phase
         "generation_probe": {
