@@ -94,10 +94,6 @@ VLLM_SERVER = EngineSpec(
 ENGINES: dict[tuple[str, str | None], EngineSpec] = {spec.key: spec for spec in (HF, VLLM_COLOCATE, VLLM_SERVER)}
 
 
-def engine_spec(name: str, mode: str | None = None) -> EngineSpec:
-    return ENGINES[name, mode]
-
-
 def face_paths(face: str) -> tuple[str, ...]:
     """What the engines name under `face`, each once (an engine's modes share their faces), in registry order."""
     return tuple(dict.fromkeys(spec.faces[face] for spec in ENGINES.values() if face in spec.faces))
