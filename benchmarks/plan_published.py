@@ -30,6 +30,7 @@ from _common import RESULTS, cache_model_configs, markdown_table, print_table, w
 
 from rlhf_cli.algorithms.spec import LogitsModel
 from rlhf_cli.config.resolve import RunRequest, resolve
+from rlhf_cli.phases import MemoryPhase
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.columns import Plan
 from rlhf_cli.plan.estimate import plan_run
@@ -242,7 +243,7 @@ def replay(row: Published, recipe_path: Path) -> Replayed:
         rows = [memory.Component(part.name, part.phase, head) if part.name == "train logits" else part
                 for part in rows]
     if row.awake_on_training:
-        rows = [memory.Component(part.name, memory.TRAINING, part.gpu)
+        rows = [memory.Component(part.name, MemoryPhase.TRAINING, part.gpu)
                 if part.name in ("vLLM awake", "gen: sync bucket cached") else part for part in rows]
     predicted = memory.peak(rows)
     return Replayed(row, column.peak, predicted, memory.fits(predicted, plan.hardware.gpu_memory))

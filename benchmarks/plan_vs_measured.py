@@ -76,10 +76,10 @@ def plan_seconds(argv: list[str]) -> tuple[dict[str, float], str]:
 def planned(config: str, steps: int) -> tuple[dict[str, float], str]:
     """The plan's seconds per step of the run's own configuration, summed as the ranks measure the phases; saving:
     the checkpoints' share (the plan with them less the plan without, which keeps only the final save)."""
-    from rlhf_cli.plan.measured import MEASURED_PHASES
+    from rlhf_cli.phases import StepPhase
 
     seconds, source = plan_seconds(flags(config, steps))
-    found = {phase: sum(seconds[name] for name in MEASURED_PHASES[phase]) for phase in PHASES[config]}
+    found = {phase: sum(seconds[name] for name in StepPhase(phase).planned) for phase in PHASES[config]}
     if "saving" in found:
         without, _ = plan_seconds(flags(config, steps)[:-len(SAVING_EVERY)])
         found["saving"] -= without["saving"]

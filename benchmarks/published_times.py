@@ -22,9 +22,9 @@ from typing import Any
 from plan_published import GKD, MS_SWIFT, Published, plan_of
 
 from rlhf_cli.machine.gpus import GPUS
+from rlhf_cli.phases import Phase
 from rlhf_cli.plan.engines.vllm_time import buckets_seconds
 from rlhf_cli.plan.rates import Rates
-from rlhf_cli.plan.time import GENERATION, OPTIMIZER_STEP, TRAINING
 
 SWIFT_GKD = f"ms-swift [GKD examples]({MS_SWIFT}/rlhf/gkd)"
 MEGATRON_BRIDGE = "Megatron-LM bridge (the issue's figures: Qwen3-30B-A3B weight sync)"
@@ -99,7 +99,7 @@ OPENRLHF = ("OpenRLHF [benchmark/README.md](https://github.com/OpenRLHF/OpenRLHF
             "(DeepSpeed-Chat)")
 DSCHAT_ASSUMED = (f"{CAPS}; gradient checkpointing; the generation latency is generate() alone and the training one "
                   "the actor's and critic's updates (DeepSpeed-Chat's step-3 timer leaves the other forwards out)")
-GENERATION_PHASES, TRAINING_PHASES = (GENERATION,), (TRAINING, OPTIMIZER_STEP)
+GENERATION_PHASES, TRAINING_PHASES = (Phase.GENERATION,), (Phase.TRAINING, Phase.OPTIMIZER_STEP)
 
 
 def _dschat(model: str, micro_batch: int, phases: tuple[str, ...]) -> Callable[[Path], Prediction]:

@@ -1,9 +1,10 @@
 """What more than one test file uses, defined once here (tests/test_layers.py checks that no test file imports
-another): the repo's paths, writing a file, launching `rlhf` as a user would, the vLLM skip marker, a free port,
-the planner's model shapes, PPO's trainer in one process and a TRL config file."""
+another): the repo's paths, writing a file, launching `rlhf` as a user would, the vLLM skip marker, a free port, a
+module's docstring lines, the planner's model shapes, PPO's trainer in one process and a TRL config file."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -69,6 +70,19 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def docstring_lines(tree: ast.Module) -> set[int]:
+    """The lines of a module's docstrings (its own, its classes' and its functions'): what a check of what its
+    code names skips."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                lines |= set(range(first.lineno, first.end_lineno + 1))
+    return lines
 
 
 # -- model shapes and the hub cache, for the plan ---------------------------------------------------------------

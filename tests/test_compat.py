@@ -87,7 +87,8 @@ def test_trls_vllm_generation_is_timed_as_the_steps_generation_phase(monkeypatch
     `train` phase's."""
     from trl.generation.vllm_generation import VLLMGeneration
 
-    from rlhf_cli.rank.phases import GENERATION, TRAIN, PeakMeter, StepPhases
+    from rlhf_cli.phases import StepPhase
+    from rlhf_cli.rank.phases import PeakMeter, StepPhases
 
     now = [0.0]
 
@@ -98,11 +99,11 @@ def test_trls_vllm_generation_is_timed_as_the_steps_generation_phase(monkeypatch
     monkeypatch.setattr(VLLMGeneration, "generate", generate)
     phases = StepPhases(PeakMeter("rss", lambda: {}, lambda: True), clock=lambda: now[0])
     monkeypatch.setattr(StepPhases, "active", phases)
-    vllm_compat.replace_trl_vllm_generate(lambda: StepPhases.current().during(GENERATION))
-    phases.begin(TRAIN)
+    vllm_compat.replace_trl_vllm_generate(lambda: StepPhases.current().during(StepPhase.GENERATION))
+    phases.begin(StepPhase.TRAIN)
     assert VLLMGeneration.generate(object(), [[1]], None, 2) == ([[1]], 2)
     now[0] += 1.0
-    assert phases.snapshot()[GENERATION] == 2.0 and phases.snapshot()[TRAIN] == 1.0
+    assert phases.snapshot()[StepPhase.GENERATION] == 2.0 and phases.snapshot()[StepPhase.TRAIN] == 1.0
     assert VLLMGeneration.generate.__wrapped__ is generate
 
 

@@ -9,28 +9,17 @@ import ast
 import io
 import tokenize
 
-from helpers import REPO
+from helpers import REPO, docstring_lines
 
 PACKAGE = REPO / "rlhf_cli"
 ROOMS = ("generation/engines.py", "config/engines/", "plan/engines/", "rank/engines/", "compat/", "cli/",
          "algorithms/")
 
 
-def _docstring_lines(tree: ast.Module) -> set[int]:
-    lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
-                    and isinstance(first.value.value, str):
-                lines |= set(range(first.lineno, first.end_lineno + 1))
-    return lines
-
-
 def mentions(text: str, word: str) -> int:
     """How many names and string literals of a module's code contain `word` (any case); comments and docstrings
     do not count."""
-    skip = _docstring_lines(ast.parse(text))
+    skip = docstring_lines(ast.parse(text))
     return sum(1 for token in tokenize.generate_tokens(io.StringIO(text).readline)
                if token.type in (tokenize.NAME, tokenize.STRING) and word in token.string.lower()
                and token.start[0] not in skip)

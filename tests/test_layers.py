@@ -16,7 +16,9 @@ PACKAGE = REPO / "rlhf_cli"
 # the config layer, the launcher, the launch supervisor and the ranks. `models` (config.json without weights, and the
 # modules LoRA adapts) is read by resolution's checks, the plan and the ranks. `machine.probe` (GPUs, CUDA, memory,
 # free disk, no torch) is asked by resolution, the plan, the launcher and `rlhf doctor`.
-LEAVES = {"rlhf_cli", "rlhf_cli.errors", "rlhf_cli.sizes", "rlhf_cli.generation", "rlhf_cli.generation.budget",
+# `phases` (the step's phases: what the plan predicts, the ranks measure and the output shows) is named by all.
+LEAVES = {"rlhf_cli", "rlhf_cli.errors", "rlhf_cli.sizes", "rlhf_cli.phases", "rlhf_cli.generation",
+          "rlhf_cli.generation.budget",
           "rlhf_cli.generation.choice", "rlhf_cli.generation.engines", "rlhf_cli.generation.sync_buckets",
           "rlhf_cli.generation.sync_check",
           "rlhf_cli.machine.probe", "rlhf_cli.machine.cache", "rlhf_cli.machine.gpus", "rlhf_cli.machine.calibration",

@@ -3,9 +3,12 @@ and train, kept with a fake clock and a fake meter; the process meter's high-wat
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from types import SimpleNamespace
 
+from helpers import REPO, docstring_lines
+from rlhf_cli.phases import MemoryPhase, Phase, StepPhase
 from rlhf_cli.plan.measured import phase_rows
 from rlhf_cli.rank.phases import PeakMeter, StepPhases, merged
 
@@ -126,3 +129,44 @@ def test_the_sync_records_what_it_added_above_where_memory_stood(tmp_path: Path)
     with refused.added("sync") as memory:
         pass
     assert memory == {"peak_memory_bytes": None, "added_peak_bytes": None}
+
+
+# The one vocabulary (rlhf_cli/phases.py): a phase's name is spelled there and nowhere else in rlhf_cli's code.
+PHASE_NAMES = {str(phase) for vocabulary in (Phase, MemoryPhase, StepPhase) for phase in vocabulary}
+# String literals spelled like a phase that name something else, by module
+NOT_PHASES = {
+    "cli/report.py": {"step"}, "report/metrics.py": {"step"}, "report/plot.py": {"step"},  # the metrics' step
+    "rank/lifecycle.py": {"step"},  # the preempted step in preempted.json
+    "config/fields.py": {"generation"},  # the catalogue's group of generation_kwargs
+    "plan/columns.py": {"generation"},  # the plan JSON's generation choice, in words
+    "rank/inputs.py": {"train"},  # a dataset's split
+    "rank/progress.py": {"train"},  # the progress bar's task
+    "rank/watch.py": {"training", "saving"},  # a rank's state, for the stall watch
+}
+
+
+def phase_names_spelled(text: str) -> set[str]:
+    """The phase names a module spells as string literals in its code (not in its docstrings)."""
+    tree = ast.parse(text)
+    skip = docstring_lines(tree)
+    return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+            and node.value in PHASE_NAMES and node.lineno not in skip}
+
+
+def test_phase_names_are_spelled_only_in_the_vocabulary() -> None:
+    package = REPO / "rlhf_cli"
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        spelled = phase_names_spelled(path.read_text()) - NOT_PHASES.get(relative, set())
+        if relative != "phases.py" and spelled:
+            found[relative] = sorted(spelled)
+    assert found == {}, "a phase named outside rlhf_cli/phases.py: use its Phase, MemoryPhase or StepPhase member"
+
+
+def test_what_is_not_a_phase_is_still_spelled_where_it_is_said_to_be() -> None:
+    """Each allowance is in use (the scan sees literals); a stale one would let a phase name in unseen."""
+    package = REPO / "rlhf_cli"
+    assert {module: phase_names_spelled((package / module).read_text()) & names
+            for module, names in NOT_PHASES.items()} == NOT_PHASES
+    assert phase_names_spelled('"""generation in a docstring."""\nKEY = "sync"\n') == {"sync"}

@@ -30,6 +30,7 @@ from rlhf_cli.errors import ConfigError, PlanError
 from rlhf_cli.generation.choice import Engine, Gather, Generation
 from rlhf_cli.machine.probe import available_ram
 from rlhf_cli.models.hub import ModelConfigUnavailable, find_config, read_config
+from rlhf_cli.phases import MemoryPhase
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.engines import vllm, vllm_plan
 from rlhf_cli.plan.estimate import plan_run, planned
@@ -153,9 +154,9 @@ def test_gradient_checkpointing_shrinks_activations_and_the_peak_takes_the_large
     full = memory.activations(size, 2, 512, 2, checkpointing=False)
     assert memory.activations(size, 2, 512, 2, checkpointing=True) < full / 5
     assert memory.activations(size, 4, 512, 2, checkpointing=False) == 2 * full
-    rows = [memory.Component("a", memory.STATIC, 10), memory.Component("b", memory.GENERATION, 5),
-            memory.Component("c", memory.GENERATION, 4), memory.Component("d", memory.TRAINING, 7),
-            memory.Component("e", memory.STEP, 11)]
+    rows = [memory.Component("a", MemoryPhase.STATIC, 10), memory.Component("b", MemoryPhase.GENERATION, 5),
+            memory.Component("c", MemoryPhase.GENERATION, 4), memory.Component("d", MemoryPhase.TRAINING, 7),
+            memory.Component("e", MemoryPhase.STEP, 11)]
     assert memory.peak(rows) == 10 + 11
     assert memory.peak(rows[:4]) == 10 + 9
 
@@ -447,7 +448,7 @@ def test_gathered_generation_counts_the_policy_once(seed_models) -> None:
     rows = {part.name: part for part in gather.components}
     policy = plan.roles[0].size
     assert rows["policy states"].gpu == 2 * policy.params // 4  # the 16-bit shard, no largest layer on top
-    static = sum(part.gpu for part in gather.components if part.phase == memory.STATIC)
+    static = sum(part.gpu for part in gather.components if part.phase == MemoryPhase.STATIC)
     assert gather.peak == static + rows["gen weights"].gpu + rows["gen KV cache"].gpu
     assert rows["gen weights"].gpu == 2 * (policy.params + plan.roles[3].size.params)
     assert rows["step fp32 grads"].gpu == 0  # the optimizer steps in CPU memory

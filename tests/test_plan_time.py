@@ -17,6 +17,7 @@ from rlhf_cli.generation.budget import Budget
 from rlhf_cli.generation.choice import Engine, Gather, Generation
 from rlhf_cli.generation.sync_buckets import PER_UNIT, WHOLE, bucket_limit, bucket_sizes, buckets
 from rlhf_cli.machine import gpus
+from rlhf_cli.phases import Phase
 from rlhf_cli.plan import fixed_costs, rates, time
 from rlhf_cli.plan.columns import Candidate
 from rlhf_cli.plan.estimate import plan_run, planned
@@ -100,7 +101,7 @@ def test_the_seed_plan_times_every_configuration_and_names_the_fastest(cli) -> N
     args = ("plan", "ppo", "-r", SEED, "--gpu-memory", "23.7GiB", "--num-gpus", "4", "--gpu", "rtx3090")
     data = json.loads(cli(*args, "--json").stdout)
     for column in data["configurations"]:
-        assert list(column["time"]) == list(time.PHASES)
+        assert list(column["time"]) == list(Phase)
         assert column["step_seconds"] == pytest.approx(sum(column["time"].values()), rel=1e-4)
         assert column["time"]["waiting"] == 0
     by_label = {column["label"]: column for column in data["configurations"]}

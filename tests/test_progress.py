@@ -83,7 +83,8 @@ def test_the_eta_comes_from_the_runs_own_phases_not_a_line_through_its_start_up(
     """A first step slowed by start-up (15 s), then steps of 1 s generating and 1 s training: at step 3 of 12 the
     rest is 9 steps of 2 s, as the phases measured since the first step say, where a straight line through the
     elapsed time would say 57 s."""
-    from rlhf_cli.rank.phases import GENERATION, TRAIN, PeakMeter, StepPhases
+    from rlhf_cli.phases import StepPhase
+    from rlhf_cli.rank.phases import PeakMeter, StepPhases
 
     now = [0.0]
     phases = StepPhases(PeakMeter("rss", lambda: {}, lambda: True), clock=lambda: now[0])
@@ -94,7 +95,7 @@ def test_the_eta_comes_from_the_runs_own_phases_not_a_line_through_its_start_up(
     args = SimpleNamespace(save_strategy="no", save_steps=500)
     progress.on_train_begin(args, state, None)
     for step, (generating, training) in enumerate([(10.0, 5.0), (1.0, 1.0), (1.0, 1.0)], start=1):
-        for phase, seconds in ((GENERATION, generating), (TRAIN, training)):
+        for phase, seconds in ((StepPhase.GENERATION, generating), (StepPhase.TRAIN, training)):
             phases.begin(phase)
             now[0] += seconds
             phases.end(phase)

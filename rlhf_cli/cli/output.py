@@ -17,10 +17,10 @@ from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.launch.runner import Outcome
 from rlhf_cli.machine import corrections
+from rlhf_cli.phases import Phase
 from rlhf_cli.plan.measured import corrected_factors, phase_rows, usable_memory, verdict, whole_run
 from rlhf_cli.plan.memory import MARGIN
 from rlhf_cli.plan.summary import time_lines
-from rlhf_cli.plan.time import PHASES
 from rlhf_cli.sizes import readable
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def _plan_table(title: str, columns: list[Column], gpu_memory: int) -> Table:
     table.add_row("CPU per machine", *(_gib(column.cpu_per_machine) for column in columns), style="dim")
     if all(column.seconds is not None for column in columns):
         table.add_section()
-        for phase in PHASES:
+        for phase in Phase:
             if any(column.seconds and column.seconds[phase] for column in columns):
                 table.add_row(f"s/step {phase}", *(_seconds(column.seconds[phase] if column.seconds else 0.0)
                                                    for column in columns), style="dim")

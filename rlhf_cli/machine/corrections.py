@@ -18,14 +18,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from rlhf_cli.machine.cache import cache_dir
+from rlhf_cli.phases import EVERY_STEP
 
 FILE_NAME = "corrections.json"
-STEP_PHASES = ("generation", "sync", "train")  # measured every step; saving is counted per save
 
 
 def run_seconds(per_step: Mapping[str, float | None], steps: float, saves: int, save_seconds: float) -> float:
     """The model: each step's phases times `steps`, plus `saves` writes of `save_seconds` each."""
-    step = sum(per_step.get(phase) or 0.0 for phase in STEP_PHASES)
+    step = sum(per_step.get(phase) or 0.0 for phase in EVERY_STEP)
     return step * max(0.0, steps) + saves * save_seconds
 
 

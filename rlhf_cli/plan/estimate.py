@@ -21,11 +21,12 @@ from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.errors import PlanError
 from rlhf_cli.generation.budget import Budget, ranked
 from rlhf_cli.generation.choice import GATHER_KEY, Engine, Gather, Generation
+from rlhf_cli.phases import MemoryPhase
 from rlhf_cli.plan import memory, time
 from rlhf_cli.plan.columns import OFFLOADS, Candidate, Column, Plan, trained_checkpoint_bytes
 from rlhf_cli.plan.engines import engine_rows, engine_settings, engine_starts, plan_room
 from rlhf_cli.plan.inputs import Inputs, read_inputs
-from rlhf_cli.plan.memory import GENERATION, STATIC, STEP, TRAINING, Component
+from rlhf_cli.plan.memory import Component
 from rlhf_cli.plan.workload import tool_note, workload
 from rlhf_cli.sizes import gib
 
@@ -44,7 +45,7 @@ def components(inputs: Inputs, candidate: Candidate) -> list[Component]:
 
     def shard(name: str, params: int, loading: int = 0) -> Component:
         offloaded = params * size_bytes // hw.machines if params_offloaded else 0
-        return Component(f"{name} shard", STATIC, 0 if params_offloaded else
+        return Component(f"{name} shard", MemoryPhase.STATIC, 0 if params_offloaded else
                          memory.frozen_shard(params, size_bytes, hw.total_gpus), max(offloaded, loading))
 
     rows: list[Component] = []
@@ -56,13 +57,13 @@ def components(inputs: Inputs, candidate: Candidate) -> list[Component]:
                 adapter.params if adapter else params, size_bytes, hw.gpus_per_machine, hw.machines,
                 offload_optimizer=optimizer_offloaded, offload_params=params_offloaded,
                 zero_init=inputs.zero_init or adapter is not None)
-            rows.append(Component(f"{role.name} states", STATIC, gpu, cpu))
+            rows.append(Component(f"{role.name} states", MemoryPhase.STATIC, gpu, cpu))
             # without zero.Init each process loads the whole model into CPU memory first, adapters or not
             loading = 0 if inputs.zero_init or adapter is None else 4 * params * hw.gpus_per_machine
             rows.append(shard(role.name, params if adapter else 0, loading))
         else:
             rows.append(shard(role.name, 0 if candidate.lora and role.name == "reference" else params))
-    rows.append(Component("CUDA + buffers", STATIC, memory.CONTEXT_ALLOWANCE))
+    rows.append(Component("CUDA + buffers", MemoryPhase.STATIC, memory.CONTEXT_ALLOWANCE))
     trained = [role for role in inputs.roles if role.trained]
     adapters = [role.adapter for role in trained if role.adapter] if candidate.lora else []
     policy = inputs.roles[0].size
@@ -72,21 +73,21 @@ def components(inputs: Inputs, candidate: Candidate) -> list[Component]:
     trained_params = sum(adapter.params for adapter in adapters) if candidate.lora else engine
     largest_trained = max(adapter.largest for adapter in adapters) if candidate.lora else largest
     hf = candidate.engine_settings is None  # with a separate engine the policy does not generate: its rows instead
-    rows.append(Component("gen weights", GENERATION, _generation_weights(inputs, candidate, engine, largest) if hf
-                          else 0))
-    rows.append(Component("gen KV cache", GENERATION, memory.kv_cache(
+    rows.append(Component("gen weights", MemoryPhase.GENERATION,
+                          _generation_weights(inputs, candidate, engine, largest) if hf else 0))
+    rows.append(Component("gen KV cache", MemoryPhase.GENERATION, memory.kv_cache(
         policy, work.generation_batch, work.prompt_length + work.completion_length, size_bytes) if hf else 0))
-    rows.append(Component("train live params", TRAINING, memory.training_parameters(
+    rows.append(Component("train live params", MemoryPhase.TRAINING, memory.training_parameters(
         engine, size_bytes, inputs.max_live, largest, largest_trained)))
-    rows.append(Component("train activations", TRAINING, sum(
+    rows.append(Component("train activations", MemoryPhase.TRAINING, sum(
         memory.activations(role.size, work.train_batch, work.train_sequence, size_bytes, work.gradient_checkpointing,
                            work.attention, work.liger, role.adapter if candidate.lora else None, inputs.mask_bytes)
         for role in trained)))
     head_trained = not candidate.lora or bool(inputs.roles[0].adapter and inputs.roles[0].adapter.head_trained)
-    rows.append(Component("train logits", TRAINING, memory.logits(
+    rows.append(Component("train logits", MemoryPhase.TRAINING, memory.logits(
         work.logits, policy, max(work.train_batch, work.score_batch), work.train_sequence, work.completion_length,
         size_bytes, head_trained)))
-    rows.append(Component("step fp32 grads", STEP, memory.optimizer_step(
+    rows.append(Component("step fp32 grads", MemoryPhase.STEP, memory.optimizer_step(
         trained_params, largest_trained, size_bytes, hw.total_gpus, optimizer_offloaded)))
     return rows + engine_rows(inputs, candidate, rows)
 

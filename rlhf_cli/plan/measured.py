@@ -1,8 +1,8 @@
 """A run's measured step phases (summary.json's `phases`, rlhf_cli/rank/phases.py) beside what the plan predicted,
 and the rehearsal's verdict: did the measured peak fit the memory the plan planned against?
 
-The ranks measure four phases; the plan predicts seven (rlhf_cli/plan/time.py). `train` is what the plan splits
-into scoring, training, the optimizer step and waiting.
+The ranks measure four phases; the plan predicts seven (rlhf_cli/phases.py: `StepPhase.planned` says which of the
+plan's each one measures).
 """
 
 from __future__ import annotations
@@ -10,14 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_cli.machine.corrections import STEP_PHASES, run_seconds, saves_left
+from rlhf_cli.machine.corrections import run_seconds, saves_left
+from rlhf_cli.phases import EVERY_STEP, StepPhase
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.columns import Plan
-from rlhf_cli.plan.time import GENERATION, OPTIMIZER_STEP, SAVING, SCORING, TRAINING, WAITING, WEIGHT_SYNC
 from rlhf_cli.sizes import readable
-
-MEASURED_PHASES = {"generation": (GENERATION,), "sync": (WEIGHT_SYNC,), "saving": (SAVING,),
-                   "train": (SCORING, TRAINING, OPTIMIZER_STEP, WAITING)}
 
 
 @dataclass(frozen=True)
@@ -25,7 +22,7 @@ class PhaseRow:
     """One measured phase beside the plan: seconds per step measured and planned (None: no prediction, the plan
     knows no GPU), and the peak bytes measured (None: only the run's overall peak is known)."""
 
-    phase: str
+    phase: StepPhase
     seconds: float | None
     planned_seconds: float | None
     peak_bytes: int | None
@@ -37,8 +34,9 @@ def phase_rows(summary: dict[str, Any], plan: Plan | None) -> list[PhaseRow]:
     chosen = plan.chosen if plan is not None and plan.known else None
     predicted = chosen.seconds if chosen is not None else None
     return [PhaseRow(phase, phases[phase].get("seconds_per_step"),
-                     sum(predicted[name] for name in names) if predicted else None, phases[phase].get("peak_bytes"))
-            for phase, names in MEASURED_PHASES.items() if phase in phases]
+                     sum(predicted[name] for name in phase.planned) if predicted else None,
+                     phases[phase].get("peak_bytes"))
+            for phase in StepPhase if phase in phases]
 
 
 @dataclass(frozen=True)
@@ -86,9 +84,9 @@ def corrected_factors(summary: dict[str, Any], plan: Plan) -> dict[str, float]:
     kept = plan.hardware.corrections if plan.known and plan.hardware is not None else {}
     factors = {}
     for row in phase_rows(summary, plan):
-        if row.phase == "saving" or not row.seconds or not row.planned_seconds:
+        if row.phase == StepPhase.SAVING or not row.seconds or not row.planned_seconds:
             continue
-        for name in MEASURED_PHASES[row.phase]:
+        for name in row.phase.planned:
             factors[name] = kept.get(name, 1.0) * row.seconds / row.planned_seconds
     return factors
 
@@ -97,8 +95,8 @@ def whole_run(summary: dict[str, Any], plan: Plan, steps: int, save_steps: int |
     """(seconds from the rehearsal's measured phases, seconds the plan predicts) for a run of `steps` saving every
     `save_steps` (None: only the final model); rlhf_cli/machine/corrections.py's model for the first."""
     phases = summary.get("phases") or {}
-    per_step = {name: (phases.get(name) or {}).get("seconds_per_step") for name in STEP_PHASES}
-    save = (phases.get("saving") or {}).get("seconds_per_step") or 0.0
+    per_step = {name: (phases.get(name) or {}).get("seconds_per_step") for name in EVERY_STEP}
+    save = (phases.get(StepPhase.SAVING) or {}).get("seconds_per_step") or 0.0
     measured = run_seconds(per_step, steps, saves_left(0, steps, save_steps), save)
     chosen = plan.chosen if plan.known else None
     planned = chosen.step_seconds * steps if chosen is not None and chosen.step_seconds is not None else None

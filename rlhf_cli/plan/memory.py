@@ -122,6 +122,7 @@ from dataclasses import dataclass
 from rlhf_cli.algorithms.spec import LogitsModel
 from rlhf_cli.generation.budget import Stretch, bought_total
 from rlhf_cli.models.architectures import ATTENTION_OUTPUT, Module
+from rlhf_cli.phases import MemoryPhase
 from rlhf_cli.plan.model_sizes import Adapter, ModelSize
 
 GIB = 2**30
@@ -132,8 +133,6 @@ SUB_GROUP_SIZE = 1_000_000_000  # DeepSpeed's sub_group_size: parameters the opt
 FUSED_HEAD_TILE = (4096, 32768)  # TRL's fused LM head: tokens x vocabulary entries projected at once
 FUSED_HEAD_STATISTICS = 7  # fp32 values per scored token in TRL's fused LM head (max, sums, target logit...)
 FLASH_ATTENTION, SDPA, EAGER = "flash_attention_2", "sdpa", "eager"
-STATIC, GENERATION, TRAINING, STEP, SYNC = "static", "generation", "training", "step", "sync"
-PHASES = (GENERATION, TRAINING, STEP, SYNC)  # SYNC: refreshing vLLM's weights (rlhf_cli/plan/engines/vllm.py)
 
 
 def zero3_model_states(params: int, element_bytes: int, gpus_per_machine: int, machines: int, *,
@@ -326,20 +325,20 @@ class Component:
     """One row of the plan: what holds memory, in which phase, on the GPU and in CPU memory per machine."""
 
     name: str
-    phase: str
+    phase: MemoryPhase
     gpu: int
     cpu: int = 0
 
 
-def phase_totals(components: list[Component]) -> dict[str, int]:
+def phase_totals(components: list[Component]) -> dict[MemoryPhase, int]:
     """GPU bytes of the static rows and of each phase's rows."""
-    return {phase: sum(c.gpu for c in components if c.phase == phase) for phase in (STATIC, *PHASES)}
+    return {phase: sum(c.gpu for c in components if c.phase == phase) for phase in MemoryPhase}
 
 
 def peak(components: list[Component]) -> int:
     """Static memory plus the largest phase."""
     totals = phase_totals(components)
-    return totals[STATIC] + max(totals[phase] for phase in PHASES)
+    return totals[MemoryPhase.STATIC] + max(totals[phase] for phase in MemoryPhase if phase != MemoryPhase.STATIC)
 
 
 def fits(gpu_bytes: int, gpu_memory: int) -> bool:

@@ -3,9 +3,9 @@ memory, for `rlhf plan` and the line before a run."""
 
 from __future__ import annotations
 
+from rlhf_cli.phases import Phase
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.columns import Column, Plan
-from rlhf_cli.plan.time import GENERATION
 from rlhf_cli.sizes import gib
 
 STEPS = 100  # the plan speaks of time per this many optimizer steps
@@ -34,9 +34,9 @@ def _cost(column: Column, gpu_memory: int) -> str:
 
 def _generation_ratio(slow: Column, fast: Column) -> str:
     """`generates about 40x slower than the fastest`, when generation is what differs."""
-    if not slow.seconds or not fast.seconds or not fast.seconds[GENERATION]:
+    if not slow.seconds or not fast.seconds or not fast.seconds[Phase.GENERATION]:
         return ""
-    ratio = slow.seconds[GENERATION] / fast.seconds[GENERATION]
+    ratio = slow.seconds[Phase.GENERATION] / fast.seconds[Phase.GENERATION]
     return f"; generates about {ratio:.2g}x slower than the fastest" if ratio >= 1.5 else ""
 
 

@@ -12,11 +12,12 @@ measured beside predicted:
   `corrections` the factors a rehearsal on this machine left), and `fastest` / `smallest`: the labels of
   the fitting configuration with the least `step_seconds` and the one with the least `peak_gpu` (null when none
   fits).
-Phase keys (PHASES): `generation` (sampling the rollouts: HF generate or vLLM), `weight_sync` (refreshing vLLM's
-weights), `scoring` (no-grad forwards: reference, reward, value, old log-probs), `training` (the policy's, and
-PPO's value model's, forward and backward with ZeRO-3's all-gathers and reduce-scatter), `optimizer_step` (Adam on
-the GPU, or on the CPU with its PCIe traffic when offloaded, NVMe when there), `saving` (a checkpoint's write
-amortised over `save_steps`), `waiting` (on other ranks: 0, no imbalance is modelled).
+Phase keys (rlhf_cli/phases.Phase, in its order): `generation` (sampling the rollouts: HF generate or vLLM),
+`weight_sync` (refreshing vLLM's weights), `scoring` (no-grad forwards: reference, reward, value, old log-probs),
+`training` (the policy's, and PPO's value model's, forward and backward with ZeRO-3's all-gathers and
+reduce-scatter), `optimizer_step` (Adam on the GPU, or on the CPU with its PCIe traffic when offloaded, NVMe when
+there), `saving` (a checkpoint's write amortised over `save_steps`), `waiting` (on other ranks: 0, no imbalance is
+modelled).
 """
 
 from __future__ import annotations
@@ -25,16 +26,13 @@ from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import StepWork
 from rlhf_cli.generation.budget import bought_total
 from rlhf_cli.machine.gpus import Gpu
+from rlhf_cli.phases import Phase
 from rlhf_cli.plan import fixed_costs, memory
 from rlhf_cli.plan.columns import Candidate
 from rlhf_cli.plan.engines import plan_room
 from rlhf_cli.plan.inputs import Inputs
 from rlhf_cli.plan.model_sizes import ModelSize
 from rlhf_cli.plan.rates import Rates, forward_flops, modules
-
-GENERATION, WEIGHT_SYNC, SCORING, TRAINING, OPTIMIZER_STEP, SAVING, WAITING = (
-    "generation", "weight_sync", "scoring", "training", "optimizer_step", "saving", "waiting")
-PHASES = (GENERATION, WEIGHT_SYNC, SCORING, TRAINING, OPTIMIZER_STEP, SAVING, WAITING)
 
 # Assumed, then checked against published step times (benchmarks/plan_published.py):
 HF_DECODE_BANDWIDTH = 0.6  # share of memory bandwidth HF generate's decode step reaches reading the weights
@@ -49,7 +47,7 @@ TRL_SAVE_STEPS = 500  # transformers' TrainingArguments default save_steps
 
 
 def step_time(inputs: Inputs, candidate: Candidate, gpu: Gpu, checkpoint_bytes: int) -> dict[str, float]:
-    """Seconds per optimizer step of `candidate` on `gpu`, by phase (PHASES, in order)."""
+    """Seconds per optimizer step of `candidate` on `gpu`, by phase (`Phase`, in its order)."""
     hw = inputs.hardware
     rates = Rates.of(gpu, hw.total_gpus, hw.machines, candidate.offload_params != "none")
     step = algorithm(inputs.algorithm).step_work(inputs.value)
@@ -59,13 +57,13 @@ def step_time(inputs: Inputs, candidate: Candidate, gpu: Gpu, checkpoint_bytes: 
     else:
         generation, weight_sync = generation_seconds(inputs, candidate, rates, step), 0.0
     return {
-        GENERATION: generation,
-        WEIGHT_SYNC: weight_sync,
-        SCORING: scoring_seconds(inputs, candidate, rates, step),
-        TRAINING: training_seconds(inputs, candidate, rates, step),
-        OPTIMIZER_STEP: optimizer_seconds(inputs, candidate, rates),
-        SAVING: saving_seconds(inputs, checkpoint_bytes, hw.machines, rates.calls(fixed_costs.SAVE_CALLS)),
-        WAITING: 0.0,
+        Phase.GENERATION: generation,
+        Phase.WEIGHT_SYNC: weight_sync,
+        Phase.SCORING: scoring_seconds(inputs, candidate, rates, step),
+        Phase.TRAINING: training_seconds(inputs, candidate, rates, step),
+        Phase.OPTIMIZER_STEP: optimizer_seconds(inputs, candidate, rates),
+        Phase.SAVING: saving_seconds(inputs, checkpoint_bytes, hw.machines, rates.calls(fixed_costs.SAVE_CALLS)),
+        Phase.WAITING: 0.0,
     }
 
 

@@ -27,9 +27,8 @@ from transformers import TrainerCallback
 from rlhf_cli.output.checkpoints import SavedBy, write_manifest
 from rlhf_cli.output.files import claim, marker_says, try_write_json, unwritable
 from rlhf_cli.output.run_dir import FAILED, RunDir
+from rlhf_cli.phases import StepPhase
 from rlhf_cli.rank import terminal
-from rlhf_cli.rank.phases import SAVING as SAVING_PHASE
-from rlhf_cli.rank.phases import TRAIN as TRAIN_PHASE
 from rlhf_cli.rank.phases import StepPhases
 from rlhf_cli.rank.watch import PROGRESS, SAVING, TRAINING, exit_now, global_rank, lost_a_rank, stop_for_another_rank
 
@@ -119,7 +118,7 @@ class MovesAndPhases(TrainerCallback):
         PROGRESS.phase = TRAINING
         PROGRESS.move()
         self.first_step = state.global_step  # a resumed run's steps per second count this launch's
-        self.phases.begin(TRAIN_PHASE)
+        self.phases.begin(StepPhase.TRAIN)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         PROGRESS.move()
@@ -128,12 +127,12 @@ class MovesAndPhases(TrainerCallback):
         PROGRESS.move()
         if control.should_save:
             PROGRESS.phase = SAVING
-            self.phases.begin(SAVING_PHASE)
+            self.phases.begin(StepPhase.SAVING)
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-        if control.should_save and SAVING_PHASE not in self.phases.open:
+        if control.should_save and StepPhase.SAVING not in self.phases.open:
             PROGRESS.phase = SAVING
-            self.phases.begin(SAVING_PHASE)
+            self.phases.begin(StepPhase.SAVING)
 
     def on_log(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         PROGRESS.move()
@@ -141,12 +140,12 @@ class MovesAndPhases(TrainerCallback):
     def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         PROGRESS.phase = TRAINING
         PROGRESS.move()
-        self.phases.end(SAVING_PHASE)
+        self.phases.end(StepPhase.SAVING)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         PROGRESS.phase = SAVING  # the final model and state, then the last barrier
-        self.phases.end(SAVING_PHASE)
-        self.phases.end(TRAIN_PHASE)
+        self.phases.end(StepPhase.SAVING)
+        self.phases.end(StepPhase.TRAIN)
 
     def record(self, state: Any) -> dict[str, Any]:
         """The step phases of this launch's steps (rlhf_cli/rank/phases.StepPhases.record)."""

@@ -1,10 +1,10 @@
 """Where every run's optimizer steps go: seconds per step and peak memory in each phase, measured on every rank.
 
-Phases (STEP_PHASES): `generation` inside TRL's generation context (rlhf_cli/rank/zero3.py) or the engine's own
-generate (rlhf_cli/rank/engines/), `sync` a weight sync into the engine (rlhf_cli/rank/engines/sync.py), `saving`
-a checkpoint's save (from the step that asks for it to transformers' on_save, rlhf_cli/rank/lifecycle.py), and
-`train` the rest of the step. Phases nest: a sync inside
-generation counts as sync, not twice. Loading before training and the final save after it are no step's.
+Phases (rlhf_cli/phases.StepPhase): `generation` inside TRL's generation context (rlhf_cli/rank/zero3.py) or
+the engine's own generate (rlhf_cli/rank/engines/), `sync` a weight sync into the engine
+(rlhf_cli/rank/engines/sync.py), `saving` a checkpoint's save (from the step that asks for it to transformers'
+on_save, rlhf_cli/rank/lifecycle.py), and `train` the rest of the step. Phases nest: a sync inside generation
+counts as sync, not twice. Loading before training and the final save after it are no step's.
 
 Peak memory per phase: on CUDA torch's allocator peaks (reserved, plus what the device holds outside the
 allocator), on CPU the process's resident high-water mark (Linux's VmHWM, restarted at each phase change by
@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-GENERATION, SYNC, SAVING, TRAIN = "generation", "sync", "saving", "train"
-STEP_PHASES = (GENERATION, SYNC, SAVING, TRAIN)
-CONSUMERS = ("steps", "probe", "sync")  # StepPhases, PhaseMemory and the weight sync's own (`added`)
+from rlhf_cli.phases import StepPhase
+
+CONSUMERS = ("steps", "probe", StepPhase.SYNC)  # StepPhases, PhaseMemory and the weight sync's own (`added`)
 PEAK_KEY = "peak_bytes"
 STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
 
@@ -134,9 +134,9 @@ class StepPhases:
 
     def __init__(self, meter: PeakMeter, clock: Callable[[], float] = time.perf_counter) -> None:
         self.meter, self.clock = meter, clock
-        self.seconds = dict.fromkeys(STEP_PHASES, 0.0)
-        self.peaks = dict.fromkeys(STEP_PHASES, 0)
-        self.open: list[str] = []  # innermost last; empty: outside training
+        self.seconds = dict.fromkeys(StepPhase, 0.0)
+        self.peaks = dict.fromkeys(StepPhase, 0)
+        self.open: list[StepPhase] = []  # innermost last; empty: outside training
         self.mark = clock()
 
     @classmethod
@@ -154,18 +154,18 @@ class StepPhases:
             self.peaks[phase] = max(self.peaks[phase], peaks.get(PEAK_KEY, 0))
         self.mark = now
 
-    def begin(self, phase: str) -> None:
+    def begin(self, phase: StepPhase) -> None:
         self._switch()
         self.open.append(phase)
 
-    def end(self, phase: str) -> None:
+    def end(self, phase: StepPhase) -> None:
         """Close `phase` (a phase not open is ignored: a save asked for outside a step)."""
         if phase in self.open:
             self._switch()
             del self.open[len(self.open) - 1 - self.open[::-1].index(phase)]
 
     @contextlib.contextmanager
-    def during(self, phase: str) -> Iterator[None]:
+    def during(self, phase: StepPhase) -> Iterator[None]:
         self.begin(phase)
         try:
             yield
@@ -184,7 +184,7 @@ class StepPhases:
         per_phase = self.meter.per_phase
         return {
             "phases": {phase: {"seconds_per_step": self.seconds[phase] / steps if steps else None,
-                               PEAK_KEY: self.peaks[phase] if per_phase else None} for phase in STEP_PHASES},
+                               PEAK_KEY: self.peaks[phase] if per_phase else None} for phase in StepPhase},
             "memory": {"kind": self.meter.kind, "per_phase": per_phase, "overall_peak_bytes": self.meter.overall,
                        "note": None if per_phase else
                        "the peak could not be restarted between phases (/proc/self/clear_refs): overall peak only"},
@@ -198,7 +198,7 @@ def merged(records: list[dict[str, Any]]) -> dict[str, Any]:
     if not records:
         return {}
     phases = {}
-    for phase in STEP_PHASES:
+    for phase in StepPhase:
         values = [record["phases"][phase] for record in records]
         seconds = [value["seconds_per_step"] for value in values if value["seconds_per_step"] is not None]
         peaks = [value[PEAK_KEY] for value in values if value[PEAK_KEY] is not None]

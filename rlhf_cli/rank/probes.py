@@ -14,6 +14,7 @@ from typing import Any
 
 from rlhf_cli import compat
 from rlhf_cli.output.run_dir import PROBE_CUDA_MEMORY_ENV, PROBE_GENERATION_ENV
+from rlhf_cli.phases import StepPhase
 from rlhf_cli.rank.phases import PeakMeter
 
 CUDA_PEAKS = ("max_allocated_bytes", "max_reserved_bytes", "outside_allocator_bytes")
@@ -210,12 +211,12 @@ class PhaseMemory:
 
     @contextlib.contextmanager
     def generating(self) -> Iterator[None]:
-        self._switch("generation")
+        self._switch(StepPhase.GENERATION)
         started = self.clock()
         try:
             yield
         finally:
-            peaks = self._switch("train")
+            peaks = self._switch(StepPhase.TRAIN)
             self.generation_calls.append({"started_s": started - self.started, "seconds": self.clock() - started,
                                           **peaks})
 

@@ -12,10 +12,11 @@ from typing import Any
 from transformers import TrainerCallback
 
 from rlhf_cli.algorithms import algorithm
-from rlhf_cli.machine.corrections import STEP_PHASES, run_seconds, saves_left
+from rlhf_cli.machine.corrections import run_seconds, saves_left
+from rlhf_cli.phases import EVERY_STEP, StepPhase
 from rlhf_cli.rank import terminal
 from rlhf_cli.rank.engines.sync_log import SYNC_LOG
-from rlhf_cli.rank.phases import SAVING, StepPhases
+from rlhf_cli.rank.phases import StepPhases
 from rlhf_cli.rank.terminal import PHASES, output_mode
 from rlhf_cli.rank.zero3 import GenerationClock
 
@@ -96,8 +97,8 @@ class TrainingProgress(TrainerCallback):
         step, before, _ = self.baseline
         now = StepPhases.current().snapshot()
         per_step = {phase: (now[phase] - before[phase]) / (state.global_step - step)
-                    for phase in STEP_PHASES}
-        saving = now[SAVING] / self.saves if self.saves else 0.0
+                    for phase in EVERY_STEP}
+        saving = now[StepPhase.SAVING] / self.saves if self.saves else 0.0
         saving_by_steps = str(getattr(args, "save_strategy", "no")).lower().endswith("steps")
         save_steps = getattr(args, "save_steps", None) if saving_by_steps else None
         left = saves_left(state.global_step, state.max_steps, int(save_steps) if save_steps else None)

@@ -29,7 +29,8 @@ from typing import Any
 from rlhf_cli import compat
 from rlhf_cli.generation.budget import Budget, Unit, choose
 from rlhf_cli.output.run_dir import STOCK_TRL_ENV
-from rlhf_cli.rank.phases import GENERATION, StepPhases
+from rlhf_cli.phases import StepPhase
+from rlhf_cli.rank.phases import StepPhases
 from rlhf_cli.rank.probes import PhaseMemory, probe_generation
 
 
@@ -66,7 +67,8 @@ def install_generation_context(required: bool, budget: Budget | None = None) -> 
         started = time.perf_counter()
         phases = PhaseMemory.current()
         spend = None if gather_deepspeed3_params else budget  # gathering everything already
-        with (StepPhases.current().during(GENERATION), phases.generating() if phases else contextlib.nullcontext(),
+        with (StepPhases.current().during(StepPhase.GENERATION),
+              phases.generating() if phases else contextlib.nullcontext(),
               probe_generation(model, gather_deepspeed3_params) as probe,  # around the gathering too
               original(model, accelerator, gather_deepspeed3_params, *args, **kwargs) as unwrapped,
               gathered_units(model, units := budget_units(model, generating_model(unwrapped), spend)),

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhf_cli.generation.choice import Engine
-from rlhf_cli.plan.memory import GENERATION, GIB, STATIC, SYNC, Component
+from rlhf_cli.phases import MemoryPhase
+from rlhf_cli.plan.memory import GIB, Component
 
 SLEEP_RESIDUAL = 1 * GIB  # what vLLM keeps on a GPU while asleep: its CUDA graph pool and allocator state
 CUDA_GRAPHS = GIB // 2  # CUDA graphs captured outside the budget (vLLM logs 0.2-1 GiB for dense models)
@@ -140,9 +141,10 @@ def starts(settings: VllmSettings, gpu_memory: int, params: int, element_bytes: 
 # A column's vLLM rows: what it holds while the policy trains, what waking it to generate adds (beside the sync's
 # freed bucket, still in torch's cache), and the weight sync: its gathered bucket on top of training's blocks, or
 # of vLLM's woken weights.
-ROWS = (("vLLM", STATIC), ("vLLM awake", GENERATION), ("gen: sync bucket cached", GENERATION),
-        ("sync bucket", SYNC), ("sync: vLLM copies", SYNC), ("sync: vLLM weights", SYNC),
-        ("sync: train reserve", SYNC))
+ROWS = (("vLLM", MemoryPhase.STATIC), ("vLLM awake", MemoryPhase.GENERATION),
+        ("gen: sync bucket cached", MemoryPhase.GENERATION), ("sync bucket", MemoryPhase.SYNC),
+        ("sync: vLLM copies", MemoryPhase.SYNC), ("sync: vLLM weights", MemoryPhase.SYNC),
+        ("sync: train reserve", MemoryPhase.SYNC))
 VOCAB_ALIGNMENT = 64  # vLLM pads its embedding and LM head to a multiple of this many rows
 
 

@@ -14,13 +14,14 @@ from rlhf_cli.config.fields import catalogue
 from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.generation.choice import Engine
 from rlhf_cli.generation.engines import USE_VLLM_KEY, installed
+from rlhf_cli.phases import MemoryPhase
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.columns import Candidate
 from rlhf_cli.plan.engines import EngineWords, vllm
 from rlhf_cli.plan.engines.vllm_search import Evaluate, findings, longest_kv
 from rlhf_cli.plan.engines.vllm_time import call_seconds, step_sync_seconds, wake_seconds
 from rlhf_cli.plan.inputs import Inputs
-from rlhf_cli.plan.memory import TRAINING, Component
+from rlhf_cli.plan.memory import Component
 from rlhf_cli.plan.rates import Rates
 
 # TRL 1.16's defaults where a run's algorithm has no such key (PPO's config until it grows them)
@@ -41,9 +42,9 @@ def engine_rows(inputs: Inputs, candidate: Candidate, rows: list[Component]) -> 
     synced = policy.params + (adapter.params if candidate.lora and adapter else 0)
     bucket = max(numel for numel, _, _ in inputs.sync_buckets(candidate.generation.gather, candidate.lora)) * size_bytes
     copies = vllm.sync_copies(policy.largest_layer, policy.vocab, policy.hidden, size_bytes)
+    training = memory.phase_totals(rows)[MemoryPhase.TRAINING]
     return vllm.components(candidate.engine_settings, candidate.generation.engine, inputs.hardware.gpu_memory,
-                           inputs.hardware.gpus_per_machine, synced, size_bytes, memory.phase_totals(rows)[TRAINING],
-                           bucket, copies)
+                           inputs.hardware.gpus_per_machine, synced, size_bytes, training, bucket, copies)
 
 
 def engine_starts(inputs: Inputs, candidate: Candidate) -> bool:

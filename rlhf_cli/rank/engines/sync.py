@@ -10,9 +10,10 @@ from typing import Any
 
 import rlhf_cli.rank.engines.delta as delta
 from rlhf_cli.generation.sync_buckets import buckets
+from rlhf_cli.phases import StepPhase
 from rlhf_cli.rank.engines.sync_log import SYNC_LOG
 from rlhf_cli.rank.engines.weights import GatheredBytes, SyncLimit, WeightTarget, bucket_weights
-from rlhf_cli.rank.phases import SYNC, PeakMeter, StepPhases
+from rlhf_cli.rank.phases import PeakMeter, StepPhases
 from rlhf_cli.rank.zero3 import policy_units
 
 
@@ -21,9 +22,9 @@ def sync_weights(model: Any, target: WeightTarget, limit: SyncLimit, woke: bool 
     delta when the target takes patches and holds what this rank last sent it, else every weight, a bucket of
     units at a time. Every rank takes part (the sync is a collective). `woke`: the generator just woke from a
     sleep that dropped its weights. Returns the sync's record, also added to the rank's sync log."""
-    with StepPhases.current().during(SYNC):  # this step's `sync` phase (rlhf_cli/rank/phases.py)
+    with StepPhases.current().during(StepPhase.SYNC):  # this step's `sync` phase (rlhf_cli/rank/phases.py)
         started = time.perf_counter()
-        with PeakMeter.current().added(SYNC) as memory:  # the sync's own peak, and what it added
+        with PeakMeter.current().added(StepPhase.SYNC) as memory:  # the sync's own peak, and what it added
             tracker = delta.Tracker.of(model, target)
             record = None
             if tracker.dense_reason(woke, target) is None:

@@ -13,11 +13,12 @@ from typing import Any
 from rlhf_cli.algorithms.spec import load_object
 from rlhf_cli.compat import vllm as vllm_compat
 from rlhf_cli.generation.choice import Gather
+from rlhf_cli.phases import StepPhase
 from rlhf_cli.rank.engines.sync import sync_weights
 from rlhf_cli.rank.engines.vllm.server import WEIGHT_DIR, ServerTarget
 from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
 from rlhf_cli.rank.engines.weights import SyncLimit
-from rlhf_cli.rank.phases import GENERATION, StepPhases
+from rlhf_cli.rank.phases import StepPhases
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ def install_vllm(gather: Gather, dtype: str, seed: int, check: Any, output_dir: 
     vllm_compat.replace_trl_vllm_engine(engine)
     load_object(sync_hook)(SyncSettings(gather, check, output_dir))
     vllm_compat.replace_trl_vllm_server_transport(check_server_version)
-    vllm_compat.replace_trl_vllm_generate(lambda: StepPhases.current().during(GENERATION))  # the `generation` phase
+    vllm_compat.replace_trl_vllm_generate(lambda: StepPhases.current().during(StepPhase.GENERATION))
 
 
 def hook_vllm_generation(settings: SyncSettings) -> None:
