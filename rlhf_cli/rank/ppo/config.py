@@ -8,6 +8,7 @@ from typing import Any, Literal
 from transformers import TrainingArguments
 
 from rlhf_cli.algorithms.spec import load_object
+from rlhf_cli.generation.choice import GatherSettings
 from rlhf_cli.generation.engines import face_paths
 
 SETTINGS_FACE = "ppo_settings"  # the face of an engine row that names the keys it adds to PPO's config
@@ -16,9 +17,10 @@ ENGINE_SETTINGS = tuple(load_object(path) for path in face_paths(SETTINGS_FACE))
 
 
 @dataclass
-class PPOConfig(*ENGINE_SETTINGS, TrainingArguments):
+class PPOConfig(*ENGINE_SETTINGS, GatherSettings, TrainingArguments):
     """Settings of rlhf's PPO trainer (RLHF PPO as in Huang et al., 2024); each separate engine's keys are its
-    room's, inherited (`ENGINE_SETTINGS`), and so is the sampling correction they choose (`sampling_correction`)."""
+    room's, inherited (`ENGINE_SETTINGS`), and so is the sampling correction they choose (`sampling_correction`);
+    TRL's gather key is the gather choice's (`GatherSettings`)."""
 
     value_model_name_or_path: str | None = field(
         default=None, metadata={"help": "Value model to start from; default: the reward model."})
@@ -46,8 +48,6 @@ class PPOConfig(*ENGINE_SETTINGS, TrainingArguments):
     vf_coef: float = field(default=0.1, metadata={"help": "Weight of the value loss."})
     gamma: float = field(default=1.0, metadata={"help": "Discount factor of GAE."})
     lam: float = field(default=0.95, metadata={"help": "Lambda of GAE."})
-    ds3_gather_for_generation: bool = field(
-        default=True, metadata={"help": "Under ZeRO-3, gather the whole policy on every rank to generate."})
     model_init_kwargs: dict[str, Any] | None = field(
         default=None, metadata={"help": "Keyword arguments for `from_pretrained` of the models."})
     trust_remote_code: bool = field(default=False, metadata={"help": "Allow custom model code from the hub."})

@@ -14,7 +14,7 @@ from torch import nn
 from trl.models import unwrap_model_for_generation
 
 from rlhf_cli.algorithms.spec import load_object
-from rlhf_cli.generation.choice import Generation
+from rlhf_cli.generation.choice import GATHER_KEY, Generation
 from rlhf_cli.rank.ppo.modules import only_this_generation_config, rollout_generation_config
 
 ROLLOUTS_FACE = "ppo_rollouts"  # the face of an engine row that names its PPO rollouts class
@@ -67,7 +67,7 @@ class HFRollouts:
         responses = []
         trainer.policy_and_value.eval()  # in train mode with checkpointing, transformers would generate without cache
         with (unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
-                                          gather_deepspeed3_params=args.ds3_gather_for_generation,
+                                          gather_deepspeed3_params=getattr(args, GATHER_KEY),
                                           gradient_checkpointing_kwargs=args.activation_checkpointing_kwargs)
               as unwrapped,
               only_this_generation_config(unwrapped.policy, generation_config)):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhf_cli.generation.engines import SYNC_CHECK_KEY
+from rlhf_cli.generation.engines import SYNC_CHECK_KEY, USE_VLLM_KEY
 
 
 def install(config: Any, inputs: Any) -> None:
@@ -34,5 +34,6 @@ def refuse_resized_policy(policy_path: str, rows: int, now: int) -> None:
     """vLLM loads the checkpoint's embedding rows: a policy resized for the pad token PPO added (a hub policy the
     pre-launch check could not read, rlhf_cli/algorithms/ppo.py resized_for_pad) would not match it."""
     if now != rows:
-        raise ValueError(f"use_vllm: {policy_path} was resized from {rows} rows for the pad token PPO added, and vLLM "
-                         "holds the checkpoint's: save the policy with a pad token of its own first, or drop --vllm")
+        raise ValueError(f"{USE_VLLM_KEY}: {policy_path} was resized from {rows} rows for the pad token PPO added, "
+                         "and vLLM holds the checkpoint's: save the policy with a pad token of its own first, or "
+                         "drop --vllm")

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlhf_cli.generation.engines import EngineChoiceSettings
 from rlhf_cli.rank.engines.importance_sampling import SamplingCorrection
 
 
 @dataclass
-class VLLMRolloutSettings:
-    """TRL's vLLM keys (rlhf_cli/rank/engines/vllm/sync.py syncs the engine, ppo_rollouts.py samples with it)."""
+class VLLMRolloutSettings(EngineChoiceSettings):
+    """TRL's vLLM keys (rlhf_cli/rank/engines/vllm/sync.py syncs the engine, ppo_rollouts.py samples with it); the
+    two that choose the engine are the registry's (`EngineChoiceSettings`)."""
 
-    use_vllm: bool = field(default=False, metadata={"help": "Generate rollouts with vLLM instead of model.generate()."})
-    vllm_mode: str = field(default="colocate", metadata={
-        "help": "`colocate`: vLLM in each training process; `server`: a separate vLLM server (vllm_server_host)."})
     vllm_model_impl: str = field(default="vllm",
                                  metadata={"help": "vLLM's model implementation: vllm or transformers."})
     vllm_enable_sleep_mode: bool = field(default=False, metadata={

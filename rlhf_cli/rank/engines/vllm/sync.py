@@ -13,6 +13,7 @@ from typing import Any
 from rlhf_cli.algorithms.spec import load_object
 from rlhf_cli.compat import vllm as vllm_compat
 from rlhf_cli.generation.choice import Gather
+from rlhf_cli.generation.engines import engine_of
 from rlhf_cli.phases import StepPhase
 from rlhf_cli.rank.engines.sync import sync_weights
 from rlhf_cli.rank.engines.vllm.server import WEIGHT_DIR, ServerTarget
@@ -77,7 +78,7 @@ def hook_online_dpo(settings: SyncSettings) -> None:
 
     def sync_online_dpo(trainer: Any) -> None:  # trl OnlineDPOTrainer._move_model_to_vllm
         limit = SyncLimit.of(settings.gather, trainer.model)
-        if trainer.vllm_mode == "server":
+        if engine_of(lambda key: getattr(trainer.args, key, None)).is_server:
             sync_weights(trainer.model, server_target(trainer, "vllm_client", trainer.args.output_dir), limit)
             return None
         sync_weights(trainer.model, ColocatedVLLM.of(trainer.llm, settings.check), limit,
