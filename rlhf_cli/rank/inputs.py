@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import yaml
@@ -150,21 +152,24 @@ def load_code(spec: str) -> Any:
     target, sep, function = spec.rpartition(":")
     if not sep:
         target, _, function = spec.rpartition(".")
-    if target.endswith(".py"):
-        name = user_module_name(Path(target))
-        module = sys.modules.get(name)
-        if module is None:
-            module_spec = importlib.util.spec_from_file_location(name, target)
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[name] = module
-            try:
-                module_spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[name]  # a module that failed to import is not kept half-built
-                raise
-    else:
-        module = importlib.import_module(target)
+    module = _user_module(Path(target).resolve()) if target.endswith(".py") else importlib.import_module(target)
     return getattr(module, function)
+
+
+@functools.cache
+def _user_module(path: Path) -> ModuleType:
+    """A user's file, imported once per process (a failed import is not cached: the next call tries again). It is
+    registered under its own name while its code runs, as an import would, so that its classes pickle."""
+    name = user_module_name(path)
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]  # a module that failed to import is not kept half-built
+        raise
+    return module
 
 
 def reward_functions(inputs: RankInputs) -> list[Callable]:
