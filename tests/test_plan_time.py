@@ -21,6 +21,7 @@ from rlhf_cli.plan import fixed_costs, rates, time
 from rlhf_cli.plan.columns import Candidate
 from rlhf_cli.plan.estimate import plan_run, planned
 from rlhf_cli.plan.inputs import read_inputs
+from rlhf_cli.plan.summary import time_lines
 
 pytestmark = pytest.mark.usefixtures("nothing_launches")  # no test here starts ranks
 
@@ -123,6 +124,8 @@ def test_without_a_gpu_the_plan_says_how_to_get_seconds(monkeypatch) -> None:
     plan = plan_run(resolve(RunRequest("ppo", str(SEED), dict(SEED_HARDWARE), planning=True), cuda=True))
     assert plan.hardware.gpu is None and all(column.seconds is None for column in plan.columns)
     assert plan.as_dict()["fastest"] is None and plan.as_dict()["configurations"][0]["time"] is None
+    (line,) = time_lines(plan)
+    assert "rlhf doctor --calibrate" in line and "--gpu NAME" in line
 
 
 def _seconds(run, candidate_of) -> dict[str, float]:
