@@ -21,6 +21,8 @@ amortised over `save_steps`), `waiting` (on other ranks: 0, no imbalance is mode
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import StepWork
 from rlhf_cli.generation.budget import bought_total
@@ -100,15 +102,16 @@ def _gathered(inputs: Inputs, candidate: Candidate) -> tuple[int, int]:
 
 def scoring_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: StepWork) -> float:
     """No-grad forwards over the generated sequences: the reference (the policy with adapters off under LoRA), the
-    reward and value models, and the policy's old log-probs when the trainer takes them."""
+    reward and value models, and the policy's old log-probs when the trainer takes them. A model offloaded on its
+    own fetches its shards from host memory for every forward, as the run's parameter offload does."""
     work = inputs.work
     old = step.scores_old_logprobs(candidate.engine_settings is not None)
-    models = [role.size for role in inputs.roles if role.name != "policy"]
-    models += [inputs.roles[0].size] if old else []
+    scored = [role for role in inputs.roles if role.name != "policy"] + ([inputs.roles[0]] if old else [])
     length = work.prompt_length + work.completion_length
     micro_batches = step.generated / work.score_batch
-    return sum(micro_batches * _forward_pass(inputs, model, work.score_batch, length, rates)
-               for model in models)
+    return sum(micro_batches * _forward_pass(inputs, role.size, work.score_batch, length,
+                                             replace(rates, params_offloaded=True) if role.offloaded else rates)
+               for role in scored)
 
 
 def _forward_pass(inputs: Inputs, model: ModelSize, batch: int, length: int,
