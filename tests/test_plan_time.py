@@ -175,7 +175,7 @@ def test_fixed_costs_follow_the_calibrated_call_and_dominate_a_tiny_model_not_a_
     from rlhf_cli.machine import calibration
 
     def smoke(call: float) -> dict[str, float]:
-        measured = calibration.Calibration("cpu", 50e9, 8e9, 0.1e9, 1e-3, "gloo", 0.0, "here", call)
+        measured = calibration.Calibration("cpu", 240e9, 87.5e9, 0.4e9, 0.5e-3, "gloo", 0.0, "here", call)  # 2 cores
         monkeypatch.setattr("rlhf_cli.plan.hardware.remembered", lambda: measured)
         monkeypatch.setattr("rlhf_cli.plan.hardware.detected", lambda: (None, ""))
         run = resolve(RunRequest("rloo", "rloo/smoke", {}, planning=True), cuda=False)
