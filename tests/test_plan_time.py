@@ -123,6 +123,15 @@ def test_without_a_gpu_the_plan_says_how_to_get_seconds(monkeypatch) -> None:
     plan = plan_run(resolve(RunRequest("ppo", str(SEED), dict(SEED_HARDWARE), planning=True), cuda=True))
     assert plan.hardware.gpu is None and all(column.seconds is None for column in plan.columns)
     assert plan.as_dict()["fastest"] is None and plan.as_dict()["configurations"][0]["time"] is None
+    assert time.final_save_seconds(plan) is None  # the running job's ETA then counts no save until it measures one
+
+
+def test_the_final_save_a_running_jobs_eta_counts_is_the_policys_weights_and_a_saves_fixed_calls() -> None:
+    run = timed_seed_run("h100", "max_steps=100")
+    inputs = read_inputs(run)
+    weights = inputs.roles[0].size.params * inputs.work.element_bytes
+    expected = weights / time.DISK_BANDWIDTH + fixed_costs.SAVE_CALLS * rates.CALL_LATENCY
+    assert time.final_save_seconds(plan_run(run)) == pytest.approx(expected)
 
 
 def _seconds(run, candidate_of) -> dict[str, float]:

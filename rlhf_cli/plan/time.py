@@ -26,7 +26,7 @@ from rlhf_cli.algorithms.spec import StepWork
 from rlhf_cli.generation.budget import bought_total
 from rlhf_cli.machine.gpus import Gpu
 from rlhf_cli.plan import fixed_costs, memory
-from rlhf_cli.plan.columns import Candidate
+from rlhf_cli.plan.columns import Candidate, Plan
 from rlhf_cli.plan.engines import plan_room
 from rlhf_cli.plan.inputs import Inputs
 from rlhf_cli.plan.model_sizes import ModelSize
@@ -190,3 +190,14 @@ def saving_seconds(inputs: Inputs, checkpoint_bytes: int, machines: int, per_sav
     final = inputs.roles[0].size.params * inputs.work.element_bytes
     checkpoints = steps // every if saving else 0
     return ((checkpoints * checkpoint_bytes + final) / rate + (checkpoints + 1) * per_save) / steps
+
+
+def final_save_seconds(plan: Plan) -> float | None:
+    """Seconds of the run's last save, the final model's weights (the ranks always save it): what a running job's
+    ETA counts for it until the run has measured a save of its own; None without a known GPU."""
+    hw = plan.hardware
+    if not plan.known or hw is None or hw.gpu is None or not plan.roles or plan.work is None:
+        return None
+    rates = Rates.of(hw.gpu, hw.total_gpus, hw.machines, False)
+    weights = plan.roles[0].size.params * plan.work.element_bytes
+    return weights / (DISK_BANDWIDTH * hw.machines) + rates.calls(fixed_costs.SAVE_CALLS)
