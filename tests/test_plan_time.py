@@ -126,6 +126,15 @@ def test_without_a_gpu_the_plan_says_how_to_get_seconds(monkeypatch) -> None:
     assert plan.as_dict()["fastest"] is None and plan.as_dict()["configurations"][0]["time"] is None
     (line,) = time_lines(plan)
     assert "rlhf doctor --calibrate" in line and "--gpu NAME" in line
+    assert time.final_save_seconds(plan) is None  # the running job's ETA then counts no save until it measures one
+
+
+def test_the_final_save_a_running_jobs_eta_counts_is_the_policys_weights_and_a_saves_fixed_calls() -> None:
+    run = timed_seed_run("h100", "max_steps=100")
+    inputs = read_inputs(run)
+    weights = inputs.roles[0].size.params * inputs.work.element_bytes
+    expected = weights / time.DISK_BANDWIDTH + fixed_costs.SAVE_CALLS * rates.CALL_LATENCY
+    assert time.final_save_seconds(plan_run(run)) == pytest.approx(expected)
 
 
 def _seconds(run, candidate_of) -> dict[str, float]:
@@ -199,7 +208,7 @@ def test_fixed_costs_follow_the_calibrated_call_and_dominate_a_tiny_model_not_a_
     from rlhf_cli.machine import calibration
 
     def smoke(call: float) -> dict[str, float]:
-        measured = calibration.Calibration("cpu", 50e9, 8e9, 0.1e9, 1e-3, "gloo", 0.0, "here", call)
+        measured = calibration.Calibration("cpu", 240e9, 87.5e9, 0.4e9, 0.5e-3, "gloo", 0.0, "here", call)  # 2 cores
         monkeypatch.setattr("rlhf_cli.plan.hardware.remembered", lambda: measured)
         monkeypatch.setattr("rlhf_cli.plan.hardware.detected", lambda: (None, ""))
         run = resolve(RunRequest("rloo", "rloo/smoke", {}, planning=True), cuda=False)
