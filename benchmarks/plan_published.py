@@ -30,6 +30,7 @@ from _common import RESULTS, cache_model_configs, markdown_table, print_table, w
 
 from rlhf_cli.algorithms.spec import LogitsModel
 from rlhf_cli.config.resolve import RunRequest, resolve
+from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.phases import MemoryPhase
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.columns import Plan
@@ -208,6 +209,14 @@ class Replayed:
 
 
 def plan_of(row: Published, recipe_path: Path) -> Plan:
+    plan = plan_run(resolved_of(row, recipe_path))
+    if not plan.known:
+        raise RuntimeError(f"{row.setup}: no plan: {plan.why_unknown}")
+    return plan
+
+
+def resolved_of(row: Published, recipe_path: Path) -> ResolvedRun:
+    """The row's run resolved as `rlhf plan` resolves it (its recipe written to `recipe_path`)."""
     recipe = dict(row.recipe)
     bundled = recipe.pop("__recipe__", None)
     flags = _hardware(row)
@@ -221,10 +230,7 @@ def plan_of(row: Published, recipe_path: Path) -> Plan:
     else:
         recipe_path.write_text(yaml.safe_dump(recipe))
         request = RunRequest(row.algorithm, str(recipe_path), flags, planning=True)
-    plan = plan_run(resolve(request, cuda=True))
-    if not plan.known:
-        raise RuntimeError(f"{row.setup}: no plan: {plan.why_unknown}")
-    return plan
+    return resolve(request, cuda=True)
 
 
 def _hardware(row: Published) -> dict[str, tuple[str, Any]]:

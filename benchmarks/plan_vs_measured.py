@@ -57,6 +57,7 @@ PHASES = {"gather": ("generation", "train", "saving"), "budget": ("generation", 
           "no-gather": ("generation", "train"), "vllm": ("generation", "sync", "train")}
 TARGET = 0.30  # every phase within 30 % of the measured median
 ETA_STEPS, ETA_AT, ETA_TARGET = 12, 3, 0.20  # a 12-step run's ETA at step 3 within 20 % of what was left
+RUN_PROCESSES = 2  # the smoke recipe's ranks
 ETA_LINE = re.compile(r"^step (\d+)/(\d+)\s.*\seta (\d+):(\d\d):(\d\d(?:\.\d)?)\s*$")
 
 
@@ -95,9 +96,10 @@ def measured(config: str, steps: int, out: Path) -> dict[str, float]:
 
 
 def eta_run(out: Path) -> dict[str, float]:
-    """A 12-step gather run with its progress lines timed as they arrive: the ETA printed at step 3, the seconds
-    from that line to the last step's line (what the ETA counts: the steps left, and saves once one was measured)
-    and to the run's exit (the final save and the ranks' shutdown besides)."""
+    """A 12-step gather run with its progress lines timed as they arrive: the ETA printed at step 3 (the steps
+    left and the saves left, the final model's among them), what that then really took (from that line to the last
+    step's line, plus the final save as the run measured it, summary.json's `final_save_seconds`), and the seconds
+    to the run's exit (the ranks' shutdown and the launcher's summary besides, which no ETA counts)."""
     argv = python_module("rlhf_cli", "rloo", "-r", "rloo/smoke", "--max-steps", str(ETA_STEPS), "--gather",
                          "-o", str(out), "--overwrite")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
@@ -114,7 +116,9 @@ def eta_run(out: Path) -> dict[str, float]:
     if process.returncode != 0 or ETA_AT not in seen or ETA_STEPS not in seen:
         raise CommandFailed(f"{' '.join(argv)}: exit {process.returncode}, progress lines of steps {sorted(seen)}")
     at, eta = seen[ETA_AT]
-    return {"eta": eta, "to_last_step": seen[ETA_STEPS][0] - at, "to_exit": ended - at}
+    final_save = json.loads((out / "summary.json").read_text()).get("final_save_seconds") or 0.0
+    return {"eta": eta, "left": seen[ETA_STEPS][0] - at + final_save, "final_save": final_save,
+            "to_exit": ended - at}
 
 
 def interleaved(configs: list[str], repeats: int, steps: int,
@@ -163,16 +167,25 @@ def ordering(runs: dict[str, list[dict[str, float]]], plans: dict[str, dict[str,
 
 
 def eta_verdict(runs: list[dict[str, float]]) -> str:
-    """Each ETA run's ETA at step 3 against the steps' actual rest; the median error and whether every run is
-    within ETA_TARGET."""
-    errors = [error(run["eta"], run["to_last_step"]) for run in runs]
-    each = ", ".join(f"{run['eta']:.1f} s for {run['to_last_step']:.1f} s ({value:+.0%}; "
-                     f"{run['to_exit']:.1f} s to exit)" for run, value in zip(runs, errors, strict=True))
+    """Each ETA run's ETA at step 3 against what it counts, as it then really went (the steps to the last one and
+    the final save); the median error and whether every run is within ETA_TARGET."""
+    errors = [error(run["eta"], run["left"]) for run in runs]
+    each = ", ".join(f"{run['eta']:.1f} s for {run['left']:.1f} s ({value:+.0%}; final save {run['final_save']:.2f} "
+                     f"s; {run['to_exit']:.1f} s to exit)" for run, value in zip(runs, errors, strict=True))
     within = all(abs(value) <= ETA_TARGET for value in errors)
-    return (f"ETA at step {ETA_AT} of a {ETA_STEPS}-step gather run, against the time to its last step (and to the "
-            f"run's exit, with the final save and shutdown the ETA does not count until a save was measured): "
-            f"{each}; median error {statistics.median(errors):+.0%}; every run within {ETA_TARGET:.0%}: "
-            f"{'yes' if within else 'no'}")
+    return (f"ETA at step {ETA_AT} of a {ETA_STEPS}-step gather run (the steps left and the final save), against "
+            f"the time to its last step plus its final save as measured (and, beside it, to the run's exit, with "
+            f"the ranks' shutdown that no ETA counts): {each}; median error {statistics.median(errors):+.0%}; every "
+            f"run within {ETA_TARGET:.0%}: {'yes' if within else 'no'}")
+
+
+def load_note(loads: tuple[str, str], cores: int) -> str:
+    """The load average before and after, and whether other work shared the machine: a run starts 2 processes, so
+    a 1-minute load above that (on either reading) means something else ran too."""
+    busy = max(float(reading.split()[0]) for reading in loads) > RUN_PROCESSES
+    shared = ("above the 2 processes a run starts: other work shared the machine" if busy else
+              "at most the 2 processes a run starts: no other work to speak of")
+    return f"Load average (1, 5, 15 min) before: {loads[0]}; after: {loads[1]} on {cores} cores ({shared})."
 
 
 def load() -> str:
@@ -203,8 +216,7 @@ def report(args: argparse.Namespace, configs: list[str], runs: dict, found: dict
                f"{', '.join(generating[1])} ({'same' if generating[0] == generating[1] else 'differs'}); every phase "
                f"within {TARGET:.0%}: {'yes' if within else 'no'}")
     eta = eta_verdict(runs["eta"]) if runs.get("eta") else "ETA: not run"
-    machine = (f"Load average (1, 5, 15 min) before: {loads[0]}; after: {loads[1]} on {os.cpu_count()} cores "
-               "(above the 2 processes a run starts: other work shared the machine).")
+    machine = load_note(loads, os.cpu_count() or 1)
     print(verdict, eta, machine, sep="\n")
     write_markdown(args.out / "plan_vs_measured.md",
                    f"## {title}\n\n{markdown_table(columns, rows)}\n{verdict}\n\n{eta}\n\n{machine}\n")

@@ -15,18 +15,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from plan_published import GKD, MS_SWIFT, Published, plan_of
+from plan_published import GKD, MS_SWIFT, Published, plan_of, resolved_of
 
+from rlhf_cli.algorithms import algorithm
 from rlhf_cli.machine.gpus import GPUS
 from rlhf_cli.phases import Phase
+from rlhf_cli.plan.columns import Candidate
 from rlhf_cli.plan.engines.vllm_time import buckets_seconds
+from rlhf_cli.plan.estimate import plan_run
+from rlhf_cli.plan.inputs import Inputs, read_inputs
 from rlhf_cli.plan.rates import Rates
+from rlhf_cli.plan.time import generation_seconds, step_time
 
-SWIFT_GKD = f"ms-swift [GKD examples]({MS_SWIFT}/rlhf/gkd)"
+SWIFT_FULL, SWIFT_COLOCATE, SWIFT_SERVER = (f"ms-swift [rlhf/gkd/{script}]({MS_SWIFT}/rlhf/gkd/{script})"
+                                            for script in ("full.sh", "vllm_colocate.sh", "vllm_server.sh"))
 MEGATRON_BRIDGE = "Megatron-LM bridge (the issue's figures: Qwen3-30B-A3B weight sync)"
 TRL_MOE_SYNC = "TRL [#3557](https://github.com/huggingface/trl/issues/3557)"
 
@@ -59,10 +65,48 @@ def _run(algorithm: str, recipe: dict[str, Any], gpus: int, gpu_memory: str, pha
     return predict
 
 
-def _gkd(engine: dict[str, object]) -> Callable[[Path], Prediction]:
-    """ms-swift's GKD Qwen2.5-7B on 4 GPUs as in plan_published.py, the 14B teacher scoring every completion."""
+# ms-swift's GKD step (swift/trainers/rlhf_trainer/gkd_trainer.py, `training_step`): with probability `lmbda` (0.5
+# in every example) the student generates, and only then is a colocated vLLM woken, synced and put back to sleep
+# (rollout_mixin.py, `_fast_infer`); otherwise with `seq_kd` the teacher generates with HF generate, else the
+# dataset's response is trained on as it is. Every step the teacher scores the sequence and the student trains.
+GKD_LMBDA = 0.5
+
+
+def _gkd(engine: dict[str, object], *, teacher_offloaded: bool = False, teacher_generates: bool = False,
+         sleep_level: int | None = None) -> Callable[[Path], Prediction]:
+    """ms-swift's GKD Qwen2.5-7B on 4 GPUs as in plan_published.py, the 14B teacher scoring every completion: the
+    mean step of `lmbda` steps where the student generates and the rest where the teacher does (`seq_kd`) or
+    nobody; the teacher's parameters in host memory with `--teacher_deepspeed zero3_offload`; ms-swift's
+    `--sleep_level` where it is not TRL's."""
     recipe = {**GKD, "reward_model_name_or_path": "Qwen/Qwen2.5-14B-Instruct", "gpu": "a100-80gb", **engine}
-    return _run("rloo", recipe, 4, "81920MiB")
+
+    def predict(path: Path) -> Prediction:
+        run = resolved_of(Published("", "", "rloo", recipe, 4, "81920MiB", True), path)
+        plan, inputs = plan_run(run), read_inputs(run)
+        assert plan.chosen is not None and not isinstance(inputs, str) and inputs.hardware.gpu is not None
+        candidate = plan.chosen.candidate
+        if sleep_level is not None:
+            assert candidate.colocated is not None
+            candidate = replace(candidate, engine_settings=replace(candidate.colocated, sleep_level=sleep_level))
+        inputs = replace(inputs, roles=[replace(role, offloaded=teacher_offloaded and role.name == "reward")
+                                        for role in inputs.roles])
+        seconds = step_time(inputs, candidate, inputs.hardware.gpu, plan.checkpoint_bytes)
+        generating = (Phase.GENERATION, Phase.WEIGHT_SYNC)
+        every_step = sum(value for phase, value in seconds.items() if phase not in generating)
+        student = seconds[Phase.GENERATION] + seconds[Phase.WEIGHT_SYNC]
+        teacher = _teacher_generation(inputs, candidate) if teacher_generates else 0.0
+        return Prediction(every_step + GKD_LMBDA * student + (1 - GKD_LMBDA) * teacher, plan.chosen.fits)
+    return predict
+
+
+def _teacher_generation(inputs: Inputs, candidate: Candidate) -> float:
+    """HF generate of the step's completions by the teacher, gathered under ZeRO-3 as the student would be."""
+    teacher = inputs.role("reward")
+    assert teacher is not None and inputs.hardware.gpu is not None
+    hardware = inputs.hardware
+    rates = Rates.of(hardware.gpu, hardware.total_gpus, hardware.machines, candidate.offload_params != "none")
+    return generation_seconds(replace(inputs, roles=[teacher]), candidate, rates,
+                              algorithm(inputs.algorithm).step_work(inputs.value))
 
 
 # Qwen3-30B-A3B (its config.json): 30.5B parameters in bf16; 48 layers of 128 experts x 3 matrices, 4 attention
@@ -87,8 +131,8 @@ def _qwen3_moe_sync(bucket_bytes: float | None, gpu: str = "h100", gpus: int = 8
     return predict
 
 
-GKD_ASSUMED = ("A100 80GB with NVLink; the teacher counted as a ZeRO-3 reward model on the training GPUs; "
-               "alpaca prompts 512 tokens")
+GKD_ASSUMED = ("A100 80GB with NVLink; the teacher counted as a ZeRO-3 reward model (no LM head); alpaca prompts "
+               "512 tokens, every response 512; GKD timed as RLOO of the student (its old log-probs' forward kept)")
 CAPS = "every sequence counted at the recipe's caps"
 
 
@@ -166,13 +210,25 @@ def _deepscaler(gpu: str) -> Callable[[Path], Prediction]:
 
 
 ROWS = [
-    PublishedTime(SWIFT_GKD, "GKD Qwen2.5-7B, 14B teacher, 4 GPUs, batch 4, response 512: HF generation", 46,
-                  "s/step", GKD_ASSUMED, _gkd({"use_vllm": False, "gather": True})),
-    PublishedTime(SWIFT_GKD, "the same, vLLM colocated at 0.3, sleeping", 11, "s/step", GKD_ASSUMED,
+    PublishedTime(SWIFT_FULL, "GKD Qwen2.5-7B, 14B teacher, 4 GPUs, batch 4, response 512: HF generation, the "
+                  "teacher generating the off-policy half (`seq_kd`)", 46, "s/step",
+                  f"{GKD_ASSUMED}; each step's completions HF-generated by the student (half the steps, `lmbda` "
+                  "0.5) or the teacher (the other half), each gathered", _gkd({"use_vllm": False, "gather": True},
+                                                                           teacher_generates=True)),
+    PublishedTime(SWIFT_COLOCATE, "the same without `seq_kd`, vLLM colocated at 0.3, sleeping (level 1)", 11,
+                  "s/step", f"{GKD_ASSUMED}; the teacher ZeRO-3 with its parameters offloaded "
+                  "(`--teacher_deepspeed zero3_offload`): its shards fetched from host memory for every forward, "
+                  "overlapped with its matmuls as every ZeRO-3 fetch the plan counts (the configs' `overlap_comm: "
+                  "false` would put fetches on the compute stream; not modelled); "
+                  "vLLM woken, synced and put to sleep on the generating half of the steps",
                   _gkd({"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3,
-                        "vllm_enable_sleep_mode": True})),
-    PublishedTime(SWIFT_GKD, "the same, a vLLM server", 5, "s/step", f"{GKD_ASSUMED}; the server on 1 GPU",
+                        "vllm_enable_sleep_mode": True}, teacher_offloaded=True, sleep_level=1)),
+    PublishedTime(SWIFT_SERVER, "the same, a vLLM server on a GPU of its own, the teacher on the training GPUs", 5,
+                  "s/step", f"{GKD_ASSUMED}; the server on 1 GPU, synced on the generating half of the steps",
                   _gkd({"vllm_mode": "server"})),
+    PublishedTime(SWIFT_SERVER, "the same without vLLM: HF generation", 14, "s/step",
+                  f"{GKD_ASSUMED}; the student's completions gathered and HF-generated on half the steps",
+                  _gkd({"use_vllm": False, "gather": True})),
     PublishedTime(MEGATRON_BRIDGE, "Qwen3-30B-A3B weight sync, tensor by tensor", 84.9, "s/sync",
                   "8 x H100 NVLink, colocated; tensors counted from the architecture", _qwen3_moe_sync(None)),
     PublishedTime(MEGATRON_BRIDGE, "the same in 2 GiB buckets", 11.8, "s/sync", "as above",
@@ -208,7 +264,7 @@ ROWS = [
                   "architecture", _qwen3_moe_sync(None, "h200", 4, server=True)),
 ]
 # (faster, slower) by row index: what each source published as the faster of two configurations
-ORDERINGS = [(1, 0), (2, 1), (2, 0), (4, 3), (5, 7), (6, 8), (15, 14)]
+ORDERINGS = [(1, 0), (2, 1), (2, 0), (2, 3), (1, 3), (3, 0), (5, 4), (6, 8), (7, 9), (16, 15)]
 NOT_REPLAYED = [
     ("ms-swift DPO Qwen2.5-7B, padding-free 1.90 s/it against padded 3.32 s/it",
      "the plan has no DPO trainer and no padding-free mode: none of the generating trainers has one in TRL 1.16"),

@@ -46,8 +46,10 @@ def test_trls_vllm_syncs_through_rlhf_colocated_and_served(monkeypatch: pytest.M
     from rlhf_cli.rank.engines.vllm import sync as vllm_sync
 
     originals = (VLLMGeneration.sync_weights, OnlineDPOTrainer._move_model_to_vllm, VLLMClient.init_communicator,
-                 VLLMClient.generate, VLLMClient.chat, VLLMGeneration.generate, OnlineDPOTrainer.__init__)
+                 VLLMClient.generate, VLLMClient.chat, VLLMGeneration.generate, OnlineDPOTrainer.__init__,
+                 OnlineDPOTrainer._generate_vllm)
     for owner, name, original in ((VLLMGeneration, "generate", originals[5]),
+                                  (OnlineDPOTrainer, "_generate_vllm", originals[7]),
                                   (VLLMGeneration, "sync_weights", originals[0]),
                                   (OnlineDPOTrainer, "_move_model_to_vllm", originals[1]),
                                   (VLLMClient, "init_communicator", originals[2]),
@@ -105,6 +107,32 @@ def test_trls_vllm_generation_is_timed_as_the_steps_generation_phase(monkeypatch
     now[0] += 1.0
     assert phases.snapshot()[StepPhase.GENERATION] == 2.0 and phases.snapshot()[StepPhase.TRAIN] == 1.0
     assert VLLMGeneration.generate.__wrapped__ is generate
+
+
+def test_online_dpos_vllm_generation_is_timed_as_the_steps_generation_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Online DPO's training step calls vLLM outside the generation context, as RLOO's and GRPO's do; the sync it
+    runs first (inside `_generate_vllm`) stays the `sync` phase's, the innermost open one."""
+    from trl.experimental.online_dpo import OnlineDPOTrainer
+
+    from rlhf_cli.rank.phases import GENERATION, SAVING, SYNC, TRAIN, PeakMeter, StepPhases
+
+    now = [0.0]
+    phases = StepPhases(PeakMeter("rss", lambda: {}, lambda: True), clock=lambda: now[0])
+
+    def generate_vllm(self, prompts, images=None):
+        with phases.during(SYNC):
+            now[0] += 0.5
+        now[0] += 2.0
+        return prompts
+
+    monkeypatch.setattr(OnlineDPOTrainer, "_generate_vllm", generate_vllm)
+    monkeypatch.setattr(StepPhases, "active", phases)
+    vllm_compat.replace_trl_online_dpo_generate(lambda: StepPhases.current().during(GENERATION))
+    phases.begin(TRAIN)
+    assert OnlineDPOTrainer._generate_vllm(object(), ["a prompt"]) == ["a prompt"]
+    now[0] += 1.0
+    assert phases.snapshot() == {GENERATION: 2.0, SYNC: 0.5, SAVING: 0.0, TRAIN: 1.0}
+    assert OnlineDPOTrainer._generate_vllm.__wrapped__ is generate_vllm
 
 
 def test_online_dpo_builds_its_server_mode_without_an_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:

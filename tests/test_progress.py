@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
+from rlhf_cli.output.run_dir import PLANNED_SAVE_ENV
 from rlhf_cli.rank.progress import TrainingProgress
 
 # What each trainer really logs per step (names from TRL 1.16's trainers and ours), with made-up values.
@@ -79,10 +80,9 @@ def test_generation_seconds_per_step_since_the_last_log() -> None:
     assert "gen 1.5 s/step" in first and "gen" not in second
 
 
-def test_the_eta_comes_from_the_runs_own_phases_not_a_line_through_its_start_up(monkeypatch) -> None:
-    """A first step slowed by start-up (15 s), then steps of 1 s generating and 1 s training: at step 3 of 12 the
-    rest is 9 steps of 2 s, as the phases measured since the first step say, where a straight line through the
-    elapsed time would say 57 s."""
+def _timed_steps(monkeypatch, steps: list[tuple[float, float]], total: int = 12,
+                 save_strategy: str = "no") -> tuple[TrainingProgress, SimpleNamespace, SimpleNamespace]:
+    """A progress callback after `steps` (seconds generating, seconds training each) on a fake clock."""
     from rlhf_cli.phases import StepPhase
     from rlhf_cli.rank.phases import PeakMeter, StepPhases
 
@@ -91,17 +91,63 @@ def test_the_eta_comes_from_the_runs_own_phases_not_a_line_through_its_start_up(
     monkeypatch.setattr(StepPhases, "active", phases)
     monkeypatch.setattr("rlhf_cli.rank.progress.time.monotonic", lambda: now[0])
     progress = TrainingProgress("rloo", Console(file=io.StringIO(), force_terminal=False))
-    state = SimpleNamespace(global_step=0, max_steps=12)
-    args = SimpleNamespace(save_strategy="no", save_steps=500)
+    state = SimpleNamespace(global_step=0, max_steps=total)
+    args = SimpleNamespace(save_strategy=save_strategy, save_steps=500)
     progress.on_train_begin(args, state, None)
-    for step, (generating, training) in enumerate([(10.0, 5.0), (1.0, 1.0), (1.0, 1.0)], start=1):
+    for step, (generating, training) in enumerate(steps, start=1):
         for phase, seconds in ((StepPhase.GENERATION, generating), (StepPhase.TRAIN, training)):
             phases.begin(phase)
             now[0] += seconds
             phases.end(phase)
         state.global_step = step
         progress.on_step_end(args, state, None)
+    return progress, args, state
+
+
+def test_the_eta_comes_from_the_runs_own_phases_not_a_line_through_its_start_up(monkeypatch) -> None:
+    """A first step slowed by start-up (15 s), then steps of 1 s generating and 1 s training: at step 3 of 12 the
+    rest is 9 steps of 2 s, as the phases measured since the first step say, where a straight line through the
+    elapsed time would say 57 s."""
+    monkeypatch.delenv(PLANNED_SAVE_ENV, raising=False)
+    progress, args, state = _timed_steps(monkeypatch, [(10.0, 5.0), (1.0, 1.0), (1.0, 1.0)])
     assert progress.eta(args, state) == pytest.approx(18.0)
+
+
+def test_the_eta_follows_the_steady_steps_as_the_warm_up_fades(monkeypatch) -> None:
+    """Steps 2 and 3 still warming up (4 s, then 3 s), then 2 s steps: at step 5 of 12 the ETA takes the later half
+    of the steps after the first (4 and 5: 2 s each), 7 x 2 s, not the 2.75 s average of steps 2 to 5."""
+    monkeypatch.delenv(PLANNED_SAVE_ENV, raising=False)
+    warming = [(10.0, 5.0), (2.0, 2.0), (1.5, 1.5), (1.0, 1.0), (1.0, 1.0)]
+    progress, args, state = _timed_steps(monkeypatch, warming)
+    assert progress.eta(args, state) == pytest.approx(14.0)
+    assert progress.steady_phases() == {"generation": 1.0, "sync": 0.0, "train": 1.0}
+
+
+def test_the_eta_counts_the_final_save_at_the_plans_seconds_until_one_is_measured(monkeypatch) -> None:
+    """The final model's save is left at every step: at the plan's seconds of a save (handed down by the launcher)
+    while the run has measured none, then at what its own saves took."""
+    from rlhf_cli.phases import StepPhase
+    from rlhf_cli.rank.phases import StepPhases
+
+    monkeypatch.setenv(PLANNED_SAVE_ENV, "0.5")
+    progress, args, state = _timed_steps(monkeypatch, [(10.0, 5.0), (1.0, 1.0), (1.0, 1.0)])
+    assert progress.eta(args, state) == pytest.approx(18.5)
+    phases = StepPhases.current()
+    phases.begin(StepPhase.SAVING)
+    phases.clock = lambda: phases.mark + 3.0  # a checkpoint that took 3 s
+    phases.end(StepPhase.SAVING)
+    progress.on_save(args, state, None)
+    assert progress.eta(args, state) == pytest.approx(18.0 + 3.0)
+
+
+
+def test_a_planned_save_that_is_not_a_number_counts_nothing(monkeypatch) -> None:
+    from rlhf_cli.rank.progress import _planned_save
+
+    monkeypatch.setenv(PLANNED_SAVE_ENV, "not a number")
+    assert _planned_save() == 0.0
+    monkeypatch.setenv(PLANNED_SAVE_ENV, "0.25")
+    assert _planned_save() == 0.25
 
 
 def test_the_sync_log_shows_the_syncs_since_the_last_line() -> None:

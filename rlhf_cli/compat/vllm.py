@@ -61,6 +61,9 @@ TRL_VLLM_INTERNALS = (
              "RLOO's and GRPO's vLLM generation is timed as the step's `generation` phase "
              "(rlhf_cli/rank/phases.py): TRL calls it outside the generation context HF generation is timed in",
              "TRL's trainers generate with vLLM inside their generation context"),
+    Internal("trl.experimental.online_dpo:OnlineDPOTrainer._generate_vllm",
+             "online DPO's vLLM generation is timed as the step's `generation` phase the same way: its training step "
+             "calls it outside the generation context", "as above"),
     Internal("trl.experimental.online_dpo:OnlineDPOTrainer._move_model_to_vllm",
              "online DPO's colocated sync, replaced the same way", "as above"),
     Internal("trl.generation.vllm_client:VLLMClient.init_communicator",
@@ -288,6 +291,22 @@ def replace_trl_vllm_generate(timed: Callable[[], Any]) -> None:
             return original(self, *args, **kwargs)
 
     VLLMGeneration.generate = generate
+
+
+def replace_trl_online_dpo_generate(timed: Callable[[], Any]) -> None:
+    """Run online DPO's vLLM generation (OnlineDPOTrainer._generate_vllm, colocated or a server) inside `timed()`,
+    a context manager: its training step calls it outside the generation context HF generation is timed in. The
+    original stays `__wrapped__`."""
+    from trl.experimental.online_dpo import OnlineDPOTrainer
+
+    original = getattr(OnlineDPOTrainer._generate_vllm, "__wrapped__", OnlineDPOTrainer._generate_vllm)
+
+    @functools.wraps(original)
+    def generate_vllm(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with timed():
+            return original(self, *args, **kwargs)
+
+    OnlineDPOTrainer._generate_vllm = generate_vllm
 
 
 def replace_trl_online_dpo_server_device() -> None:

@@ -24,7 +24,15 @@ from rlhf_cli.machine.probe import free_space
 from rlhf_cli.output.files import read_json, try_write_json, write_atomic
 from rlhf_cli.output.lock import LockHeld, acquire, release
 from rlhf_cli.output.ownership import holdings, listing, record_end, record_start, remove_owned
-from rlhf_cli.output.run_dir import EXIT_PREEMPTED, RECIPE_HEADER, START_GATE, START_GATE_ENV, RunDir, signal_exit_code
+from rlhf_cli.output.run_dir import (
+    EXIT_PREEMPTED,
+    PLANNED_SAVE_ENV,
+    RECIPE_HEADER,
+    START_GATE,
+    START_GATE_ENV,
+    RunDir,
+    signal_exit_code,
+)
 from rlhf_cli.sizes import readable
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
@@ -157,6 +165,12 @@ def _missing_dirs(directory: Path) -> list[Path]:
     return missing
 
 
+def _plan_env(needs: PlanNeeds) -> dict[str, str]:
+    """What the ranks take from the plan: a save's seconds, which the progress line's ETA counts until it has
+    measured a save of its own."""
+    return {PLANNED_SAVE_ENV: f"{needs.save_seconds:.6g}"} if needs.save_seconds is not None else {}
+
+
 def _launch_held(run: ResolvedRun, verbosity: str, needs: PlanNeeds, overwrite: bool) -> Outcome:
     """`launch`, once this machine's launcher holds the output dir (or, on another machine, needs not)."""
     accelerate = dict(run.accelerate)
@@ -171,7 +185,7 @@ def _launch_held(run: ResolvedRun, verbosity: str, needs: PlanNeeds, overwrite: 
     gate_read, gate_write = os.pipe()
     # The ranks get their own process group, so a terminal's Ctrl-C reaches them once, through us.
     # torch's launcher sets one OpenMP thread per rank anyway, with a banner; keep a user's own choice.
-    env = {"OMP_NUM_THREADS": "1", **os.environ, **command.env, START_GATE_ENV: str(gate_read)}
+    env = {"OMP_NUM_THREADS": "1", **os.environ, **command.env, START_GATE_ENV: str(gate_read), **_plan_env(needs)}
     ranks = subprocess.Popen(command.argv, env=env, start_new_session=True, pass_fds=(gate_read,))
     os.close(gate_read)
     received: list[int] = []

@@ -21,6 +21,7 @@ PROBE_CUDA_MEMORY_ENV = "RLHF_PROBE_CUDA_MEMORY"  # set: each rank records its p
 PRELAUNCH_STEP_MARK = "[rlhf prelaunch] "
 START_GATE_ENV = "RLHF_START_GATE_FD"  # the launch supervisor starts no rank until it reads START_GATE from this pipe
 START_GATE = b"go"
+PLANNED_SAVE_ENV = "RLHF_PLANNED_SAVE_SECONDS"  # the plan's seconds of one save, for the ETA until a save is measured
 RUN_DIR_ENV = "RLHF_RUN_DIR"  # the shared output dir, for the launch supervisor: where it records how its ranks ended
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the ranks checkpointed and stopped; run again with --resume auto

@@ -80,13 +80,16 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Role:
-    """One model of the run: which, where from, its size, whether it is trained (and its adapter under LoRA)."""
+    """One model of the run: which, where from, its size, whether it is trained (and its adapter under LoRA), and
+    whether its ZeRO-3 shards live in host memory whatever the run offloads (a frozen model under a DeepSpeed config
+    of its own, as ms-swift's `--teacher_deepspeed zero3_offload` gives a distillation teacher)."""
 
     name: str
     path: str
     size: ModelSize
     trained: bool
     adapter: Adapter | None = None
+    offloaded: bool = False
 
 
 def trained_checkpoint_bytes(roles: list[Role], lora: bool, element_bytes: int) -> int:

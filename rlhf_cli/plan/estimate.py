@@ -43,9 +43,9 @@ def components(inputs: Inputs, candidate: Candidate) -> list[Component]:
     size_bytes = work.element_bytes
     optimizer_offloaded, params_offloaded = candidate.offload_optimizer != "none", candidate.offload_params != "none"
 
-    def shard(name: str, params: int, loading: int = 0) -> Component:
-        offloaded = params * size_bytes // hw.machines if params_offloaded else 0
-        return Component(f"{name} shard", MemoryPhase.STATIC, 0 if params_offloaded else
+    def shard(name: str, params: int, loading: int = 0, on_host: bool = params_offloaded) -> Component:
+        offloaded = params * size_bytes // hw.machines if on_host else 0
+        return Component(f"{name} shard", MemoryPhase.STATIC, 0 if on_host else
                          memory.frozen_shard(params, size_bytes, hw.total_gpus), max(offloaded, loading))
 
     rows: list[Component] = []
@@ -62,7 +62,8 @@ def components(inputs: Inputs, candidate: Candidate) -> list[Component]:
             loading = 0 if inputs.zero_init or adapter is None else 4 * params * hw.gpus_per_machine
             rows.append(shard(role.name, params if adapter else 0, loading))
         else:
-            rows.append(shard(role.name, 0 if candidate.lora and role.name == "reference" else params))
+            rows.append(shard(role.name, 0 if candidate.lora and role.name == "reference" else params,
+                              on_host=params_offloaded or role.offloaded))
     rows.append(Component("CUDA + buffers", MemoryPhase.STATIC, memory.CONTEXT_ALLOWANCE))
     trained = [role for role in inputs.roles if role.trained]
     adapters = [role.adapter for role in trained if role.adapter] if candidate.lora else []

@@ -7,9 +7,9 @@ A count times the seconds of one small module call from Python (`Rates.call`: me
 `rlhf doctor --calibrate`, else assumed, rlhf_cli/plan/rates.py) is the seconds. The counts were measured with
 transformers 5's llama on CPU, one thread, against a tiny nn.Linear's call in the same process: a 2-layer and a
 6-layer model, HF generate of 12 and 24 tokens at batch 2, a forward, a forward and backward. The per-step and
-per-call counts of a run's own machinery (TRL's generation context and ZeRO-3's gathering around `generate`, the
-trainer's per-step work, DeepSpeed's step, a save) were fitted to the smoke recipes' measured phases
-(benchmarks/plan_vs_measured.py). No torch.
+per-call counts of a run's own machinery (TRL's generation context and ZeRO-3's gathering around `generate`, a
+gather budget's walk, ZeRO-3's hooks on modules it keeps whole, the trainer's per-step work, DeepSpeed's step, a
+save) were fitted to the smoke recipes' measured phases on a quiet machine (benchmarks/plan_vs_measured.py). No torch.
 """
 
 from __future__ import annotations
@@ -21,10 +21,15 @@ DECODE_TOKEN_CALLS = 100  # per generated token outside the layers: embedding, n
 FORWARD_LAYER_CALLS = 55  # one decoder layer in a forward over a batch
 FORWARD_CALLS = 70  # a forward outside the layers: embedding, masks, rotary tables, norm, head, the loss
 BACKWARD_CALLS_PER_FORWARD = 2  # autograd's calls in a backward, per call of its forward (measured 1.7 to 1.8)
-# Fitted to the smoke recipes (2 ranks, 2-layer models, gloo) with this machine's call measured at the same time:
-GENERATE_CALLS = 13_000  # per generate call: TRL's generation context, ZeRO-3 gathering the policy and its hooks
-STEP_CALLS = 8000  # per optimizer step: the trainer's rewards, advantages and logged metrics, DeepSpeed's step
-SAVE_CALLS = 20_000  # per save, besides its bytes: the files written, the trainer's state, the ranks' barriers
+# Fitted to the medians of the smoke recipes' measured phases in 5 interleaved rounds on a quiet 2-core machine
+# (2 ranks, 2-layer models, gloo; benchmarks/results/plan_vs_measured.md), with its call measured at 6.48 us:
+GENERATE_CALLS = 4800  # per generate call: TRL's generation context, ZeRO-3 gathering the policy and its hooks
+STEP_CALLS = 10_300  # per optimizer step: the trainer's rewards, advantages and logged metrics, DeepSpeed's step
+SAVE_CALLS = 10_700  # per save, besides its bytes: the files written, the trainer's state, the ranks' barriers
+BUDGET_MODULE_CALLS = 140  # per module of the policy per generate call under a gather budget (its units' walk)
+# per module run under ZeRO-3's hooks with nothing to fetch (its parameters below the persistence threshold, kept
+# whole): the hooks' bookkeeping, the trace; fitted to no-gather's generation, whose 2-layer policy fetches nothing
+ZERO3_HOOK_CALLS = 21  # per module run under ZeRO-3's hooks with nothing to fetch (parameters kept whole)
 
 
 def decode_token(model: ModelSize) -> int:

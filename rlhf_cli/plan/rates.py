@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhf_cli.machine.gpus import COLLECTIVE_EFFICIENCY, Gpu
+from rlhf_cli.plan import fixed_costs
 from rlhf_cli.plan.model_sizes import ModelSize
 
 # Dense forward/backward under ZeRO-3 with transformers' models: Megatron-LM reaches 41-52% of peak on A100s
@@ -21,6 +22,8 @@ ZERO3_MODULE_OVERHEAD = 0.15e-3
 # 5 us, so that a llama layer's calls in a decode step (rlhf_cli/plan/fixed_costs.py) cost the 0.3 ms that keeps HF
 # generate near 30-40 tokens/s for a 7B model at batch 1 on an A100; `rlhf doctor --calibrate` measures it
 CALL_LATENCY = 5e-6
+# DeepSpeed's stage3_param_persistence_threshold default: a parameter of fewer elements stays whole on every rank
+PERSISTENCE_THRESHOLD = 100_000
 MODULES_PER_LAYER = 13  # a llama decoder layer: 9 modules with parameters, 4 without (for models without units)
 
 
@@ -64,6 +67,15 @@ class Rates:
     def calls(self, count: float) -> float:
         """Seconds of `count` small module calls' fixed cost."""
         return count * self.call
+
+    def per_module(self, model: ModelSize, persistence: int | None) -> float:
+        """Seconds ZeRO-3 adds to each module of `model` it runs under its hooks: a fetch (the hooks, an
+        all-gather's launch, the release) when its parameters are partitioned; only the hooks' bookkeeping when
+        even the largest module's parameters are below the persistence threshold (`persistence`, None: DeepSpeed's
+        default), which keeps them whole on every rank and fetches nothing."""
+        if model.largest_layer < (persistence if persistence is not None else PERSISTENCE_THRESHOLD):
+            return self.calls(fixed_costs.ZERO3_HOOK_CALLS)
+        return self.module_overhead
 
 
 def forward_flops(model: ModelSize, sequences: float, length: int) -> float:

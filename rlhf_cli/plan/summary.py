@@ -47,7 +47,8 @@ def time_lines(plan: Plan) -> list[str]:
         return []
     gpu = plan.hardware.gpu
     if gpu is None:
-        return [f"time: no GPU known ({plan.hardware.gpu_source}); pass --gpu NAME or --hardware FILE for seconds "
+        return [f"time: no GPU known ({plan.hardware.gpu_source}) and this machine not calibrated; run "
+                "`rlhf doctor --calibrate` (about 10 s, remembered) or pass --gpu NAME or --hardware FILE for seconds "
                 "per step"]
     memory_bytes = plan.hardware.gpu_memory
     lines = [f"time: {gpu.name} ({plan.hardware.gpu_source}; {gpu.interconnect} "

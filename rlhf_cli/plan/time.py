@@ -22,13 +22,15 @@ modelled).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import StepWork
 from rlhf_cli.generation.budget import bought_total
 from rlhf_cli.machine.gpus import Gpu
 from rlhf_cli.phases import Phase
 from rlhf_cli.plan import fixed_costs, memory
-from rlhf_cli.plan.columns import Candidate
+from rlhf_cli.plan.columns import Candidate, Plan
 from rlhf_cli.plan.engines import plan_room
 from rlhf_cli.plan.inputs import Inputs
 from rlhf_cli.plan.model_sizes import ModelSize
@@ -80,12 +82,25 @@ def generation_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step:
                 rates.matmul(forward_flops(policy, batch, 1))) + rates.calls(fixed_costs.decode_token(policy))
     gathered, gathered_modules = _gathered(inputs, candidate)
     rest = policy.params - gathered
-    once = rates.fetch(gathered * b)
+    once = rates.fetch(gathered * b) + _budget_seconds(inputs, candidate, rates)
     rest_modules = modules(policy) - gathered_modules
     per_pass = rates.fetch(rest * b)
-    fetch = rest_modules * rates.module_overhead
+    fetch = rest_modules * rates.per_module(policy, persistence(inputs))
     passes = max(prefill, per_pass) + fetch + c * (max(token, per_pass) + fetch)
     return calls * (once + passes + rates.calls(fixed_costs.forward(policy) + fixed_costs.GENERATE_CALLS))
+
+
+def _budget_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
+    """A gather budget's own work per generate call: the policy's units found and chosen (a walk over its modules
+    and parameters), the chosen ones' hooks taken off and registered again."""
+    if candidate.generation.gather.budget is None:
+        return 0.0
+    return rates.calls(fixed_costs.BUDGET_MODULE_CALLS * modules(inputs.roles[0].size))
+
+
+def persistence(inputs: Inputs) -> int | None:
+    """The run's stage3_param_persistence_threshold (None: DeepSpeed's default)."""
+    return inputs.value("stage3_param_persistence_threshold")
 
 
 def _gathered(inputs: Inputs, candidate: Candidate) -> tuple[int, int]:
@@ -98,15 +113,16 @@ def _gathered(inputs: Inputs, candidate: Candidate) -> tuple[int, int]:
 
 def scoring_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: StepWork) -> float:
     """No-grad forwards over the generated sequences: the reference (the policy with adapters off under LoRA), the
-    reward and value models, and the policy's old log-probs when the trainer takes them."""
+    reward and value models, and the policy's old log-probs when the trainer takes them. A model offloaded on its
+    own fetches its shards from host memory for every forward, as the run's parameter offload does."""
     work = inputs.work
     old = step.scores_old_logprobs(candidate.engine_settings is not None)
-    models = [role.size for role in inputs.roles if role.name != "policy"]
-    models += [inputs.roles[0].size] if old else []
+    scored = [role for role in inputs.roles if role.name != "policy"] + ([inputs.roles[0]] if old else [])
     length = work.prompt_length + work.completion_length
     micro_batches = step.generated / work.score_batch
-    return sum(micro_batches * _forward_pass(inputs, model, work.score_batch, length, rates)
-               for model in models)
+    return sum(micro_batches * _forward_pass(inputs, role.size, work.score_batch, length,
+                                             replace(rates, params_offloaded=True) if role.offloaded else rates)
+               for role in scored)
 
 
 def _forward_pass(inputs: Inputs, model: ModelSize, batch: int, length: int,
@@ -114,7 +130,8 @@ def _forward_pass(inputs: Inputs, model: ModelSize, batch: int, length: int,
     """One ZeRO-3 forward: compute overlapped with gathering every module, plus each module's fetch overhead."""
     b = inputs.work.element_bytes
     gather = rates.fetch(model.params * b)
-    return (max(rates.matmul(forward_flops(model, batch, length)), gather) + modules(model) * rates.module_overhead
+    return (max(rates.matmul(forward_flops(model, batch, length)), gather)
+            + modules(model) * rates.per_module(model, persistence(inputs))
             + rates.calls(fixed_costs.forward(model)))
 
 
@@ -134,7 +151,8 @@ def training_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: S
         flops = base * forward + (6 * adapter * work.train_batch * work.train_sequence if adapter else 0)
         gradients = (adapter if adapter is not None else model.params) * b
         comm = 2 * rates.fetch(model.params * b) + rates.all_gather(gradients)
-        seconds += micro_batches * (max(rates.matmul(flops), comm) + 2 * modules(model) * rates.module_overhead
+        seconds += micro_batches * (max(rates.matmul(flops), comm)
+                                    + 2 * modules(model) * rates.per_module(model, persistence(inputs))
                                     + rates.calls(fixed_costs.forward_backward(model)))
     return seconds
 
@@ -173,3 +191,14 @@ def saving_seconds(inputs: Inputs, checkpoint_bytes: int, machines: int, per_sav
     final = inputs.roles[0].size.params * inputs.work.element_bytes
     checkpoints = steps // every if saving else 0
     return ((checkpoints * checkpoint_bytes + final) / rate + (checkpoints + 1) * per_save) / steps
+
+
+def final_save_seconds(plan: Plan) -> float | None:
+    """Seconds of the run's last save, the final model's weights (the ranks always save it): what a running job's
+    ETA counts for it until the run has measured a save of its own; None without a known GPU."""
+    hw = plan.hardware
+    if not plan.known or hw is None or hw.gpu is None or not plan.roles or plan.work is None:
+        return None
+    rates = Rates.of(hw.gpu, hw.total_gpus, hw.machines, False)
+    weights = plan.roles[0].size.params * plan.work.element_bytes
+    return weights / (DISK_BANDWIDTH * hw.machines) + rates.calls(fixed_costs.SAVE_CALLS)

@@ -91,11 +91,13 @@ def finish(trainer: Any, inputs: RankInputs, name: str, stopped_at: int | None, 
         if trainer.accelerator.is_main_process:
             write_preempted(output_dir, stopped_at, signal_name)
         status, exit_code = "preempted", EXIT_PREEMPTED
+        final_save = None
     else:
+        saving = time.monotonic()
         trainer.save_model(trainer.args.output_dir)
         trainer.save_state()  # trainer_state.json: the logged metrics of every step
-        status, exit_code = "finished", 0
-    write_summary(trainer, name, status, time.monotonic() - started, phases)
+        status, exit_code, final_save = "finished", 0, time.monotonic() - saving
+    write_summary(trainer, name, status, time.monotonic() - started, phases, final_save)
     trainer.accelerator.wait_for_everyone()
     if trainer.accelerator.is_main_process:
         remove_resharded(output_dir)

@@ -6,6 +6,7 @@ picked from the logged metrics; everything is still in trainer_state.json and th
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -13,6 +14,7 @@ from transformers import TrainerCallback
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.machine.corrections import run_seconds, saves_left
+from rlhf_cli.output.run_dir import PLANNED_SAVE_ENV
 from rlhf_cli.phases import EVERY_STEP, StepPhase
 from rlhf_cli.rank import terminal
 from rlhf_cli.rank.engines.sync_log import SYNC_LOG
@@ -34,6 +36,14 @@ def _eta_clock(seconds: float) -> str:
     return _clock(round(seconds))
 
 
+def _planned_save() -> float:
+    """Seconds of one save as the plan put them (the launcher hands them down); 0 when it did not."""
+    try:
+        return max(0.0, float(os.environ.get(PLANNED_SAVE_ENV, "")))
+    except ValueError:
+        return 0.0
+
+
 class TrainingProgress(TrainerCallback):
     """Rank 0's view of training; `live` redraws a bar, otherwise each log is one line."""
 
@@ -48,7 +58,7 @@ class TrainingProgress(TrainerCallback):
         self.started = time.monotonic()
         self.first_step = 0
         self.logged_step = 0
-        self.baseline: tuple[int, dict[str, float], float] | None = None  # after the first step: step, phases, time
+        self.marks: list[tuple[int, dict[str, float]]] = []  # (step, phases so far) at each step's end from the first
         self.saves = 0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
@@ -78,8 +88,8 @@ class TrainingProgress(TrainerCallback):
         self.progress.start()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-        if self.baseline is None:  # the first step carries the start-up (allocation, warm-up): the ETA leaves it out
-            self.baseline = (state.global_step, StepPhases.current().snapshot(), time.monotonic())
+        if not self.marks or state.global_step > self.marks[-1][0]:
+            self.marks.append((state.global_step, StepPhases.current().snapshot()))
         if self.progress is not None:
             self.progress.update(self.task, completed=state.global_step, eta=_eta_clock(self.eta(args, state)))
 
@@ -88,21 +98,30 @@ class TrainingProgress(TrainerCallback):
 
     def eta(self, args: Any, state: Any) -> float:
         """The rest of the run from its own measured phases (rlhf_cli/machine/corrections.py's model): each
-        phase's seconds per step since the first step, times the steps left, plus the saves left at the seconds
-        its saves took (none yet: not counted); a straight line through elapsed time until a second step is done."""
-        done = state.global_step - self.first_step
-        if self.baseline is None or state.global_step <= self.baseline[0]:
+        phase's seconds per step over the later half of the steps since the first (`steady_phases`), times the
+        steps left, plus the saves left, the final model's among them, at the seconds its saves took (none yet:
+        at the plan's seconds of a save, when the launcher handed them down); a straight line through elapsed time
+        until a second step is done."""
+        per_step = self.steady_phases()
+        if per_step is None:
+            done = state.global_step - self.first_step
             elapsed = time.monotonic() - self.started
             return elapsed / done * (state.max_steps - state.global_step) if done else 0.0
-        step, before, _ = self.baseline
-        now = StepPhases.current().snapshot()
-        per_step = {phase: (now[phase] - before[phase]) / (state.global_step - step)
-                    for phase in EVERY_STEP}
-        saving = now[StepPhase.SAVING] / self.saves if self.saves else 0.0
+        saving = StepPhases.current().snapshot()[StepPhase.SAVING] / self.saves if self.saves else _planned_save()
         saving_by_steps = str(getattr(args, "save_strategy", "no")).lower().endswith("steps")
         save_steps = getattr(args, "save_steps", None) if saving_by_steps else None
         left = saves_left(state.global_step, state.max_steps, int(save_steps) if save_steps else None)
         return run_seconds(per_step, state.max_steps - state.global_step, left, saving)
+
+    def steady_phases(self) -> dict[str, float] | None:
+        """Each step phase's seconds per step over the later half of the steps after the first (the first carries
+        the start-up; the next few still warm up: at step 3 of a smoke run steps 2 and 3 took a quarter more than
+        the rest), so that the rate follows the run's steady steps as they come; None before a second step."""
+        if len(self.marks) < 2:
+            return None
+        steady = len(self.marks) - 1  # steps measured after the first
+        (since, before), (step, now) = self.marks[steady // 2], self.marks[-1]
+        return {phase: (now[phase] - before[phase]) / (step - since) for phase in EVERY_STEP}
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
         metrics = self.algorithm.format_metrics(logs or {})

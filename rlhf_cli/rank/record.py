@@ -50,9 +50,10 @@ def write_rank_record(trainer: Any, phases: dict[str, Any] | None = None) -> Pat
 
 
 def write_summary(trainer: Any, algorithm: str, status: str, wall_seconds: float,
-                  phases: dict[str, Any] | None = None) -> None:
+                  phases: dict[str, Any] | None = None, final_save_seconds: float | None = None) -> None:
     """`summary.json` (rank 0): how the run ended, its pace, its step phases over every rank (the slowest rank's
-    seconds, the largest peak) and its last logged metrics. Every rank calls it: the phases are gathered."""
+    seconds, the largest peak), its final save's seconds (rank 0's; None: preempted, no final save) and its last
+    logged metrics. Every rank calls it: the phases are gathered."""
     from accelerate.utils import gather_object
 
     ranks = gather_object([phases or {}]) if trainer.accelerator.num_processes > 1 else [phases or {}]
@@ -72,6 +73,7 @@ def write_summary(trainer: Any, algorithm: str, status: str, wall_seconds: float
         "wall_seconds": round(wall_seconds, 1),  # this launch: loading, training and saving
         "steps_per_second": round((state.global_step - first_step) / wall_seconds, 4) if wall_seconds else None,
         **(merged(ranks) or {"phases": None, "memory": None}),
+        "final_save_seconds": round(final_save_seconds, 3) if final_save_seconds is not None else None,
         "weight_syncs": _sync_summary(),
         "final_metrics": {key: value for key, value in (step_logs[-1] if step_logs else {}).items()
                           if isinstance(value, (int, float))},

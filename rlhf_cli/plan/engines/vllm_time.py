@@ -20,10 +20,9 @@ from rlhf_cli.plan.rates import Rates, forward_flops, modules
 # All assumed, then checked against published step times (benchmarks/plan_published.py):
 VLLM_PREFILL_UTILISATION = 0.5  # share of peak FLOPs of vLLM's prefill (FlashAttention, fused kernels)
 VLLM_DECODE_BANDWIDTH = 0.8  # share of memory bandwidth vLLM's decode reaches with CUDA graphs
-VLLM_STEP_CALLS = 400  # small module calls' worth per decode step: scheduling and sampling (2 ms at 5 us)
-# per generate call: TRL's requests, vLLM's batch scheduled, its outputs detokenized (fitted to the smoke recipe's
-# colocated generation on CPU; 17 ms at 5 us)
-VLLM_CALL_CALLS = 3500
+# Fitted to the smoke recipe's colocated generation on CPU (the medians of 5 interleaved rounds on a quiet machine):
+VLLM_STEP_CALLS = 150  # small module calls' worth per decode step: scheduling and sampling (0.75 ms at 5 us)
+VLLM_CALL_CALLS = 1200  # per generate call: TRL's requests, vLLM's batch scheduled, its outputs detokenized
 TP_ALL_REDUCE = 20e-6  # seconds per all-reduce of a decode step's activations between tensor-parallel GPUs
 VLLM_SERVER_GPUS = 1  # the server's GPUs, as TRL's documentation's examples give it
 COLOCATED_BUCKET_OVERHEAD = 5e-3  # seconds per sync bucket: the gather's launch, vLLM's layerwise reload call
@@ -34,11 +33,12 @@ SERVER_BUCKET_OVERHEAD = 20e-3  # seconds per sync bucket to a server: its HTTP 
 TENSOR_LOAD = 0.5e-3
 SLEEP_CYCLE_OVERHEAD = 0.05  # seconds per sleep and wake: the allocator's unmap and map calls (assumed)
 # Fixed costs in small module calls (rlhf_cli/plan/fixed_costs.py), fitted to the smoke recipe's colocated syncs on
-# CPU: per tensor synced, the delta's snapshot and both sides' checksums; per self-check, vLLM's logprobs and the
-# policy's head gathered; once per run, vLLM's first generation (buffers allocated; the first self-check pays it)
-SYNC_TENSOR_CALLS = 340
-CHECK_CALLS = 30_000
-FIRST_GENERATION_CALLS = 15_000
+# CPU (the medians of 5 interleaved rounds on a quiet machine): per tensor synced, the delta's snapshot and both
+# sides' checksums; per self-check, vLLM's logprobs and the policy's head gathered; once per run, vLLM's first
+# generation (buffers allocated; the first self-check pays it)
+SYNC_TENSOR_CALLS = 136
+CHECK_CALLS = 12_000
+FIRST_GENERATION_CALLS = 6000
 
 
 def call_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
@@ -111,7 +111,8 @@ def check_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
     if not every or candidate.engine_settings is None:
         return 0.0
     policy, b = inputs.roles[0].size, inputs.work.element_bytes
-    probe = PROBE_PROMPTS * (rates.fetch(policy.params * b) + modules(policy) * rates.module_overhead
+    threshold = inputs.value("stage3_param_persistence_threshold")
+    probe = PROBE_PROMPTS * (rates.fetch(policy.params * b) + modules(policy) * rates.per_module(policy, threshold)
                              + rates.calls(fixed_costs.forward(policy)))
     probe += rates.calls(PROBE_TOKENS * VLLM_STEP_CALLS + CHECK_CALLS)
     if steps <= 0:

@@ -73,8 +73,9 @@ def hook_vllm_generation(settings: SyncSettings) -> None:
 
 
 def hook_online_dpo(settings: SyncSettings) -> None:
-    """TRL's OnlineDPOTrainer syncs its own vLLM (colocated or a server) through rlhf's weight sync, and starts
-    server mode on ranks without an accelerator (it asks for one only to set up the NCCL communicator rlhf skips)."""
+    """TRL's OnlineDPOTrainer syncs its own vLLM (colocated or a server) through rlhf's weight sync, times its vLLM
+    generation as the step's `generation` phase (as RLOO's and GRPO's), and starts server mode on ranks without an
+    accelerator (it asks for one only to set up the NCCL communicator rlhf skips)."""
 
     def sync_online_dpo(trainer: Any) -> None:  # trl OnlineDPOTrainer._move_model_to_vllm
         limit = SyncLimit.of(settings.gather, trainer.model)
@@ -85,6 +86,7 @@ def hook_online_dpo(settings: SyncSettings) -> None:
                      woke=bool(trainer.args.vllm_enable_sleep_mode))
 
     vllm_compat.replace_trl_online_dpo_sync(sync_online_dpo)
+    vllm_compat.replace_trl_online_dpo_generate(lambda: StepPhases.current().during(StepPhase.GENERATION))
     vllm_compat.replace_trl_online_dpo_server_device()
 
 
