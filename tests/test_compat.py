@@ -114,24 +114,26 @@ def test_online_dpos_vllm_generation_is_timed_as_the_steps_generation_phase(monk
     runs first (inside `_generate_vllm`) stays the `sync` phase's, the innermost open one."""
     from trl.experimental.online_dpo import OnlineDPOTrainer
 
-    from rlhf_cli.rank.phases import GENERATION, SAVING, SYNC, TRAIN, PeakMeter, StepPhases
+    from rlhf_cli.phases import StepPhase
+    from rlhf_cli.rank.phases import PeakMeter, StepPhases
 
     now = [0.0]
     phases = StepPhases(PeakMeter("rss", lambda: {}, lambda: True), clock=lambda: now[0])
 
     def generate_vllm(self, prompts, images=None):
-        with phases.during(SYNC):
+        with phases.during(StepPhase.SYNC):
             now[0] += 0.5
         now[0] += 2.0
         return prompts
 
     monkeypatch.setattr(OnlineDPOTrainer, "_generate_vllm", generate_vllm)
     monkeypatch.setattr(StepPhases, "active", phases)
-    vllm_compat.replace_trl_online_dpo_generate(lambda: StepPhases.current().during(GENERATION))
-    phases.begin(TRAIN)
+    vllm_compat.replace_trl_online_dpo_generate(lambda: StepPhases.current().during(StepPhase.GENERATION))
+    phases.begin(StepPhase.TRAIN)
     assert OnlineDPOTrainer._generate_vllm(object(), ["a prompt"]) == ["a prompt"]
     now[0] += 1.0
-    assert phases.snapshot() == {GENERATION: 2.0, SYNC: 0.5, SAVING: 0.0, TRAIN: 1.0}
+    assert phases.snapshot() == {StepPhase.GENERATION: 2.0, StepPhase.SYNC: 0.5, StepPhase.SAVING: 0.0,
+                                 StepPhase.TRAIN: 1.0}
     assert OnlineDPOTrainer._generate_vllm.__wrapped__ is generate_vllm
 
 
