@@ -14,6 +14,8 @@ import torch
 from rlhf_cli.generation.sync_buckets import PER_UNIT
 from rlhf_cli.rank.engines.delta import INDEX_BYTES, OFF_REASON, SyncMismatch, Tracker, bit_sums, group_of
 from rlhf_cli.rank.engines.sync import sync_weights
+from rlhf_cli.rank.engines.vllm.server import ServerTarget
+from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
 from rlhf_cli.rank.engines.weights import Patch, SyncLimit
 
 
@@ -22,6 +24,7 @@ class Holder:
 
     dense_reason = None
     dtype = torch.bfloat16
+    instead = "with another generator"
 
     def __init__(self) -> None:
         self.held: dict[str, torch.Tensor] = {}
@@ -114,6 +117,24 @@ def test_a_lost_patch_stops_the_sync_naming_the_parameter() -> None:
     _step(model, 0.05)
     with pytest.raises(SyncMismatch, match=r"one of layers\.0\.k_proj\.weight, layers\.0\.q_proj\.weight differs"):
         sync_weights(model, holder, SyncLimit(PER_UNIT))
+
+
+@pytest.mark.parametrize(("target", "advised", "not_advised"), [
+    (ColocatedVLLM, "or with --vllm server or without --vllm,", "--vllm colocate"),
+    (ServerTarget, "or with --vllm colocate or without --vllm,", "--vllm server"),
+], ids=["colocated", "server"])
+def test_a_mismatch_advises_dense_syncs_or_another_generator_than_the_one_that_failed(
+        target: type, advised: str, not_advised: str) -> None:
+    model, holder = Policy(), Holder()
+    holder.instead = target.instead
+    sync_weights(model, holder, SyncLimit(PER_UNIT))
+    _step(model, 0.05)
+    holder.lose = "layers.1.o_proj.weight"
+    with pytest.raises(SyncMismatch) as failed:
+        sync_weights(model, holder, SyncLimit(PER_UNIT))
+    message = str(failed.value)
+    assert "Run with --set weight_sync_delta=false (dense syncs), " + advised in message, message
+    assert not_advised not in message and "\n" not in message
 
 
 def test_a_partition_that_changed_too_much_goes_whole_and_a_refused_patch_turns_dense() -> None:

@@ -197,8 +197,9 @@ class Tracker:
                 suspects = _suspects(sums, held.get(group, {}).get("members", {}), patched)
                 raise SyncMismatch(
                     f"after weight sync {self.syncs + 1}, the generator's {suspects} differs from the policy's (bit "
-                    "checksums of the patched weights): a patch was lost or misapplied. Run with --vllm server or "
-                    "without --vllm until this is fixed, and report it with the model's config.json")
+                    "checksums of the patched weights): a patch was lost or misapplied. Run with --set "
+                    f"weight_sync_delta=false (dense syncs), or {target.instead}, until this is fixed, and report "
+                    "it with the model's config.json")
         return len(expected) - len(self.unverified & set(expected))
 
 
