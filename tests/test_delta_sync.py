@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rlhf_cli.generation.sync_buckets import PER_UNIT
-from rlhf_cli.rank.engines.delta import INDEX_BYTES, OFF_REASON, SyncMismatch, Tracker, bit_sums, group_of
+from rlhf_cli.rank.engines.delta import INDEX_BYTES, OFF_REASON, SyncMismatch, bit_sums, group_of
 from rlhf_cli.rank.engines.sync import sync_weights
 from rlhf_cli.rank.engines.vllm.server import ServerTarget
 from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
@@ -163,16 +163,24 @@ def test_a_float32_generator_is_synced_whole_and_says_why() -> None:
     assert record["mode"] == "dense" and "float32" in record["dense_reason"]
 
 
-def test_with_the_delta_turned_off_every_sync_is_dense_checked_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`weight_sync_delta: false`: a bf16 generator gets the whole policy at every sync, still checked bit for bit."""
-    monkeypatch.setattr(Tracker, "delta_off", True)
+def test_with_the_delta_turned_off_every_sync_is_dense_checked_and_says_why() -> None:
+    """`weight_sync_delta: false`: a bf16 generator gets the whole policy at every sync, still checked bit for bit;
+    another policy's syncs in the same process keep their deltas (the switch is the sync's, not the process's)."""
     model, holder = Policy(), Holder()
-    sync_weights(model, holder, SyncLimit(PER_UNIT))
+    other, beside = Policy(), Holder()
+    sync_weights(model, holder, SyncLimit(PER_UNIT), delta=False)
+    sync_weights(other, beside, SyncLimit(PER_UNIT))
     _step(model, 0.02)
-    record = sync_weights(model, holder, SyncLimit(PER_UNIT))
+    _step(other, 0.02)
+    record = sync_weights(model, holder, SyncLimit(PER_UNIT), delta=False)
     assert record["mode"] == "dense" and record["dense_reason"] == OFF_REASON and not holder.patches
     assert record["bytes_sent"] == record["dense_bytes"] and record["groups_verified"] == 3
     assert all(torch.equal(holder.held[n], p.detach().flatten()) for n, p in model.named_parameters())
+    assert sync_weights(other, beside, SyncLimit(PER_UNIT))["mode"] == "sparse"
+    turned_on = sync_weights(model, holder, SyncLimit(PER_UNIT))  # no snapshot was kept: dense once more
+    assert turned_on["mode"] == "dense" and turned_on["dense_reason"].startswith("first sync")
+    _step(model, 0.02)
+    assert sync_weights(model, holder, SyncLimit(PER_UNIT))["mode"] == "sparse"
 
 
 def test_checksums_do_not_depend_on_layout_and_groups_are_modules() -> None:
