@@ -103,9 +103,8 @@ class Tracker:
             sent = sum(full_numel(p) * p.element_size() for p in unique_params(model) if id(p) in sent_names(model))
             return {"mode": "dense", "dense_reason": reason, "bytes_sent": sent, "dense_bytes": sent,
                     "changed_share": None, "groups_verified": 0, "groups_unverified": []}
-        self.snapshot = None if not self.delta else {  # no delta follows: no snapshot to pay for
-            key: value.to(self.dtype, copy=True).cpu() for _, slices in bucket_slices(model, limit)
-            for key, (_, value) in slices.items()}
+        self.snapshot = {key: value.to(self.dtype, copy=True).cpu() for _, slices in bucket_slices(model, limit)
+                         for key, (_, value) in slices.items()} if self.delta else None  # no delta: nothing to keep
         expected = self._expected(model)
         found = _group(target.checksums())
         self.unverified = {group for group, sums in _group(expected).items()
