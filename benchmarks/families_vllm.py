@@ -1,14 +1,15 @@
-"""Families the launched tests never train, with `--vllm colocate` under every gather choice: each trains 2 steps of
-GRPO (2 CPU processes under ZeRO-3, its weights synced into vLLM after each update) or is refused before launch
-with the reason; a run that crashes is a bug.
+"""Model families with `--vllm colocate` under every gather choice, most of which no launched vLLM test trains: each
+trains 2 steps of GRPO (2 CPU processes under ZeRO-3, its weights synced into vLLM after each update) or is refused
+before launch with the reason; a run that crashes is a bug.
 
 Each family is a tiny random-weight stand-in of its public `config.json` (tests/families/build.py, with the heads
 vLLM's CPU attention runs), trained by `rlhf grpo -r recipes/grpo/smoke.yaml --model DIR --vllm colocate` (the
 smoke reward model scores the decoded completions: not every family has a sequence-classification class), in bf16
 by default (a bf16 generator lets the syncs after the first go sparse), under `--gather`, `--gather-budget 0.5`
 and `--no-gather`. What a run records is read back (`vllm_sync` in ranks/rank-N.json): per sync dense or sparse
-and the bytes sent, and the logprob self-check's largest difference. A run refused before launch exits 2 with one
-`Error:` line, which the table quotes. Needs vLLM (its CPU build: VLLM_CPU_KVCACHE_SPACE=1):
+and the bytes sent, and the logprob self-check's largest difference (over its checks after the first sync and
+the first update). A run refused before launch exits 2 with one `Error:` line, which the table quotes. Needs vLLM
+(its CPU build: VLLM_CPU_KVCACHE_SPACE=1):
 
     python benchmarks/families_vllm.py [--families granite olmo2 ...] [--gathers gather budget no-gather]
         [--dtype bf16|fp32] [--learning-rate 1e-6] [--fresh] [--report-only] [--out benchmarks/results]
@@ -128,11 +129,12 @@ def report(work: Path, out: Path, dtype: str, rate: str) -> None:
     found.sort(key=lambda item: (order.index(item[0].family), list(GATHERS).index(item[0].gather)))
     rows = [row(outcome, run) for outcome, run in found]
     title = (f"GRPO, 2 steps, --vllm colocate, {dtype}, learning rate {rate}, 2 CPU processes under ZeRO-3, on "
-             "stand-ins of families the launched tests never train")
+             "stand-ins of real families (tests/families/build.py)")
     print_table(title, COLUMNS, rows)
     note = ("A sync's bytes are all ranks' together, from rank 0's record (the first sync is dense; in bf16 a later "
             "one sends only what changed, a partition of which too much changed whole). The self-check compares "
-            "vLLM's logprobs with the policy's on a probe after the first sync.")
+            "vLLM's logprobs with the policy's on a probe after the first sync and the first update: its largest "
+            "difference over both, on both ranks.")
     write_markdown(out / "families_vllm.md", f"# {title}\n\n{markdown_table(COLUMNS, rows)}\n{note}\n")
 
 
