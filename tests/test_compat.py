@@ -34,7 +34,8 @@ def test_vllm_internal_is_where_rlhf_expects_it(internal: compat.Internal) -> No
 
 def test_trls_vllm_syncs_through_rlhf_colocated_and_served(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """Colocated, the weights go into the rank's vLLM; served, into the run's weight directory, with the client TRL
-    built (rank 0's), and TRL's NCCL communicator is never set up."""
+    built (rank 0's), and TRL's NCCL communicator is never set up; the recipe's `weight_sync_delta` reaches every
+    sync."""
     import torch
     from trl.experimental.online_dpo import OnlineDPOTrainer
     from trl.generation.vllm_client import VLLMClient
@@ -59,11 +60,11 @@ def test_trls_vllm_syncs_through_rlhf_colocated_and_served(monkeypatch: pytest.M
     monkeypatch.setattr(vllm_compat, "replace_trl_vllm_engine", lambda factory: None)  # TRL imports LLM only with vLLM
     synced = []
     monkeypatch.setattr(vllm_sync.ColocatedVLLM, "of", lambda llm, check: (llm, check))
-    monkeypatch.setattr(vllm_sync, "sync_weights", lambda model, target, limit, woke=False: synced.append(
-        (model, target, limit)))
+    monkeypatch.setattr(vllm_sync, "sync_weights", lambda model, target, limit, woke=False, delta=True: synced.append(
+        (model, target, limit, delta)))
     for hook in sorted({entry.sync_hooks["vllm"] for entry in ALGORITHMS.values()}):  # each trainer's sync replaced
         vllm_sync.install_vllm(Gather.shards, dtype="float32", seed=0, check="the check", output_dir=str(tmp_path),
-                               sync_hook=hook)
+                               sync_hook=hook, delta=False)
     assert VLLMGeneration.sync_weights.__wrapped__ is originals[0]
     assert OnlineDPOTrainer._move_model_to_vllm.__wrapped__ is originals[1]
     assert VLLMClient.init_communicator.__wrapped__ is originals[2]
@@ -82,6 +83,7 @@ def test_trls_vllm_syncs_through_rlhf_colocated_and_served(monkeypatch: pytest.M
     assert target.weight_dir == tmp_path / "vllm-weights" and served.vllm_client.rlhf_server_target is target
     VLLMGeneration.sync_weights(served)
     assert synced[2][1] is target  # one target a generator: it counts the syncs it sent
+    assert [delta for *_, delta in synced] == [False] * 3  # dense syncs, colocated and served
 
 
 def test_trls_vllm_generation_is_timed_as_the_steps_generation_phase(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from rlhf_cli.generation.sync_buckets import PER_UNIT
-from rlhf_cli.rank.engines.delta import INDEX_BYTES, OFF_REASON, SyncMismatch, Tracker, bit_sums, group_of
+from rlhf_cli.rank.engines.delta import INDEX_BYTES, OFF_REASON, SyncMismatch, bit_sums, group_of
 from rlhf_cli.rank.engines.sync import sync_weights
+from rlhf_cli.rank.engines.vllm.server import ServerTarget
+from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
 from rlhf_cli.rank.engines.weights import Patch, SyncLimit
 
 
@@ -22,6 +24,7 @@ class Holder:
 
     dense_reason = None
     dtype = torch.bfloat16
+    instead = "with another generator"
 
     def __init__(self) -> None:
         self.held: dict[str, torch.Tensor] = {}
@@ -116,6 +119,24 @@ def test_a_lost_patch_stops_the_sync_naming_the_parameter() -> None:
         sync_weights(model, holder, SyncLimit(PER_UNIT))
 
 
+@pytest.mark.parametrize(("target", "advised", "not_advised"), [
+    (ColocatedVLLM, "or with --vllm server or without --vllm,", "--vllm colocate"),
+    (ServerTarget, "or with --vllm colocate or without --vllm,", "--vllm server"),
+], ids=["colocated", "server"])
+def test_a_mismatch_advises_dense_syncs_or_another_generator_than_the_one_that_failed(
+        target: type, advised: str, not_advised: str) -> None:
+    model, holder = Policy(), Holder()
+    holder.instead = target.instead
+    sync_weights(model, holder, SyncLimit(PER_UNIT))
+    _step(model, 0.05)
+    holder.lose = "layers.1.o_proj.weight"
+    with pytest.raises(SyncMismatch) as failed:
+        sync_weights(model, holder, SyncLimit(PER_UNIT))
+    message = str(failed.value)
+    assert "Run with --set weight_sync_delta=false (dense syncs), " + advised in message, message
+    assert not_advised not in message and "\n" not in message
+
+
 def test_a_partition_that_changed_too_much_goes_whole_and_a_refused_patch_turns_dense() -> None:
     model, holder = Policy(), Holder()
     sync_weights(model, holder, SyncLimit(PER_UNIT))
@@ -142,16 +163,24 @@ def test_a_float32_generator_is_synced_whole_and_says_why() -> None:
     assert record["mode"] == "dense" and "float32" in record["dense_reason"]
 
 
-def test_with_the_delta_turned_off_every_sync_is_dense_checked_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`weight_sync_delta: false`: a bf16 generator gets the whole policy at every sync, still checked bit for bit."""
-    monkeypatch.setattr(Tracker, "delta_off", True)
+def test_with_the_delta_turned_off_every_sync_is_dense_checked_and_says_why() -> None:
+    """`weight_sync_delta: false`: a bf16 generator gets the whole policy at every sync, still checked bit for bit;
+    another policy's syncs in the same process keep their deltas (the switch is the sync's, not the process's)."""
     model, holder = Policy(), Holder()
-    sync_weights(model, holder, SyncLimit(PER_UNIT))
+    other, beside = Policy(), Holder()
+    sync_weights(model, holder, SyncLimit(PER_UNIT), delta=False)
+    sync_weights(other, beside, SyncLimit(PER_UNIT))
     _step(model, 0.02)
-    record = sync_weights(model, holder, SyncLimit(PER_UNIT))
+    _step(other, 0.02)
+    record = sync_weights(model, holder, SyncLimit(PER_UNIT), delta=False)
     assert record["mode"] == "dense" and record["dense_reason"] == OFF_REASON and not holder.patches
     assert record["bytes_sent"] == record["dense_bytes"] and record["groups_verified"] == 3
     assert all(torch.equal(holder.held[n], p.detach().flatten()) for n, p in model.named_parameters())
+    assert sync_weights(other, beside, SyncLimit(PER_UNIT))["mode"] == "sparse"
+    turned_on = sync_weights(model, holder, SyncLimit(PER_UNIT))  # no snapshot was kept: dense once more
+    assert turned_on["mode"] == "dense" and turned_on["dense_reason"].startswith("first sync")
+    _step(model, 0.02)
+    assert sync_weights(model, holder, SyncLimit(PER_UNIT))["mode"] == "sparse"
 
 
 def test_checksums_do_not_depend_on_layout_and_groups_are_modules() -> None:

@@ -147,3 +147,27 @@ def test_vllm_serve_checks_its_own_port_and_host_before_starting_vllm(cli, monke
     finally:
         busy.close()
     assert started == []
+
+
+@pytest.mark.parametrize("delta", [True, False])
+def test_ppo_syncs_its_vllm_as_weight_sync_delta_says(delta: bool, monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    """PPO's rollouts reach the weight sync outside TRL's hooks: the recipe's `weight_sync_delta` goes with them."""
+    from types import SimpleNamespace
+
+    from rlhf_cli.generation.choice import Engine, Gather, Generation
+    from rlhf_cli.rank.engines.vllm import ppo_rollouts
+    from rlhf_cli.rank.ppo.rollouts import rollouts_for
+
+    synced = []
+    monkeypatch.setattr(ppo_rollouts, "sync_weights", lambda model, target, limit, woke=False, delta=True: (
+        synced.append((target, delta)) or {"seconds": 0.0, "peak_bytes": 0}))
+    args = SimpleNamespace(output_dir=str(tmp_path), response_length=4, temperature=0.7, vllm_enable_sleep_mode=False)
+    trainer = SimpleNamespace(args=args, accelerator=SimpleNamespace(is_main_process=False,
+                                                                    wait_for_everyone=lambda: None),
+                              policy_and_value=SimpleNamespace(policy=torch.nn.Linear(2, 2)),
+                              processing_class=SimpleNamespace(pad_token_id=PAD), stop_token_id=None)
+    rollouts = rollouts_for(trainer, Generation(Gather.whole, Engine.server), 0, delta)
+    rollouts.start(resumed=False)  # a server gets this run's weights before its first rollout
+    rollouts.sync()
+    assert [(target is rollouts.server, sent) for target, sent in synced] == [(True, delta)] * 2

@@ -210,6 +210,7 @@ def test_a_delta_sync_sends_what_changed_and_a_lost_patch_stops_the_sync() -> No
     assert result["dropped"] == ["model.layers.1.mlp.down_proj.weight"]
     assert result["lost"].startswith("after weight sync 2, the generator's model.layers.1.mlp.down_proj.weight "
                                      "differs from the policy's") and "\n" not in result["lost"]
+    assert "or with --vllm server or without --vllm," in result["lost"]  # the other generator than the one that failed
     server = result["server"]  # the server's transport: patch files applied by its worker, checked by checksums
     assert server["first"]["mode"] == "dense" and server["first"]["groups_verified"] == first["groups_verified"]
     assert server["delta"]["mode"] == "sparse" and 0 < server["delta"]["bytes_sent"] < server["delta"]["dense_bytes"]
@@ -217,6 +218,7 @@ def test_a_delta_sync_sends_what_changed_and_a_lost_patch_stops_the_sync() -> No
     assert server["version_kept"] and server["checksums_equal"]
     assert server["lost"].startswith("after weight sync 3, the generator's model.layers.0.mlp.down_proj.weight "
                                      "differs"), server
+    assert "or with --vllm colocate or without --vllm," in server["lost"]
     assert server["version_after_lost"] == [None]  # a broken sync leaves no run's version: no generation from it
     lora = result["lora"]  # the adapters trained a step: only q, v and up of each layer are patched
     assert lora["first"]["mode"] == "dense" and lora["delta"]["mode"] == "sparse", lora

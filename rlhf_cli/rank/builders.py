@@ -141,4 +141,5 @@ def build_ppo(inputs: RankInputs) -> Any:
                       value_model=value, reward_model=reward, reward_funcs=reward_functions(inputs),
                       train_dataset=_tokenize_prompts(train, tokenizer),
                       generation=inputs.generation(),
-                      sync_check_steps=inputs.launch_value(SYNC_CHECK_KEY))
+                      sync_check_steps=inputs.launch_value(SYNC_CHECK_KEY),
+                      sync_delta=inputs.launch_value("weight_sync_delta"))

@@ -192,6 +192,38 @@ def smollm3(tokenizer: Any) -> Any:
         pad_token_id=_id(tokenizer, "<|finetune_right_pad_id|>"), architectures=["SmolLM3ForCausalLM"])
 
 
+def cohere(tokenizer: Any) -> Any:
+    from transformers import CohereConfig
+
+    # CohereForAI/c4ai-command-r-08-2024: parallel attention and MLP on one LayerNorm, logits scaled by 1/16, tied
+    return CohereConfig(
+        vocab_size=_rows(tokenizer, False), **SIZE, num_key_value_heads=2, hidden_act="silu",
+        max_position_embeddings=131072, layer_norm_eps=1e-5, rope_parameters={"rope_type": "default",
+                                                                               "rope_theta": 4000000.0},
+        logit_scale=0.0625, use_qk_norm=False, tie_word_embeddings=True, attention_bias=False, attention_dropout=0.0,
+        bos_token_id=_id(tokenizer, "<BOS_TOKEN>"), eos_token_id=_id(tokenizer, "<|END_OF_TURN_TOKEN|>"),
+        pad_token_id=_id(tokenizer, "<PAD>"), architectures=["CohereForCausalLM"])
+
+
+def stablelm(tokenizer: Any) -> Any:
+    from transformers import StableLmConfig
+
+    # stabilityai/stablelm-2-1_6b: LayerNorm, q/k/v biases, rotary on a quarter of each head, spare embedding rows
+    end = _id(tokenizer, "<|endoftext|>")
+    return StableLmConfig(
+        vocab_size=_rows(tokenizer, True), **SIZE, num_key_value_heads=4, hidden_act="silu",
+        max_position_embeddings=4096, layer_norm_eps=1e-5, use_qkv_bias=True, qk_layernorm=False,
+        use_parallel_residual=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                      "partial_rotary_factor": 0.25},
+        tie_word_embeddings=False, hidden_dropout=0.0, attention_dropout=0.0, bos_token_id=end, eos_token_id=end,
+        architectures=["StableLmForCausalLM"])
+
+
+COHERE_TEMPLATE = (
+    "{{ bos_token }}{%- for message in messages %}{{- '<|START_OF_TURN_TOKEN|>' + ('<|USER_TOKEN|>' if "
+    "message['role'] == 'user' else '<|CHATBOT_TOKEN|>' if message['role'] == 'assistant' else '<|SYSTEM_TOKEN|>') + "
+    "message['content'] + '<|END_OF_TURN_TOKEN|>' }}{%- endfor %}{%- if add_generation_prompt %}"
+    "{{- '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}{%- endif %}")
 GRANITE_TEMPLATE = (
     "{%- for message in messages %}{{- '<|start_of_role|>' + message['role'] + '<|end_of_role|>' + "
     "message['content'] + '<|end_of_text|>\n' }}{%- endfor %}{%- if add_generation_prompt %}"
@@ -232,8 +264,9 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (
            eos="<eos>", pad="<pad>", unk="<unk>", adds_bos=True, chat_template=GEMMA_TEMPLATE,
            generation={"bos_token_id": "<bos>", "eos_token_id": "<eos>", "pad_token_id": "<pad>"}),
 )}
-# Families the vLLM sync's fidelity is checked on (tests/test_vllm_sync.py), outside the launched conformance matrix:
-# a head scaled by `logits_scaling` (Granite), and two that vLLM 0.30 serves through its Transformers backend.
+# Families the vLLM sync's fidelity is checked on (tests/test_vllm_sync.py, benchmarks/families_vllm.py), outside the
+# launched conformance matrix: heads scaled by `logits_scaling` (Granite) and `logit_scale` (Cohere), two that vLLM
+# 0.30 serves through its Transformers backend, and partial rotary with LayerNorm and q/k/v biases (StableLM).
 VLLM_FAMILIES: dict[str, Family] = {family.name: family for family in (
     Family("granite", "granite", "ibm-granite/granite-3.1-2b-instruct", granite, specials_first=GRANITE_SPECIALS,
            specials_last=["<|start_of_role|>", "<|end_of_role|>", "<|tool_call|>"], bos="<|end_of_text|>",
@@ -250,6 +283,18 @@ VLLM_FAMILIES: dict[str, Family] = {family.name: family for family in (
            chat_template=CHATML_TEMPLATE,
            generation={"eos_token_id": "<|im_end|>", "pad_token_id": "<|finetune_right_pad_id|>",
                        "do_sample": True, "temperature": 0.6, "top_p": 0.95}),
+    Family("cohere", "cohere", "CohereForAI/c4ai-command-r-08-2024", cohere,
+           specials_first=["<PAD>", "<UNK>", "<CLS>", "<SEP>", "<MASK_TOKEN>", "<BOS_TOKEN>", "<EOS_TOKEN>",
+                           "<EOP_TOKEN>"],
+           specials_last=["<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>",
+                          "<|SYSTEM_TOKEN|>"],
+           bos="<BOS_TOKEN>", eos="<|END_OF_TURN_TOKEN|>", pad="<PAD>", unk="<UNK>", adds_bos=True,
+           chat_template=COHERE_TEMPLATE,
+           generation={"bos_token_id": "<BOS_TOKEN>", "eos_token_id": "<|END_OF_TURN_TOKEN|>",
+                       "pad_token_id": "<PAD>"}),
+    Family("stablelm", "stablelm", "stabilityai/stablelm-2-1_6b", stablelm, specials_last=["<|endoftext|>"],
+           bos="<|endoftext|>", eos="<|endoftext|>", unk="<|endoftext|>", spare_rows=True,
+           generation={"bos_token_id": "<|endoftext|>", "eos_token_id": "<|endoftext|>"}),
 )}
 EVERY_FAMILY = {**FAMILIES, **VLLM_FAMILIES}
 

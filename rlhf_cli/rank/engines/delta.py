@@ -63,7 +63,6 @@ class Tracker:
     """What this rank last sent one generator: its own partition of each parameter, in the generator's dtype."""
 
     _of: ClassVar[weakref.WeakKeyDictionary[Any, Tracker]] = weakref.WeakKeyDictionary()
-    delta_off: ClassVar[bool] = False  # the recipe's `weight_sync_delta: false`: dense syncs, for debugging
 
     def __init__(self, target: WeightTarget) -> None:
         self.dtype = target.dtype
@@ -73,13 +72,15 @@ class Tracker:
         self.lora = False  # the policy carries adapters: the generator holds it merged
         self.unmergeable: str | None = None  # why its merged weights are not base + the adapters' delta
         self.syncs = 0
+        self.delta = True  # False: the recipe's `weight_sync_delta: false`, dense syncs (for debugging)
 
     @classmethod
-    def of(cls, model: Any, target: WeightTarget) -> Tracker:
-        """The tracker of `target` (a new one for a new target)."""
+    def of(cls, model: Any, target: WeightTarget, delta: bool = True) -> Tracker:
+        """The tracker of `target` (a new one for a new target), for a sync that may be a delta (`delta`)."""
         if target not in cls._of:
             cls._of[target] = cls(target)
         tracker = cls._of[target]
+        tracker.delta = delta
         tracker.lora = hasattr(model, "peft_config")
         tracker.unmergeable = unmergeable(model) if tracker.lora else None
         return tracker
@@ -88,7 +89,7 @@ class Tracker:
         """Why the sync due now is dense, or None for a delta."""
         import torch
 
-        reasons = [(getattr(target, "dense_reason", None), True), (OFF_REASON, self.delta_off), (self.refused, True),
+        reasons = [(getattr(target, "dense_reason", None), True), (OFF_REASON, not self.delta), (self.refused, True),
                    (FLOAT32_REASON, self.dtype == torch.float32), (self.unmergeable, True),
                    (FIRST_REASON, self.snapshot is None), (WOKE_REASON, woke)]
         return next((reason for reason, applies in reasons if reason and applies), None)
@@ -102,9 +103,8 @@ class Tracker:
             sent = sum(full_numel(p) * p.element_size() for p in unique_params(model) if id(p) in sent_names(model))
             return {"mode": "dense", "dense_reason": reason, "bytes_sent": sent, "dense_bytes": sent,
                     "changed_share": None, "groups_verified": 0, "groups_unverified": []}
-        self.snapshot = None if self.delta_off else {  # no delta follows: no snapshot to pay for
-            key: value.to(self.dtype, copy=True).cpu() for _, slices in bucket_slices(model, limit)
-            for key, (_, value) in slices.items()}
+        self.snapshot = {key: value.to(self.dtype, copy=True).cpu() for _, slices in bucket_slices(model, limit)
+                         for key, (_, value) in slices.items()} if self.delta else None  # no delta: nothing to keep
         expected = self._expected(model)
         found = _group(target.checksums())
         self.unverified = {group for group, sums in _group(expected).items()
@@ -197,8 +197,9 @@ class Tracker:
                 suspects = _suspects(sums, held.get(group, {}).get("members", {}), patched)
                 raise SyncMismatch(
                     f"after weight sync {self.syncs + 1}, the generator's {suspects} differs from the policy's (bit "
-                    "checksums of the patched weights): a patch was lost or misapplied. Run with --vllm server or "
-                    "without --vllm until this is fixed, and report it with the model's config.json")
+                    "checksums of the patched weights): a patch was lost or misapplied. Run with --set "
+                    f"weight_sync_delta=false (dense syncs), or {target.instead}, until this is fixed, and report "
+                    "it with the model's config.json")
         return len(expected) - len(self.unverified & set(expected))
 
 

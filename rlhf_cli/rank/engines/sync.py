@@ -8,7 +8,7 @@ import contextlib
 import time
 from typing import Any
 
-import rlhf_cli.rank.engines.delta as delta
+import rlhf_cli.rank.engines.delta as delta_sync
 from rlhf_cli.generation.sync_buckets import buckets
 from rlhf_cli.phases import StepPhase
 from rlhf_cli.rank.engines.sync_log import SYNC_LOG
@@ -17,18 +17,20 @@ from rlhf_cli.rank.phases import PeakMeter, StepPhases
 from rlhf_cli.rank.zero3 import policy_units
 
 
-def sync_weights(model: Any, target: WeightTarget, limit: SyncLimit, woke: bool = False) -> dict[str, Any]:
+def sync_weights(model: Any, target: WeightTarget, limit: SyncLimit, woke: bool = False,
+                 delta: bool = True) -> dict[str, Any]:
     """Bring `target`'s weights to `model`'s (ZeRO-3 partitioned or not, with or without LoRA): a shard-local
     delta when the target takes patches and holds what this rank last sent it, else every weight, a bucket of
     units at a time. Every rank takes part (the sync is a collective). `woke`: the generator just woke from a
-    sleep that dropped its weights. Returns the sync's record, also added to the rank's sync log."""
+    sleep that dropped its weights; `delta` False (the recipe's `weight_sync_delta: false`): every weight at every
+    sync. Returns the sync's record, also added to the rank's sync log."""
     with StepPhases.current().during(StepPhase.SYNC):  # this step's `sync` phase (rlhf_cli/rank/phases.py)
         started = time.perf_counter()
         with PeakMeter.current().added(StepPhase.SYNC) as memory:  # the sync's own peak, and what it added
-            tracker = delta.Tracker.of(model, target)
+            tracker = delta_sync.Tracker.of(model, target, delta)
             record = None
             if tracker.dense_reason(woke, target) is None:
-                with contextlib.suppress(delta.PatchesRefused):  # every rank's generator refuses the same patch
+                with contextlib.suppress(delta_sync.PatchesRefused):  # every rank's generator refuses the same patch
                     record = tracker.send_patches(model, target, limit)
             if record is None:
                 record = _send_dense(model, target, limit)

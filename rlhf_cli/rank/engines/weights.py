@@ -49,6 +49,7 @@ class WeightTarget(Protocol):
 
     dtype: Any  # the torch dtype the generator holds its weights in
     dense_reason: str | None  # why every sync into it is dense; None when it takes patches
+    instead: str  # how else a run can generate while its patches go wrong (a mismatch's advice)
 
     def load(self, weights: Iterable[tuple[str, Any]]) -> None:
         """(checkpoint name, full tensor) pairs, every weight once; a tensor may be released after it is read."""

@@ -38,10 +38,12 @@ class Rollouts(Protocol):
         """After every update: bring the engine the policy's new weights; what to log about it."""
 
 
-def rollouts_for(trainer: PPOTrainer, generation: Generation, sync_check_steps: int) -> Rollouts:
-    """The rollouts of the run's engine, the class its registry row names."""
+def rollouts_for(trainer: PPOTrainer, generation: Generation, sync_check_steps: int,
+                 sync_delta: bool = True) -> Rollouts:
+    """The rollouts of the run's engine, the class its registry row names; an engine with weights of its own syncs
+    them as `vllm_sync_check_steps` (`sync_check_steps`) and `weight_sync_delta` (`sync_delta`) say."""
     rollouts_class = load_object(generation.engine.spec.faces[ROLLOUTS_FACE])
-    return rollouts_class.of_trainer(trainer, generation, sync_check_steps)
+    return rollouts_class.of_trainer(trainer, generation, sync_check_steps, sync_delta)
 
 
 class HFRollouts:
@@ -53,7 +55,8 @@ class HFRollouts:
         self.generation_seconds = None  # each call is timed by the GenerationClock (rlhf_cli/rank/zero3.py)
 
     @classmethod
-    def of_trainer(cls, trainer: PPOTrainer, generation: Generation, sync_check_steps: int) -> HFRollouts:
+    def of_trainer(cls, trainer: PPOTrainer, generation: Generation, sync_check_steps: int,
+                   sync_delta: bool) -> HFRollouts:
         return cls(trainer)
 
     @torch.no_grad()

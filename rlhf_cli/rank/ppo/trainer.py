@@ -36,7 +36,7 @@ class PPOTrainer(Trainer):
     def __init__(self, args: PPOConfig, processing_class: PreTrainedTokenizerBase, policy: nn.Module,
                  ref_policy: nn.Module | None, value_model: nn.Module, reward_model: nn.Module | None,
                  reward_funcs: list[Callable], train_dataset: Any, generation: Generation = GENERATE,
-                 sync_check_steps: int = 0) -> None:
+                 sync_check_steps: int = 0, sync_delta: bool = True) -> None:
         if args.stop_token is not None and args.stop_token_id is not None:
             raise ValueError(f"`stop_token` ({args.stop_token}) and `stop_token_id` ({args.stop_token_id}) are both "
                              "set; keep one")
@@ -85,7 +85,7 @@ class PPOTrainer(Trainer):
             if frozen is not None:
                 frozen.eval()
         # what samples the responses (the policy's `generate`, or an engine whose weights follow every update)
-        self.rollouts = rollouts_for(self, generation, sync_check_steps)
+        self.rollouts = rollouts_for(self, generation, sync_check_steps, sync_delta)
 
     # -- data ---------------------------------------------------------------------------------
     def _prompt_loader(self) -> DataLoader:

@@ -17,17 +17,16 @@ def install(config: Any, inputs: Any) -> None:
     directory. `config` is the trainer's config, `inputs` the rank's RankInputs."""
     from rlhf_cli.algorithms import algorithm
     from rlhf_cli.models.dtype import training_dtype
-    from rlhf_cli.rank.engines.delta import Tracker
     from rlhf_cli.rank.engines.vllm.self_check import SyncCheck
     from rlhf_cli.rank.engines.vllm.sync import install_vllm
 
     dtype = training_dtype(config.bf16, config.fp16, (config.model_init_kwargs or {}).get("dtype"),
                            inputs.model_value("model_name_or_path"))
-    Tracker.delta_off = not inputs.launch_value("weight_sync_delta")
     generation = inputs.generation()
     install_vllm(generation.gather, dtype=dtype, seed=config.seed,
                  check=SyncCheck(inputs.launch_value(SYNC_CHECK_KEY)), output_dir=config.output_dir,
-                 sync_hook=algorithm(inputs.algorithm).sync_hooks[generation.engine.name])
+                 sync_hook=algorithm(inputs.algorithm).sync_hooks[generation.engine.name],
+                 delta=inputs.launch_value("weight_sync_delta"))
 
 
 def refuse_resized_policy(policy_path: str, rows: int, now: int) -> None:

@@ -65,9 +65,10 @@ class VLLMRollouts:
     """Samples PPO's responses with vLLM and refreshes its weights after every update."""
 
     def __init__(self, args: Any, accelerator: Any, policy: nn.Module, tokenizer: Any, stop_token_id: int | None,
-                 generation: Generation, check_every: int) -> None:
+                 generation: Generation, check_every: int, delta: bool = True) -> None:
         self.args, self.accelerator, self.policy = args, accelerator, policy
         self.check = SyncCheck(check_every)  # of the colocated engine's syncs (self_check.py)
+        self.delta = delta  # `weight_sync_delta`: False sends every weight at every sync
         self.pad_token_id = tokenizer.pad_token_id
         self.limit = SyncLimit.of(generation.gather, policy)
         self.settings = sampling_settings(args.response_length, args.temperature, stop_token_id)
@@ -76,10 +77,11 @@ class VLLMRollouts:
         self.generation = self._colocated(tokenizer) if self.server is None else None
 
     @classmethod
-    def of_trainer(cls, trainer: Any, generation: Generation, sync_check_steps: int) -> VLLMRollouts:
+    def of_trainer(cls, trainer: Any, generation: Generation, sync_check_steps: int,
+                   sync_delta: bool) -> VLLMRollouts:
         """PPO's rollouts face (rlhf_cli/rank/ppo/rollouts.py), for a PPO trainer's policy and settings."""
         return cls(trainer.args, trainer.accelerator, trainer.policy_and_value.policy, trainer.processing_class,
-                   trainer.stop_token_id, generation, sync_check_steps)
+                   trainer.stop_token_id, generation, sync_check_steps, sync_delta)
 
     def _colocated(self, tokenizer: Any) -> Any:
         from trl.generation.vllm_generation import VLLMGeneration
@@ -124,7 +126,7 @@ class VLLMRollouts:
         if self.generation is not None and self.args.vllm_enable_sleep_mode:
             return {}
         target = ColocatedVLLM.of(self.generation.llm, self.check) if self.generation is not None else self.server
-        measured = sync_weights(self.policy, target, self.limit)
+        measured = sync_weights(self.policy, target, self.limit, delta=self.delta)
         checked = {"vllm/sync_check_logp_difference": measured["check_logp_difference"]} \
             if "check_logp_difference" in measured else {}
         return {"vllm/sync_seconds": measured["seconds"], "vllm/sync_peak_bytes": float(measured["peak_bytes"]),

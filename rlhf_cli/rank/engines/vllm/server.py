@@ -95,6 +95,8 @@ class ServerTarget:
     """Generation from, and weights into, the run's vLLM server: a WeightTarget
     (rlhf_cli/rank/engines/weights.py) that takes whole weights and patches, through the run's directory."""
 
+    instead = "with --vllm colocate or without --vllm"
+
     def __init__(self, client: Any | None, accelerator: Any | None, weight_dir: Path) -> None:
         """`client`: TRL's `VLLMClient` on rank 0, None on the other ranks; `accelerator` None: a client that only
         checks the version before it generates."""

@@ -24,21 +24,25 @@ from rlhf_cli.rank.phases import StepPhases
 
 @dataclass(frozen=True)
 class SyncSettings:
-    """What a trainer's replaced sync needs of the run: its gather choice, the self-check, the run's directory."""
+    """What a trainer's replaced sync needs of the run: its gather choice, the self-check, the run's directory,
+    whether a sync may be a delta."""
 
     gather: Gather  # how much of a ZeRO-3 policy one sync gathers at once
     check: Any  # a rlhf_cli/rank/engines/vllm/self_check.SyncCheck of the colocated engine's syncs
     output_dir: str  # whose weight directory a server is synced through
+    delta: bool = True  # the recipe's `weight_sync_delta`: False sends every weight at every sync
 
 
-def install_vllm(gather: Gather, dtype: str, seed: int, check: Any, output_dir: str, sync_hook: str) -> None:
+def install_vllm(gather: Gather, dtype: str, seed: int, check: Any, output_dir: str, sync_hook: str,
+                 delta: bool = True) -> None:
     """Make TRL's colocated vLLM hold the policy in `dtype`, the one the trainer holds it in (vLLM would downcast a
     float32 model to bfloat16), sample from the recipe's `seed` (plus TRL's per-rank offset), and sync through
     `sync_weights`, bucketed by the run's gather choice and checked by `check` (a
     rlhf_cli/rank/engines/vllm/self_check.SyncCheck). `sync_hook` is the algorithm's (its registry entry's
     `sync_hooks`): the `module:function` that replaces its trainer's own sync. A server is synced through
     `output_dir`'s weight directory (`server_target`); TRL's NCCL communicator is never set up, and the server's
-    weight version is checked before TRL's first generation from it."""
+    weight version is checked before TRL's first generation from it. `delta` False (`weight_sync_delta: false`):
+    every sync sends every weight."""
 
     def engine(*args: Any, **kwargs: Any) -> Any:  # trl's `LLM(...)`
         kwargs.setdefault("dtype", dtype)
@@ -46,7 +50,7 @@ def install_vllm(gather: Gather, dtype: str, seed: int, check: Any, output_dir: 
         return engine.__wrapped__(*args, **kwargs)
 
     vllm_compat.replace_trl_vllm_engine(engine)
-    load_object(sync_hook)(SyncSettings(gather, check, output_dir))
+    load_object(sync_hook)(SyncSettings(gather, check, output_dir, delta))
     vllm_compat.replace_trl_vllm_server_transport(check_server_version)
     vllm_compat.replace_trl_vllm_generate(lambda: StepPhases.current().during(StepPhase.GENERATION))
 
@@ -58,7 +62,8 @@ def hook_vllm_generation(settings: SyncSettings) -> None:
     def sync_generation(generation: Any) -> None:  # trl VLLMGeneration.sync_weights
         limit = SyncLimit.of(settings.gather, generation.model)
         if generation.mode == "server":
-            sync_weights(generation.model, server_target(generation, "vllm_client", settings.output_dir), limit)
+            sync_weights(generation.model, server_target(generation, "vllm_client", settings.output_dir), limit,
+                         delta=settings.delta)
             return None
         if generation.enable_sleep_mode:  # as TRL: the weights must be mapped before they are written
             from trl.generation.vllm_generation import empty_cache
@@ -67,7 +72,7 @@ def hook_vllm_generation(settings: SyncSettings) -> None:
             generation.llm.wake_up(tags=["weights"])
             generation._llm_weights_sleeping = False
         sync_weights(generation.model, ColocatedVLLM.of(generation.llm, settings.check), limit,
-                     woke=generation.enable_sleep_mode)
+                     woke=generation.enable_sleep_mode, delta=settings.delta)
 
     vllm_compat.replace_trl_generation_sync(sync_generation)
 
@@ -80,10 +85,11 @@ def hook_online_dpo(settings: SyncSettings) -> None:
     def sync_online_dpo(trainer: Any) -> None:  # trl OnlineDPOTrainer._move_model_to_vllm
         limit = SyncLimit.of(settings.gather, trainer.model)
         if engine_of(lambda key: getattr(trainer.args, key, None)).is_server:
-            sync_weights(trainer.model, server_target(trainer, "vllm_client", trainer.args.output_dir), limit)
+            sync_weights(trainer.model, server_target(trainer, "vllm_client", trainer.args.output_dir), limit,
+                         delta=settings.delta)
             return None
         sync_weights(trainer.model, ColocatedVLLM.of(trainer.llm, settings.check), limit,
-                     woke=bool(trainer.args.vllm_enable_sleep_mode))
+                     woke=bool(trainer.args.vllm_enable_sleep_mode), delta=settings.delta)
 
     vllm_compat.replace_trl_online_dpo_sync(sync_online_dpo)
     vllm_compat.replace_trl_online_dpo_generate(lambda: StepPhases.current().during(StepPhase.GENERATION))

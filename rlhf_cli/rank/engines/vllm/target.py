@@ -17,6 +17,7 @@ class ColocatedVLLM:
     """The `vllm.LLM` in this rank's process."""
 
     dense_reason = None  # it takes patches
+    instead = "with --vllm server or without --vllm"
 
     def __init__(self, llm: Any, check: Any | None = None) -> None:
         self.llm = llm
