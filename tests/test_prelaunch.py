@@ -319,3 +319,31 @@ def test_the_remembered_check_is_keyed_on_every_file_the_run_executes_and_the_ch
     assert key(tools=["my_pkg.tools:add"]) is None
     assert key(model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct") is None
     assert key(tools=None, environment_factory=None, model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct") is not None
+
+
+def _config(path: Path, model_type: str, architecture: str) -> str:
+    """A small config.json of `model_type` (its class's defaults for what is not said)."""
+    write(path / "config.json", json.dumps({
+        "model_type": model_type, "architectures": [architecture], "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 128}))
+    return str(path)
+
+
+def test_a_reward_or_value_model_of_a_family_with_no_sequence_classifier_is_refused(tmp_path: Path) -> None:
+    """Granite has no sequence-classification class in transformers: every rank would die loading it as a reward
+    model; a llama loads as one (with a new score head). PPO's value model starts from the policy when neither a
+    value nor a reward model is named."""
+    from rlhf_cli.rank.inputs import RankInputs
+    from rlhf_cli.rank.prelaunch_models import classifier_problems
+
+    granite = _config(tmp_path / "granite", "granite", "GraniteForCausalLM")
+    llama = _config(tmp_path / "llama", "llama", "LlamaForCausalLM")
+    (problem,) = classifier_problems(RankInputs.from_values("grpo", {"reward_model_name_or_path": granite}))
+    assert problem.startswith(f"`reward_model_name_or_path`: {granite} is a granite model, and transformers has no "
+                              "sequence-classification class for granite")
+    assert classifier_problems(RankInputs.from_values("grpo", {"reward_model_name_or_path": llama})) == []
+    ppo = {"model_name_or_path": granite, "reward_model_name_or_path": llama}
+    assert classifier_problems(RankInputs.from_values("ppo", ppo)) == []  # the value model starts from the reward's
+    (problem,) = classifier_problems(RankInputs.from_values("ppo", {"model_name_or_path": granite}))
+    assert problem.startswith(f"`value_model_name_or_path`: {granite} (the policy: PPO's value model starts from it)")
+    assert classifier_problems(RankInputs.from_values("grpo", {"reward_model_name_or_path": "org/not-here"})) == []

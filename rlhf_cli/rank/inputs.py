@@ -53,6 +53,11 @@ class RankInputs:
 
         hide_unused_engines(self.generation().engine.spec)
 
+    def value(self, name: str) -> Any:
+        """A key's value, in whichever group holds it."""
+        field = catalogue(self.algorithm)[name]
+        return getattr(self, field.group).get(name, field.default)
+
     def script_value(self, name: str) -> Any:
         return self.script.get(name, catalogue(self.algorithm)[name].default)
 

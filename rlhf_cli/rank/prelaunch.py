@@ -27,6 +27,7 @@ from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import load_object
 from rlhf_cli.output.run_dir import PRELAUNCH_STEP_MARK
 from rlhf_cli.rank.inputs import RankInputs, load_reward_function
+from rlhf_cli.rank.prelaunch_models import classifier_problems
 from rlhf_cli.rank.prelaunch_tools import agent_problems, one_line
 
 # TRL's reward functions that import a package only when first called (`trl.rewards.accuracy_rewards`)
@@ -131,7 +132,7 @@ def trainer_config_problem(inputs: RankInputs, processes: int) -> str | None:
 def check(payload: dict[str, Any]) -> list[str]:
     inputs = RankInputs.from_values(payload["algorithm"], payload["values"])
     inputs.hide_unused_engines()
-    problems = reward_function_problems(inputs) + agent_problems(inputs, _step)
+    problems = reward_function_problems(inputs) + agent_problems(inputs, _step) + classifier_problems(inputs)
     config_problem = trainer_config_problem(inputs, payload["processes"])
     return problems + ([config_problem] if config_problem else [])
 
