@@ -89,6 +89,7 @@ class Pooled:
     sparse: list[bool] = field(default_factory=list)
     peak_memory: list[int] = field(default_factory=list)  # per run, max over ranks: the sync's, else the call's
     dense_bytes: int | None = None
+    runs: int = 0
 
 
 def _rank_records(run: Path) -> list[dict]:
@@ -99,6 +100,7 @@ def _rank_records(run: Path) -> list[dict]:
 def read_run(run: Path, into: Pooled) -> None:
     """Add one finished run's steps after the first to `into`."""
     records = _rank_records(run)
+    into.runs += 1
     if not records[0].get("vllm_sync"):
         calls = [[call["seconds"] for call in r["generation_probe"]["per_call"]][1:] for r in records]
         into.step_seconds += [statistics.mean(step) for step in zip(*calls, strict=True)]
@@ -136,12 +138,13 @@ def row(name: str, rate: str, pooled: Pooled, reference: float | None) -> list[s
         share = statistics.median(pooled.bytes_sent) / pooled.dense_bytes
         sparse = sum(pooled.sparse)
         sync = f"{spread(pooled.bytes_sent, 1024, 1)} ({share:.3f} of dense; {sparse}/{len(pooled.sparse)} sparse)"
-    return [name, rate, spread(pooled.step_seconds), vs, spread(pooled.generation_seconds),
+    return [name, rate, str(pooled.runs), spread(pooled.step_seconds), vs, spread(pooled.generation_seconds),
             spread(pooled.sync_seconds, digits=3), sync, spread(pooled.peak_memory, MIB, 0)]
 
 
-COLUMNS = ["mode", "lr", "s/step: gen + sync", "speed vs HF gather", "gen s", "sync s", "KiB sent per sync",
+COLUMNS = ["mode", "lr", "runs", "s/step: gen + sync", "speed vs HF gather", "gen s", "sync s", "KiB sent per sync",
            "peak RSS MiB"]
+BUSY_LOAD = 3.0  # a run's 2 ranks (and, in server mode, the idle server): a 1-minute load above this is other work
 
 
 @contextmanager
@@ -222,9 +225,11 @@ def report(args: argparse.Namespace, work: Path) -> None:
               for rate in all_rates(args) if any(r == rate for _, r in results)]
     bar_charts(args.out / "vllm.png", title, panels)
     loads = (work / "loads.txt").read_text().splitlines()
-    note = ("Values: median (min-max) over every step after the first of every run. The machine was shared with "
-            f"other work: load average (1 / 5 / 15 min) at the first run's start {loads[0]}, when last recorded "
-            f"{loads[-1]}.")
+    busiest = max(float(reading.split(" / ")[0]) for reading in loads)
+    shared = "other work shared the machine" if busiest > BUSY_LOAD else "no other work to speak of"
+    note = (f"Values: median (min-max) over every step after the first of every run. Load average (1 / 5 / 15 min) "
+            f"at the first run's start {loads[0]}, when last recorded {loads[-1]}, at most {busiest:.1f} after any "
+            f"run on {os.cpu_count()} cores ({shared}).")
     write_markdown(args.out / "vllm.md", f"# {title}\n\n{markdown_table(COLUMNS, rows)}\n{note}\n\n"
                    "![vllm](vllm.png)\n")
 
