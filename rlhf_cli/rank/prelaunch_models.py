@@ -1,7 +1,8 @@
 """The models the ranks load as sequence classifiers: the reward model, and where the algorithm has one, the value
 model (which starts from the reward model, else the policy). transformers must have a sequence-classification
 class for the family (Granite, for one, has none), or every rank dies loading it after DeepSpeed has started.
-Checked in the pre-launch process by building the class on the meta device: no weights read, no memory."""
+Checked in the pre-launch process against transformers' public MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING, the
+table AutoModelForSequenceClassification itself looks the config's class up in: no weights read."""
 
 from __future__ import annotations
 
@@ -45,16 +46,10 @@ def classifier_problems(inputs: RankInputs) -> list[str]:
 def _unscorable_family(path: str, revision: Any) -> str | None:
     """The model type at `path` when transformers has no sequence classifier for it; None when it has, or when
     the config cannot be read here."""
-    import torch
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING, AutoConfig
 
     try:
         config = AutoConfig.from_pretrained(path, revision=revision, local_files_only=True)
     except (OSError, ValueError):
         return None  # not readable offline, or a family this transformers does not know: the resolver's concern
-    try:
-        with torch.device("meta"):
-            AutoModelForSequenceClassification.from_config(config)
-    except ValueError:  # transformers' "Unrecognized configuration class ... for this kind of AutoModel"
-        return config.model_type
-    return None
+    return None if type(config) in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING else config.model_type
