@@ -280,33 +280,32 @@ def replace_trl_vllm_server_transport(before_generation: Callable[[Any], None]) 
 
 def replace_trl_vllm_generate(timed: Callable[[], Any]) -> None:
     """Run RLOO's and GRPO's vLLM generation (VLLMGeneration.generate) inside `timed()`, a context manager: TRL
-    calls it outside the generation context the ranks time HF generation in. The original stays `__wrapped__`."""
+    calls it outside the generation context the ranks time HF generation in."""
     from trl.generation.vllm_generation import VLLMGeneration
 
-    original = getattr(VLLMGeneration.generate, "__wrapped__", VLLMGeneration.generate)
-
-    @functools.wraps(original)
-    def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with timed():
-            return original(self, *args, **kwargs)
-
-    VLLMGeneration.generate = generate
+    _run_inside(VLLMGeneration, "generate", timed)
 
 
 def replace_trl_online_dpo_generate(timed: Callable[[], Any]) -> None:
     """Run online DPO's vLLM generation (OnlineDPOTrainer._generate_vllm, colocated or a server) inside `timed()`,
-    a context manager: its training step calls it outside the generation context HF generation is timed in. The
-    original stays `__wrapped__`."""
+    a context manager: its training step calls it outside the generation context HF generation is timed in."""
     from trl.experimental.online_dpo import OnlineDPOTrainer
 
-    original = getattr(OnlineDPOTrainer._generate_vllm, "__wrapped__", OnlineDPOTrainer._generate_vllm)
+    _run_inside(OnlineDPOTrainer, "_generate_vllm", timed)
+
+
+def _run_inside(owner: type, name: str, context: Callable[[], Any]) -> None:
+    """Replace the method `owner.name` by one that runs it inside `context()`; the original stays `__wrapped__`, so
+    a second replacement wraps the original, not the first wrapper."""
+    method = getattr(owner, name)
+    original = getattr(method, "__wrapped__", method)
 
     @functools.wraps(original)
-    def generate_vllm(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with timed():
+    def inside(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with context():
             return original(self, *args, **kwargs)
 
-    OnlineDPOTrainer._generate_vllm = generate_vllm
+    setattr(owner, name, inside)
 
 
 def replace_trl_online_dpo_server_device() -> None:
