@@ -171,3 +171,15 @@ def test_the_eta_is_rounded_and_to_a_tenth_of_a_second_under_a_minute() -> None:
 
     assert [_eta_clock(seconds) for seconds in (3.96, 0.0, 59.97, 125.6, 3599.6)] == [
         "0:00:04.0", "0:00:00.0", "0:01:00", "0:02:06", "1:00:00"]
+
+
+def test_a_long_run_keeps_a_bounded_number_of_step_marks_and_its_eta_follows_its_recent_steps(monkeypatch) -> None:
+    """1000 steps of 2 s, then 300 of 1 s: the callback holds at most MARKS_KEPT marks, and the rate is the
+    recent steps' (1 s), not an average reaching back to the slow ones."""
+    from rlhf_cli.rank.progress import MARKS_KEPT
+
+    monkeypatch.delenv(PLANNED_SAVE_ENV, raising=False)
+    progress, args, state = _timed_steps(monkeypatch, [(1.0, 1.0)] * 1000 + [(0.5, 0.5)] * 300, total=1400)
+    assert len(progress.marks) == MARKS_KEPT
+    assert progress.steady_phases() == {"generation": 0.5, "sync": 0.0, "train": 0.5}
+    assert progress.eta(args, state) == pytest.approx(100.0)

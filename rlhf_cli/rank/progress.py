@@ -44,6 +44,9 @@ def _planned_save() -> float:
         return 0.0
 
 
+MARKS_KEPT = 401  # step marks the ETA keeps: its rate spans at most the last 200 steps, and a long run holds 401
+
+
 class TrainingProgress(TrainerCallback):
     """Rank 0's view of training; `live` redraws a bar, otherwise each log is one line."""
 
@@ -90,6 +93,8 @@ class TrainingProgress(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         if not self.marks or state.global_step > self.marks[-1][0]:
             self.marks.append((state.global_step, StepPhases.current().snapshot()))
+            if len(self.marks) > MARKS_KEPT:  # a long run: the rate spans the last MARKS_KEPT // 2 steps
+                del self.marks[0]
         if self.progress is not None:
             self.progress.update(self.task, completed=state.global_step, eta=_eta_clock(self.eta(args, state)))
 
@@ -116,7 +121,8 @@ class TrainingProgress(TrainerCallback):
     def steady_phases(self) -> dict[str, float] | None:
         """Each step phase's seconds per step over the later half of the steps after the first (the first carries
         the start-up; the next few still warm up: at step 3 of a smoke run steps 2 and 3 took a quarter more than
-        the rest), so that the rate follows the run's steady steps as they come; None before a second step."""
+        the rest), so that the rate follows the run's steady steps as they come (in a long run, its last 200 steps);
+        None before a second step."""
         if len(self.marks) < 2:
             return None
         steady = len(self.marks) - 1  # steps measured after the first
