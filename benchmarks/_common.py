@@ -1,5 +1,5 @@
-"""Helpers shared by the benchmark scripts: their common options and model, run a command with timing, read the
-ranks' probe records, print tables, draw bar charts."""
+"""Helpers shared by the benchmark scripts: their common options and model, run a command with timing, serve vLLM,
+read the ranks' probe records, print tables, draw bar charts."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ RECIPES = REPO / "recipes"
 RESULTS = Path(__file__).resolve().parent / "results"
 WORK = Path(__file__).resolve().parent / ".work"
 MIB = 2**20
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # vLLM's CPU build: a 1 GiB KV cache, little for a shared CPU
 SMOKE_POLICY = RECIPES / "smoke" / "policy"
 # Scaled-up smoke policy: 14 layers of 7.1M parameters, about 100M in all (the 500-token vocabulary keeps the
 # embeddings small).
@@ -101,6 +103,48 @@ def run_timed(argv: Sequence[str], env: dict[str, str] | None = None, timeout: f
     if process.returncode != 0:
         raise CommandFailed(f"{' '.join(argv)} exited {process.returncode}:\n{output[-4000:]}")
     return Timed(seconds, output)
+
+
+@contextmanager
+def vllm_server(log: Path, *serve: str, timeout: float = 900) -> Iterator[str]:
+    """`rlhf vllm-serve SERVE...` on a free port, its output to `log`; yields its URL once `/health` answers and
+    stops it by its process group (the engine's workers with it) when the block ends."""
+    import requests
+
+    with socket_port() as port, log.open("w") as sink:
+        url = f"http://127.0.0.1:{port}"
+        env = {**os.environ, **VLLM_ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
+                                                                                      os.environ.get("PYTHONPATH")]))}
+        server = subprocess.Popen(python_module("rlhf_cli", "vllm-serve", *serve, "--port", str(port)),
+                                  stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=REPO)
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if server.poll() is not None:
+                    raise RuntimeError(f"rlhf vllm-serve exited:\n{log.read_text()[-3000:]}")
+                try:
+                    if requests.get(f"{url}/health", timeout=5).status_code == 200:
+                        break
+                except requests.ConnectionError:
+                    time.sleep(2)
+            else:
+                raise RuntimeError(f"rlhf vllm-serve did not answer within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+            yield url
+        finally:
+            with suppress(ProcessLookupError):  # a server that exited may have left nothing in its group
+                os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=60)
+
+
+@contextmanager
+def socket_port() -> Iterator[int]:
+    """A port free when asked (the server binds it a moment later)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    yield port
 
 
 def json_output(output: str) -> Any:

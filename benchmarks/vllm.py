@@ -28,30 +28,26 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
-import subprocess
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from _common import (
     MIB,
     RECIPES,
-    REPO,
+    VLLM_ENV,
     bar_charts,
     benchmark_parser,
     markdown_table,
     print_table,
     python_module,
     run_timed,
+    socket_port,
+    vllm_server,
     write_markdown,
 )
 
 RECIPE = RECIPES / "ppo" / "smoke.yaml"
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 SERVER = "vLLM server, delta"
 RATES = ["1e-6", "1e-3"]  # an RL learning rate and a large one
 
@@ -147,44 +143,6 @@ COLUMNS = ["mode", "lr", "runs", "s/step: gen + sync", "speed vs HF gather", "ge
 BUSY_LOAD = 3.0  # a run's 2 ranks (and, in server mode, the idle server): a 1-minute load above this is other work
 
 
-@contextmanager
-def vllm_server(log: Path) -> Iterator[str]:
-    """`rlhf vllm-serve ppo` on the smoke recipe in bf16, for the whole benchmark; stopped by its process group."""
-    import requests
-
-    with socket_port() as port, log.open("w") as sink:
-        url = f"http://127.0.0.1:{port}"
-        env = {**os.environ, **VLLM_ENV, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
-                                                                                      os.environ.get("PYTHONPATH")]))}
-        server = subprocess.Popen(python_module("rlhf_cli", "vllm-serve", "ppo", "-r", str(RECIPE), "--set",
-                                                "bf16=true", "--port", str(port)),
-                                  stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=REPO)
-        try:
-            deadline = time.monotonic() + 900
-            while time.monotonic() < deadline:
-                if server.poll() is not None:
-                    raise RuntimeError(f"rlhf vllm-serve exited:\n{log.read_text()[-3000:]}")
-                try:
-                    if requests.get(f"{url}/health", timeout=5).status_code == 200:
-                        break
-                except requests.ConnectionError:
-                    time.sleep(2)
-            yield url
-        finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=60)
-
-
-@contextmanager
-def socket_port() -> Iterator[int]:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    yield port
-
-
 def load() -> str:
     """The load average (1, 5, 15 minutes): how shared the machine was."""
     return " / ".join(f"{value:.1f}" for value in os.getloadavg())
@@ -252,7 +210,9 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     with (work / "loads.txt").open("a") as loads:
         loads.write(load() + "\n")
-    with vllm_server(work / "server.log") if any(m.name == SERVER for m in chosen) else socket_port() as url:
+    serving = any(mode.name == SERVER for mode in chosen)
+    serve = ("ppo", "-r", str(RECIPE), "--set", "bf16=true")  # the runs' policy, in bf16
+    with vllm_server(work / "server.log", *serve) if serving else socket_port() as url:
         for repeat in range(args.repeats):
             for rate in args.rates:
                 for mode in chosen:

@@ -1,4 +1,4 @@
-"""The generation benchmark's reading of the ranks' probe records (`ranks/rank-N.json`)."""
+"""The benchmarks' shared helpers (benchmarks/_common.py): reading the ranks' probe records, running and serving."""
 
 from __future__ import annotations
 
@@ -73,3 +73,13 @@ def test_a_command_past_its_timeout_is_killed_with_what_it_started() -> None:
     while status.exists() and "zombie" not in status.read_text() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not status.exists() or "zombie" in status.read_text(), "the command's child outlived it"
+
+
+def test_a_vllm_server_that_exits_before_answering_says_why(tmp_path: Path) -> None:
+    """The benchmarks' server is given up as soon as it exits, with its own error, not after its whole wait."""
+    common = load_common()
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="rlhf vllm-serve exited:\n.*no-such-recipe.yaml: recipe not found"):
+        with common.vllm_server(tmp_path / "server.log", "grpo", "-r", "no-such-recipe.yaml", timeout=120):
+            pytest.fail("a server that exited was taken for one that answers")
+    assert time.monotonic() - started < 60
