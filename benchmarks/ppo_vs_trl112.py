@@ -2,8 +2,8 @@
 
 TRL 1.12 runs from a side environment (TRL deleted its PPOTrainer in 1.13):
 
-    python -m venv /work/venv-trl112 --system-site-packages && /work/venv-trl112/bin/pip install trl==1.12.0 --no-deps
-    python benchmarks/ppo_vs_trl112.py [--updates 40] [--seeds 42 43 44] [--trl-python /work/venv-trl112/bin/python]
+    python -m venv ../venv-trl112 --system-site-packages && ../venv-trl112/bin/pip install trl==1.12.0 --no-deps
+    python benchmarks/ppo_vs_trl112.py [--updates 40] [--seeds 42 43 44] [--trl-python ../venv-trl112/bin/python]
 
 Both train the smoke policy (recipes/smoke/policy) on the smoke prompts for `--updates` updates of 8 rollouts per
 process (per_device_train_batch_size 8, gradient_accumulation_steps 1, num_mini_batches 2, num_ppo_epochs 4), one
@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=40)
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE)
-    parser.add_argument("--trl-python", default="/work/venv-trl112/bin/python")
+    parser.add_argument("--trl-python", default="../venv-trl112/bin/python")
     parser.add_argument("--only", choices=["trl", "rlhf"], help="run one of the two")
     parser.add_argument("--work-dir", type=Path, help="keep each run's files (scores.json, calls.log) here")
     parser.add_argument("--trl-worker", nargs=4, help=argparse.SUPPRESS)
