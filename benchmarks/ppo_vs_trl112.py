@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=40)
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     parser.add_argument("--learning-rate", type=float, default=LEARNING_RATE)
-    parser.add_argument("--trl-python", default="../venv-trl112/bin/python")
+    parser.add_argument("--trl-python", default=str(REPO.parent / "venv-trl112" / "bin" / "python"))
     parser.add_argument("--only", choices=["trl", "rlhf"], help="run one of the two")
     parser.add_argument("--work-dir", type=Path, help="keep each run's files (scores.json, calls.log) here")
     parser.add_argument("--trl-worker", nargs=4, help=argparse.SUPPRESS)
