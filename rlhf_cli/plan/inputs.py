@@ -40,6 +40,12 @@ class Inputs:
     def role(self, name: str) -> Role | None:
         return next((role for role in self.roles if role.name == name), None)
 
+    @property
+    def persistence_threshold(self) -> int | None:
+        """The run's stage3_param_persistence_threshold (None: DeepSpeed's default): below it ZeRO-3 keeps a
+        parameter whole on every rank (`Rates.per_module`)."""
+        return self.value("stage3_param_persistence_threshold")
+
     def sync_buckets(self, gather: Gather, lora: bool) -> list[tuple[int, int, int]]:
         """(elements, modules, how many alike) of the buckets one weight sync gathers (the ranks' packing of the
         policy's units under the gather choice's limit); under LoRA each unit holds its adapters too, merged in its

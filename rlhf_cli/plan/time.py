@@ -85,7 +85,7 @@ def generation_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step:
     once = rates.fetch(gathered * b) + _budget_seconds(inputs, candidate, rates)
     rest_modules = modules(policy) - gathered_modules
     per_pass = rates.fetch(rest * b)
-    fetch = rest_modules * rates.per_module(policy, persistence(inputs))
+    fetch = rest_modules * rates.per_module(policy, inputs.persistence_threshold)
     passes = max(prefill, per_pass) + fetch + c * (max(token, per_pass) + fetch)
     return calls * (once + passes + rates.calls(fixed_costs.forward(policy) + fixed_costs.GENERATE_CALLS))
 
@@ -96,11 +96,6 @@ def _budget_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float
     if candidate.generation.gather.budget is None:
         return 0.0
     return rates.calls(fixed_costs.BUDGET_MODULE_CALLS * modules(inputs.roles[0].size))
-
-
-def persistence(inputs: Inputs) -> int | None:
-    """The run's stage3_param_persistence_threshold (None: DeepSpeed's default)."""
-    return inputs.value("stage3_param_persistence_threshold")
 
 
 def _gathered(inputs: Inputs, candidate: Candidate) -> tuple[int, int]:
@@ -131,7 +126,7 @@ def _forward_pass(inputs: Inputs, model: ModelSize, batch: int, length: int,
     b = inputs.work.element_bytes
     gather = rates.fetch(model.params * b)
     return (max(rates.matmul(forward_flops(model, batch, length)), gather)
-            + modules(model) * rates.per_module(model, persistence(inputs))
+            + modules(model) * rates.per_module(model, inputs.persistence_threshold)
             + rates.calls(fixed_costs.forward(model)))
 
 
@@ -152,7 +147,7 @@ def training_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: S
         gradients = (adapter if adapter is not None else model.params) * b
         comm = 2 * rates.fetch(model.params * b) + rates.all_gather(gradients)
         seconds += micro_batches * (max(rates.matmul(flops), comm)
-                                    + 2 * modules(model) * rates.per_module(model, persistence(inputs))
+                                    + 2 * modules(model) * rates.per_module(model, inputs.persistence_threshold)
                                     + rates.calls(fixed_costs.forward_backward(model)))
     return seconds
 

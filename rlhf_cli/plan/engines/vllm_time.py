@@ -111,9 +111,8 @@ def check_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
     if not every or candidate.engine_settings is None:
         return 0.0
     policy, b = inputs.roles[0].size, inputs.work.element_bytes
-    threshold = inputs.value("stage3_param_persistence_threshold")
-    probe = PROBE_PROMPTS * (rates.fetch(policy.params * b) + modules(policy) * rates.per_module(policy, threshold)
-                             + rates.calls(fixed_costs.forward(policy)))
+    fetches = modules(policy) * rates.per_module(policy, inputs.persistence_threshold)
+    probe = PROBE_PROMPTS * (rates.fetch(policy.params * b) + fetches + rates.calls(fixed_costs.forward(policy)))
     probe += rates.calls(PROBE_TOKENS * VLLM_STEP_CALLS + CHECK_CALLS)
     if steps <= 0:
         return probe / every
