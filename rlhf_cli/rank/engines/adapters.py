@@ -1,4 +1,4 @@
-"""The adapter sync: a generator that serves LoRA itself (vLLM's LoRA, rlhf_cli/generation/lora_serving.py) holds the
+"""The adapter sync: a generator that serves LoRA itself (vLLM's LoRA, rlhf_cli/config/engines/vllm_lora.py) holds the
 frozen base, sent once unmerged, and takes only the adapter matrices at every sync.
 
 The adapters are gathered a bucket of the run's gather choice at a time (under ZeRO-3 they are partitioned like
@@ -85,7 +85,7 @@ def pack_adapters(model: Any, limit: Any, dtype: Any) -> PackedAdapters:
                     tensors[f"{PEFT_PREFIX}{module}.{kind}.weight"] = tensor
                     sums.setdefault(group_of(module + ".weight"), {})[f"{module}.{kind}"] = bit_sums(tensor)
     rank = max(ranks, default=1)
-    targets = sorted({name.removeprefix(PEFT_PREFIX).rsplit(".", 3)[0].rsplit(".", 1)[-1] for name in tensors})
+    targets = sorted({name.removeprefix(PEFT_PREFIX).rsplit(".", 2)[0].rsplit(".", 1)[-1] for name in tensors})
     config = {"peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": targets, "bias": "none",
               "use_rslora": False, "use_dora": False}
     return PackedAdapters(tensors, config, sums, peak)

@@ -30,9 +30,9 @@ def install(config: Any, inputs: Any) -> None:
 
 
 def run_lora_serving(inputs: Any) -> Any:
-    """Whether the run's colocated vLLM serves its adapters (rlhf_cli/generation/lora_serving.py), for the policy's
+    """Whether the run's colocated vLLM serves its adapters (rlhf_cli/config/engines/vllm_lora.py), for the policy's
     architecture as its config.json lays it out (None where it cannot be read here)."""
-    from rlhf_cli.generation.lora_serving import lora_serving
+    from rlhf_cli.config.engines.vllm_lora import lora_serving
     from rlhf_cli.models.architectures import architecture
     from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
 

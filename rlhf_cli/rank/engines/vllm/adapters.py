@@ -1,4 +1,4 @@
-"""A colocated vLLM that serves the policy's LoRA itself (rlhf_cli/generation/lora_serving.py decides it): built
+"""A colocated vLLM that serves the policy's LoRA itself (rlhf_cli/config/engines/vllm_lora.py decides it): built
 with vLLM's LoRA, it holds the base, and each sync's adapters (rlhf_cli/rank/engines/adapters.py) become a new LoRA
 of it, a new id each sync, loaded at once from a PEFT-format adapter under the run's directory (vLLM 0.30 loads a
 LoRA from files only). Every generation from it passes the current LoRA: TRL's trainers, PPO's rollouts and the
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_cli.compat import vllm_lora
-from rlhf_cli.generation.lora_serving import LoraServing
+from rlhf_cli.config.engines.vllm_lora import LoraServing
 from rlhf_cli.rank.engines.delta import bit_sums
 
 LORA_DIR = "vllm-lora"  # under the run's output directory: each rank's current adapter

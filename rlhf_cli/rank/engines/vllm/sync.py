@@ -12,9 +12,9 @@ from typing import Any
 
 from rlhf_cli.algorithms.spec import load_object
 from rlhf_cli.compat import vllm as vllm_compat
+from rlhf_cli.config.engines.vllm_lora import LoraServing
 from rlhf_cli.generation.choice import Gather
 from rlhf_cli.generation.engines import engine_of
-from rlhf_cli.generation.lora_serving import LoraServing
 from rlhf_cli.phases import StepPhase
 from rlhf_cli.rank.engines.sync import sync_weights
 from rlhf_cli.rank.engines.vllm.adapters import engine_arguments, serve_lora
@@ -45,7 +45,7 @@ def install_vllm(gather: Gather, dtype: str, seed: int, check: Any, output_dir: 
     `output_dir`'s weight directory (`server_target`); TRL's NCCL communicator is never set up, and the server's
     weight version is checked before TRL's first generation from it. `delta` False (`weight_sync_delta: false`):
     every sync sends every weight. `lora`: whether a LoRA run's colocated vLLM serves the adapters itself
-    (rlhf_cli/generation/lora_serving.py), which its syncs then send alone (rlhf_cli/rank/engines/adapters.py)."""
+    (rlhf_cli/config/engines/vllm_lora.py), which its syncs then send alone (rlhf_cli/rank/engines/adapters.py)."""
 
     def engine(*args: Any, **kwargs: Any) -> Any:  # trl's `LLM(...)`
         kwargs.setdefault("dtype", dtype)
