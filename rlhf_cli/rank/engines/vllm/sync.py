@@ -50,7 +50,7 @@ def install_vllm(gather: Gather, dtype: str, seed: int, check: Any, output_dir: 
     def engine(*args: Any, **kwargs: Any) -> Any:  # trl's `LLM(...)`
         kwargs.setdefault("dtype", dtype)
         kwargs["seed"] = seed + kwargs.get("seed", 0)  # TRL's: the rank's tensor-parallel group, from 0
-        llm = engine.__wrapped__(*args, **kwargs, **engine_arguments(lora))
+        llm = engine.__wrapped__(*args, **{**kwargs, **engine_arguments(lora)})
         serve_lora(llm, lora, output_dir)
         return llm
 
