@@ -242,12 +242,13 @@ def test_a_lora_columns_colocated_vllm_that_serves_the_adapters_syncs_them_alone
     over the adapters alone), a sync far faster than of the merged policy; DoRA it cannot serve."""
     run = qwen_run("use_vllm=true", "gather=true", "use_peft=true", *sets)
     inputs, plan = read_inputs(run), plan_run(run)
-    assert inputs.adapters_served is served
-    candidate = replace(plan.chosen.candidate, lora=True)
+    assert plan.chosen.candidate.engine_settings.serves_adapters is served
 
     def sync(adapters_served: bool) -> float:
-        chosen = replace(inputs, adapters_served=adapters_served)
-        return time.step_time(chosen, candidate, inputs.hardware.gpu, plan.checkpoint_bytes)["weight_sync"]
+        chosen = plan.chosen.candidate
+        candidate = replace(chosen, lora=True, engine_settings=replace(chosen.engine_settings,
+                                                                       serves_adapters=adapters_served))
+        return time.step_time(inputs, candidate, inputs.hardware.gpu, plan.checkpoint_bytes)["weight_sync"]
 
     assert sync(True) < sync(False)
     alone = inputs.sync_buckets(Gather.whole, True, adapters_alone=True)

@@ -10,12 +10,11 @@ from typing import Any
 
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.accelerate import is_zero3
-from rlhf_cli.config.engines.vllm_lora import lora_serving
 from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.generation.choice import Gather
 from rlhf_cli.generation.sync_buckets import bucket_limit, bucket_sizes
 from rlhf_cli.machine.corrections import remembered as remembered_corrections
-from rlhf_cli.models.architectures import architecture, peft_targets
+from rlhf_cli.models.architectures import peft_targets
 from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.columns import Role
@@ -37,9 +36,6 @@ class Inputs:
     zero_init: bool
     value: Callable[[str], Any]
     mask_bytes: int  # per element of a LoRA dropout mask: CUDA's is bool, the CPU's has the model's dtype
-    # a LoRA column's colocated vLLM serves the adapters itself (rlhf_cli/config/engines/vllm_lora.py): every sync
-    # after the first sends the adapters alone
-    adapters_served: bool = False
 
     def role(self, name: str) -> Role | None:
         return next((role for role in self.roles if role.name == name), None)
@@ -53,7 +49,7 @@ class Inputs:
     def sync_buckets(self, gather: Gather, lora: bool, adapters_alone: bool = False) -> list[tuple[int, int, int]]:
         """(elements, modules, how many alike) of the buckets one weight sync gathers (the ranks' packing of the
         policy's units under the gather choice's limit); under LoRA each unit holds its adapters too, merged in its
-        bucket, or only them (`adapters_alone`: a generator that serves them)."""
+        bucket, or only them (`adapters_alone`: a generator that serves them, after the first sync)."""
         policy, adapter = self.roles[0].size, self.roles[0].adapter
         adapted = adapter.params if lora and adapter else 0
         synced = adapted if adapters_alone and adapted else policy.params + adapted
@@ -136,12 +132,4 @@ def read_inputs(run: ResolvedRun) -> Inputs | str:
         run.algorithm, roles, work, hardware,
         max_live=run.value("stage3_max_live_parameters") or memory.DEFAULT_MAX_LIVE_PARAMETERS,
         zero_init=bool(deepspeed.get("zero3_init_flag", False)), value=run.value,
-        mask_bytes=work.element_bytes if run.cpu_only else 1, adapters_served=_adapters_served(run))
-
-
-def _adapters_served(run: ResolvedRun) -> bool:
-    """Whether vLLM's LoRA would serve the run's adapters, for the LoRA columns (planned whether the run sets
-    use_peft or not)."""
-    config = read_config(run.value("model_name_or_path"), run.value("model_revision"), run.value("env"))
-    serving = lora_serving(lambda key: True if key == "use_peft" else run.value(key), architecture(config))
-    return serving is not None and serving.served
+        mask_bytes=work.element_bytes if run.cpu_only else 1)

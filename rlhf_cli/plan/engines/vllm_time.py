@@ -86,8 +86,9 @@ def sync_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
     that serves the adapters takes them alone (the base went once, with the first sync)."""
     b = inputs.work.element_bytes
     server = candidate.generation.engine.spec.is_server
+    settings = candidate.engine_settings
     buckets = inputs.sync_buckets(candidate.generation.gather, candidate.lora,
-                                  adapters_alone=inputs.adapters_served and not server)
+                                  adapters_alone=bool(settings and settings.serves_adapters) and not server)
     checks = rates.calls(SYNC_TENSOR_CALLS * sum(tensors * alike for _, tensors, alike in buckets))
     return checks + buckets_seconds([(numel * b, tensors, alike) for numel, tensors, alike in buckets], rates,
                                     server)
