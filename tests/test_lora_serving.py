@@ -72,3 +72,28 @@ def test_the_ranks_offered_are_vllms() -> None:
     from vllm.config.lora import MaxLoRARanks
 
     assert VLLM_LORA_RANKS == get_args(MaxLoRARanks)
+
+
+class Engine:
+    """What TRL, PPO's rollouts and the self-check call on a `vllm.LLM`: they never pass a LoRA themselves."""
+
+    def generate(self, prompts: Any, sampling_params: Any = None, **kwargs: Any) -> dict[str, Any]:
+        return kwargs
+
+    def chat(self, messages: Any, sampling_params: Any = None, **kwargs: Any) -> dict[str, Any]:
+        return kwargs
+
+
+def test_every_generation_of_an_engine_serving_the_adapters_passes_the_current_lora(tmp_path) -> None:
+    from rlhf_cli.rank.engines.vllm.adapters import serve_lora
+
+    llm = Engine()
+    serve_lora(llm, LoraServing(16), str(tmp_path))
+    assert llm.generate(["p"], "greedy") == {} and llm.rlhf_lora_reason is None  # before the first sync: the base
+    llm.rlhf_lora.request = "the LoRA of sync 2"
+    assert llm.generate(["p"], "greedy", use_tqdm=False) == {"use_tqdm": False, "lora_request": "the LoRA of sync 2"}
+    assert llm.chat([], "greedy")["lora_request"] == "the LoRA of sync 2"
+    assert llm.rlhf_lora.directory.parent == tmp_path / "vllm-lora" and llm.rlhf_lora.max_rank == 16
+    merged = Engine()
+    serve_lora(merged, LoraServing(None, "use_dora: ..."), str(tmp_path))
+    assert not hasattr(merged, "rlhf_lora") and merged.rlhf_lora_reason == "use_dora: ..."

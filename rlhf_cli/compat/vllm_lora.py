@@ -35,6 +35,11 @@ def vllm_swap_lora(llm: Any, previous: int | None, request: Any) -> None:
         raise RuntimeError(f"vLLM did not load the LoRA at {request.lora_path}")
 
 
+def vllm_tensor_parallel_size(llm: Any) -> int:
+    """How many ranks a colocated `vllm.LLM` shards its layers over (each serves a slice of a LoRA's matrices)."""
+    return llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size
+
+
 def vllm_served_lora(llm: Any, lora_id: int) -> dict[str, Any]:
     """The matrices a colocated `vllm.LLM` serves for the LoRA `lora_id`, by `<layer>.lora_a<slice>` and
     `<layer>.lora_b<slice>` (a packed layer, such as `qkv_proj`, has a slice per module it packs), zero-padded to

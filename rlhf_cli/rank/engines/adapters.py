@@ -51,7 +51,7 @@ def adapter_problem(model: Any, max_rank: int) -> str | None:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     for name, layer in _adapted(model):
-        if getattr(layer, "lora_embedding_A", None) or (head is not None and layer.get_base_layer() is head):
+        if getattr(layer, "lora_embedding_A", None) or (head is not None and head in (layer, layer.get_base_layer())):
             return f"{name} adapts an embedding or the LM head: the generator holds the policy merged"
         if len(layer.active_adapters) != 1:
             return f"{name} has {len(layer.active_adapters)} active adapters: the generator holds the policy merged"
@@ -91,10 +91,13 @@ def pack_adapters(model: Any, limit: Any, dtype: Any) -> PackedAdapters:
     return PackedAdapters(tensors, config, sums, peak)
 
 
-def check_adapters(packed: PackedAdapters, held: dict[str, tuple[int, int]], sync: int, instead: str) -> int:
+def check_adapters(packed: PackedAdapters, held: dict[str, tuple[int, int]] | None, sync: int,
+                   instead: str) -> int:
     """How many groups of adapters the generator holds as `packed` sent them (`held`: `bit_sums` by the generator's
-    own names, which `group_of` maps to the same groups); SyncMismatch naming the adapter matrix when one differs
-    (during weight sync number `sync`)."""
+    own names, which `group_of` maps to the same groups; None: it cannot show them, none checked); SyncMismatch
+    naming the adapter matrix when one differs (during weight sync number `sync`)."""
+    if held is None:
+        return 0
     found: dict[str, dict[str, tuple[int, int]]] = {}
     for name, pair in held.items():
         found.setdefault(group_of(name), {})[name] = pair

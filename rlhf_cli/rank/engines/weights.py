@@ -77,9 +77,9 @@ class AdapterServer(Protocol):
     def load(self, packed: Any) -> None:
         """Serve the adapters of `packed` (adapters.PackedAdapters) from the next generation on."""
 
-    def checksums(self) -> dict[str, tuple[int, int]]:
+    def checksums(self) -> dict[str, tuple[int, int]] | None:
         """`delta.bit_sums` of the adapter matrices it serves, by its own names (`delta.group_of` of a name: the
-        module group)."""
+        module group); None where it cannot show them whole (tensor parallel: each rank serves slices)."""
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,9 @@ class ServedLora:
         if previous:
             shutil.rmtree(previous.lora_path, ignore_errors=True)
 
-    def checksums(self) -> dict[str, tuple[int, int]]:
+    def checksums(self) -> dict[str, tuple[int, int]] | None:
+        if vllm_lora.vllm_tensor_parallel_size(self.llm) > 1:
+            return None  # each rank serves a slice of each matrix: no rank holds what was sent
         if self.request is None:
             return {}
         return {name: bit_sums(matrices) for name, matrices in
