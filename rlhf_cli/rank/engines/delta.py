@@ -11,9 +11,10 @@ multiple of the world size, into equal contiguous slices: rank r holds flat indi
 Between two RL steps most half-precision weights keep their bits (an update of lr 1e-6 moves few across a bf16
 step), so the patches are small; a partition of which so many elements changed that patching costs more bytes
 than the slice itself is sent whole. The first sync, a wake from a sleep that dropped the weights and a generator
-in float32 (every element changes at every step) are dense, and the record says why. With LoRA the generator holds
-the merged model: after the first sync only the adapted modules' merged weights are compared and patched, each
-rank's slice of the base plus the same slice of the adapters' delta (rlhf_cli/rank/engines/slices.py); the frozen
+in float32 (every element changes at every step) are dense, and the record says why. With LoRA a generator that
+serves the adapters itself takes them alone (rlhf_cli/rank/engines/adapters.py); into one that holds the merged
+model, after the first sync only the adapted modules' merged weights are compared and patched, each rank's slice
+of the base plus the same slice of the adapters' delta (rlhf_cli/rank/engines/slices.py); the frozen
 base is never sent again.
 
 Exact, and checked: after every sync the generator's weights are compared with the policy's by checksums of
