@@ -6,8 +6,9 @@ the trainer's fields as a recipe) with the GPU named; its prediction is the run'
 (all phases, or the phases the source timed) times the optimizer steps the source's unit holds, or for a weight
 sync the plan's sync model (rlhf_cli/plan/engines/vllm_time.py) on the published model's tensors. Runs of other
 stacks (NeMo RL's Megatron, verl's FSDP, DeepSpeed-Chat) are replayed as the TRL-style run that does the same
-work under ZeRO-3. Sequences are counted at the recipe's caps, as the plan counts them for any run. What a
-source does not state is assumed, and the table says what; "does not fit" marks a run the plan's memory says
+work under ZeRO-3. Sequences are counted at the recipe's caps, as the plan counts them for any run; a prompt
+that no cap of its own bounds, at its data set's published length where there is one. What a source does not
+state is assumed, and the table says what; "does not fit" marks a run the plan's memory says
 would not fit. Sources this table cannot replay faithfully are listed under it with the reason.
 """
 
@@ -70,6 +71,11 @@ def _run(algorithm: str, recipe: dict[str, Any], gpus: int, gpu_memory: str, pha
 # (rollout_mixin.py, `_fast_infer`); otherwise with `seq_kd` the teacher generates with HF generate, else the
 # dataset's response is trained on as it is. Every step the teacher scores the sequence and the student trains.
 GKD_LMBDA = 0.5
+# Both scripts train on 2000 samples each of alpaca-gpt4-data-en and -zh. ms-swift's dataset table
+# (docs/source_en/Instruction/Supported-models-and-datasets.md, "Statistic (token)": whole encoded samples, prompt
+# and response, Qwen2.5's tokenizer) gives them 167.6 and 157.2 tokens on average (at most 607 and 544): the
+# prompts are counted at that mean, which overstates them (the mean prompt is shorter still).
+ALPACA_PROMPT = round((167.6 + 157.2) / 2)
 
 
 def _gkd(engine: dict[str, object], *, teacher_offloaded: bool = False, teacher_generates: bool = False,
@@ -78,7 +84,8 @@ def _gkd(engine: dict[str, object], *, teacher_offloaded: bool = False, teacher_
     mean step of `lmbda` steps where the student generates and the rest where the teacher does (`seq_kd`) or
     nobody; the teacher's parameters in host memory with `--teacher_deepspeed zero3_offload`; ms-swift's
     `--sleep_level` where it is not TRL's."""
-    recipe = {**GKD, "reward_model_name_or_path": "Qwen/Qwen2.5-14B-Instruct", "gpu": "a100-80gb", **engine}
+    recipe = {**GKD, "reward_model_name_or_path": "Qwen/Qwen2.5-14B-Instruct", "gpu": "a100-80gb",
+              "plan_prompt_length": ALPACA_PROMPT, **engine}
 
     def predict(path: Path) -> Prediction:
         run = resolved_of(Published("", "", "rloo", recipe, 4, "81920MiB", True), path)
@@ -132,7 +139,9 @@ def _qwen3_moe_sync(bucket_bytes: float | None, gpu: str = "h100", gpus: int = 8
 
 
 GKD_ASSUMED = ("A100 80GB with NVLink; the teacher counted as a ZeRO-3 reward model (no LM head); alpaca prompts "
-               "512 tokens, every response 512; GKD timed as RLOO of the student (its old log-probs' forward kept)")
+               f"{ALPACA_PROMPT} tokens (the two data sets' mean whole sample in ms-swift's dataset table, prompt and "
+               "response: an upper bound), every response 512; GKD timed as RLOO of the student (its old "
+               "log-probs' forward kept)")
 CAPS = "every sequence counted at the recipe's caps"
 
 
@@ -219,12 +228,17 @@ ROWS = [
                   "s/step", f"{GKD_ASSUMED}; the teacher ZeRO-3 with its parameters offloaded "
                   "(`--teacher_deepspeed zero3_offload`): its shards fetched from host memory for every forward, "
                   "overlapped with its matmuls as every ZeRO-3 fetch the plan counts (the configs' `overlap_comm: "
-                  "false` would put fetches on the compute stream; not modelled); "
-                  "vLLM woken, synced and put to sleep on the generating half of the steps",
+                  "false` puts fetches on the compute stream; not modelled: exposed, the teacher's 7 GB a GPU from "
+                  "host memory would add 0.22 s a step to this run alone); the student neither offloaded nor "
+                  "synced in batches (`--offload_model`, `--offload_optimizer`, `--move_model_batches` unset); vLLM "
+                  "(TP 1, one engine a GPU generating its 4 prompts) woken, synced and put to sleep on the "
+                  "generating half of the steps, its weights down to host memory and back each time",
                   _gkd({"vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3,
                         "vllm_enable_sleep_mode": True}, teacher_offloaded=True, sleep_level=1)),
     PublishedTime(SWIFT_SERVER, "the same, a vLLM server on a GPU of its own, the teacher on the training GPUs", 5,
-                  "s/step", f"{GKD_ASSUMED}; the server on 1 GPU, synced on the generating half of the steps",
+                  "s/step", f"{GKD_ASSUMED}; the server on 1 GPU of its own (`swift rollout` on a fifth GPU, TP 1), "
+                  "the 4 training GPUs' 16 prompts prefilled and decoded there together, synced on the generating "
+                  "half of the steps",
                   _gkd({"vllm_mode": "server"})),
     PublishedTime(SWIFT_SERVER, "the same without vLLM: HF generation", 14, "s/step",
                   f"{GKD_ASSUMED}; the student's completions gathered and HF-generated on half the steps",

@@ -341,8 +341,9 @@ def test_an_unknown_gpu_name_stops_resolution() -> None:
 
 
 def test_published_times_keep_their_orderings(tmp_path: Path, monkeypatch) -> None:
-    """benchmarks/published_times.py: vLLM colocated and a server both faster than either HF-generating run, and
-    HF generation of the student alone faster than with the teacher generating too (ms-swift's GKD),
+    """benchmarks/published_times.py: vLLM colocated and a server both faster than either HF-generating run, the
+    server faster than colocated, and HF generation of the student alone faster than with the teacher generating
+    too (ms-swift's GKD),
     2 GiB sync buckets faster than tensor by tensor (the Megatron-LM bridge), an H200 faster than an A100
     (DeepScaleR in verl); each of at least 15 times predicted, the errors counted."""
     from helpers import REPO
@@ -362,6 +363,8 @@ def test_published_times_keep_their_orderings(tmp_path: Path, monkeypatch) -> No
     assert any("2 GiB buckets faster" in line for line in right)
     hf = ("faster than GKD Qwen2.5-7B", "faster than the same without vLLM")  # ms-swift's two HF-generating runs
     assert sum(any(slower in line for slower in hf) for line in right) == 5
+    assert any(line.startswith("right: the same, a vLLM server") and "than the same without `seq_kd`, vLLM colocated"
+               in line for line in right)
     assert any("8 x H200" in line.split(" faster than ")[0] for line in right)
 
 
