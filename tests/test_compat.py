@@ -10,6 +10,7 @@ import pytest
 from helpers import needs_vllm
 from rlhf_cli import compat
 from rlhf_cli.compat import vllm as vllm_compat
+from rlhf_cli.compat import vllm_lora
 
 
 @pytest.mark.parametrize("internal", compat.INTERNALS, ids=[internal.path for internal in compat.INTERNALS])
@@ -26,7 +27,8 @@ def test_trls_vllm_sync_is_where_rlhf_replaces_it(internal: compat.Internal) -> 
 
 
 @needs_vllm
-@pytest.mark.parametrize("internal", vllm_compat.VLLM_INTERNALS, ids=[i.path for i in vllm_compat.VLLM_INTERNALS])
+@pytest.mark.parametrize("internal", vllm_compat.VLLM_INTERNALS + vllm_lora.VLLM_LORA_INTERNALS,
+                         ids=[i.path for i in vllm_compat.VLLM_INTERNALS + vllm_lora.VLLM_LORA_INTERNALS])
 def test_vllm_internal_is_where_rlhf_expects_it(internal: compat.Internal) -> None:
     compat.check(internal)
     assert internal.why and internal.until

@@ -250,3 +250,82 @@ def test_a_lora_variant_that_merges_otherwise_is_synced_whole_and_says_why() -> 
     _train_adapters(model)
     record = sync_weights(model, holder, SyncLimit(PER_UNIT))
     assert record["mode"] == "dense" and "DoRA" in record["dense_reason"]
+
+
+class ServedLora:
+    """A generator's own LoRA (rlhf_cli/rank/engines/weights.AdapterServer): the matrices as loaded, by
+    `<module>.lora_A|lora_B`; `lose` names one that is loaded as zeros."""
+
+    max_rank = 8
+
+    def __init__(self) -> None:
+        self.packed: Any = None
+        self.lose: str | None = None
+        self.sliced = False  # tensor parallel: it cannot show the matrices whole
+
+    def load(self, packed: Any) -> None:
+        self.packed = packed
+
+    def checksums(self) -> dict[str, tuple[int, int]] | None:
+        if self.sliced:
+            return None
+        held = {name.removeprefix("base_model.model.").removesuffix(".weight"): tensor
+                for name, tensor in self.packed.tensors.items()}
+        return {name: bit_sums(torch.zeros_like(tensor) if name == self.lose else tensor)
+                for name, tensor in held.items()}
+
+
+def _serving_lora() -> Holder:
+    holder = Holder()
+    holder.adapters = ServedLora()
+    return holder
+
+
+def test_a_generator_serving_lora_gets_the_base_once_then_the_adapters_alone_scaled_and_checked() -> None:
+    model, holder = _adapted(), _serving_lora()
+    base = {name: param.detach().clone() for name, param in model.named_parameters() if ".lora_" not in name}
+    _train_adapters(model)
+    first = sync_weights(model, holder, SyncLimit(PER_UNIT))
+    assert first["mode"] == "dense" and first["dense_reason"].startswith("first sync")
+    assert first["merged_lora_layers"] == 0 and first["scope"].startswith("LoRA: only the adapter matrices")
+    for name, value in base.items():  # the base as it is, not merged
+        short = name.removeprefix("base_model.model.").replace(".base_layer", "")
+        assert torch.equal(holder.held[short], value.flatten()), name
+    adapter_bytes = 4 * 2 * (16 + 16) * 2  # 4 modules, A (2 x 16) and B (16 x 2), bf16
+    assert first["bytes_sent"] == first["dense_bytes"] + adapter_bytes and first["adapter_bytes"] == adapter_bytes
+    _train_adapters(model)
+    before = {name: tensor.clone() for name, tensor in holder.held.items()}
+    second = sync_weights(model, holder, SyncLimit(PER_UNIT))
+    assert second["mode"] == "adapter" and second["bytes_sent"] == adapter_bytes == second["adapter_bytes"]
+    assert second["adapter_groups_verified"] == 2 and not holder.patches  # each layer's; the base untouched
+    assert all(torch.equal(before[name], holder.held[name]) for name in before)
+    packed = holder.adapters.packed
+    assert packed.config == {"peft_type": "LORA", "r": 2, "lora_alpha": 2, "target_modules": ["o_proj", "q_proj"],
+                             "bias": "none", "use_rslora": False, "use_dora": False}  # B carries the scaling
+    layer = model.base_model.model.layers[1].o_proj
+    assert torch.equal(packed.tensors["base_model.model.layers.1.o_proj.lora_A.weight"],
+                       layer.lora_A["default"].weight.detach().to(torch.bfloat16))
+    assert torch.equal(packed.tensors["base_model.model.layers.1.o_proj.lora_B.weight"],
+                       (layer.lora_B["default"].weight.detach() * 2.0).to(torch.bfloat16))  # alpha 4 / r 2
+    holder.adapters.lose = "layers.0.q_proj.lora_B"
+    with pytest.raises(SyncMismatch, match=r"after weight sync 3, the generator's LoRA layers\.0\.q_proj\.lora_B "
+                                           r"differs"):
+        sync_weights(model, holder, SyncLimit(PER_UNIT))
+    holder.adapters.sliced = True  # nothing it shows, nothing checked
+    assert sync_weights(model, holder, SyncLimit(PER_UNIT))["adapter_groups_verified"] == 0
+
+
+@pytest.mark.parametrize(("dora", "save", "delta", "reason"), [
+    (True, None, True, "DoRA"), (False, ["norm"], True, "trains outside the adapters"),
+    (False, None, False, "weight_sync_delta is false"),
+], ids=["dora", "modules-to-save", "delta-off"])
+def test_adapters_a_generator_cannot_serve_as_they_are_go_merged_and_say_why(
+        dora: bool, save: list[str] | None, delta: bool, reason: str) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(Policy(), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "o_proj"],
+                                                use_dora=dora, modules_to_save=save))
+    holder = _serving_lora()
+    record = sync_weights(model, holder, SyncLimit(PER_UNIT), delta=delta)
+    assert record["mode"] == "dense" and record["merged_lora_layers"] == 4 and holder.adapters.packed is None
+    assert reason in record["adapters_merged_reason"], record

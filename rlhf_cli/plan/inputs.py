@@ -46,12 +46,13 @@ class Inputs:
         parameter whole on every rank (`Rates.per_module`)."""
         return self.value("stage3_param_persistence_threshold")
 
-    def sync_buckets(self, gather: Gather, lora: bool) -> list[tuple[int, int, int]]:
+    def sync_buckets(self, gather: Gather, lora: bool, adapters_alone: bool = False) -> list[tuple[int, int, int]]:
         """(elements, modules, how many alike) of the buckets one weight sync gathers (the ranks' packing of the
         policy's units under the gather choice's limit); under LoRA each unit holds its adapters too, merged in its
-        bucket."""
+        bucket, or only them (`adapters_alone`: a generator that serves them, after the first sync)."""
         policy, adapter = self.roles[0].size, self.roles[0].adapter
-        synced = policy.params + (adapter.params if lora and adapter else 0)
+        adapted = adapter.params if lora and adapter else 0
+        synced = adapted if adapters_alone and adapted else policy.params + adapted
         parts = [(part.unit.numel * synced // policy.params, part.unit.modules, part.count)
                  for part in policy.stretches] or [(synced, policy.layers, 1)]
         return bucket_sizes(parts, bucket_limit(gather, policy.params, self.work.element_bytes))

@@ -197,8 +197,9 @@ def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path
                                                                         tied_vllm_model: Path) -> None:
     """2 updates from colocated vLLM rollouts; after each, the weights go to vLLM in buckets no larger than the
     gather choice allows (measured on the parameters: with no persistent parameters every whole one is gathered).
-    With LoRA every adapted layer is merged into the weights sent, in its own layer's bucket; that run is on a
-    tied Qwen2.5-style stand-in (its own reward and value model), whose head vLLM re-processes after each reload.
+    With LoRA vLLM serves the adapters: the base goes once, unmerged, in the same buckets, then the adapters alone,
+    checked against what vLLM holds; that run is on a tied Qwen2.5-style stand-in (its own reward and value
+    model), whose head vLLM re-processes after each reload.
     vLLM's log-probs are requested: TRL's mismatch metric and importance-sampling weights are logged. (A
     whole-model sync, one bucket: the server test below, and RLOO's in tests/launch/test_vllm_end_to_end.py,
     through the same rlhf_cli/rank/engines/vllm/sync.py.)"""
@@ -206,13 +207,13 @@ def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path
     tied = "--lora" in gather
     model = ("--model", str(tied_vllm_model), "--set", f"reward_model_name_or_path={tied_vllm_model}") if tied else ()
     done = ppo(out, *gather, *model, "--max-steps", "2", "--vllm", "colocate", env=VLLM_ENV, timeout=900)
-    adapted = 0
+    adapter_bytes = 0  # the saved adapter's: float32, as the policy and its generator hold them
     if tied:
         from safetensors import safe_open
 
         with safe_open(str(out / "adapter_model.safetensors"), "pt") as saved:
-            adapted = len({name.split(".lora_A")[0] for name in saved.keys() if ".lora_A" in name})
-        assert adapted > 0
+            adapter_bytes = sum(saved.get_tensor(name).nbytes for name in saved.keys() if ".lora_" in name)
+        assert adapter_bytes > 0
     steps = logged(out)
     assert len(steps) == 2 and all(set(PPO_METRICS) <= entry.keys() for entry in steps)
     assert all(entry["vllm/sync_seconds"] > 0 for entry in steps)
@@ -226,8 +227,13 @@ def test_vllm_colocate_rollouts_train_and_sync_within_the_gather_choice(tmp_path
         assert len(record["vllm_generation_seconds"]) == 2
         syncs = record["vllm_sync"]
         assert len(syncs) == 2 and syncs[0]["check_logp_difference"] < 1e-3  # the self-check, first sync
+        if tied:  # vLLM serves the adapters: the base goes once, unmerged, then the adapters alone
+            assert [sync["mode"] for sync in syncs] == ["dense", "adapter"], syncs
+            assert all(sync["merged_lora_layers"] == 0 and sync["adapter_groups_verified"] > 0 for sync in syncs)
+            assert syncs[1]["bytes_sent"] == syncs[1]["adapter_bytes"] == syncs[0]["adapter_bytes"] == adapter_bytes
+            assert syncs[0]["bytes_sent"] == syncs[0]["dense_bytes"] + syncs[0]["adapter_bytes"]
+            syncs = syncs[:1]  # the base's sync is bucketed as a dense one
         for sync in syncs:
-            assert sync["merged_lora_layers"] == adapted
             share = sync["peak_bytes"] / sync["full_bytes"]
             if gather[0] == "--gather-budget":
                 assert 0 < share <= 0.5 and sync["buckets"] > 1

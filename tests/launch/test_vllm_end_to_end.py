@@ -79,8 +79,8 @@ def test_a_bf16_generator_is_synced_by_deltas_of_what_changed(lora: bool, tmp_pa
     """GRPO with a bf16 policy and generator at an RL learning rate (1e-6), on the tied stand-in: the first sync is
     dense, every later one a shard-local delta of at most 10 % of the dense bytes, checked bit for bit against the
     policy's weights after every sync (all parameter groups) and by the logprob self-check after a delta. With
-    LoRA (a larger learning rate: adapters start at zero) the deltas patch the adapted modules' merged weights
-    only, never more bytes than those weights hold."""
+    LoRA (a larger learning rate: adapters start at zero) vLLM serves the adapters itself: the first sync sends the
+    base unmerged, every later one the adapter matrices alone, checked bit for bit against those vLLM serves."""
     out = tmp_path / "run"
     rate = "learning_rate=1e-3" if lora else "learning_rate=1e-6"
     adapters = ("--lora", "--set", "lora_target_modules=[q_proj, v_proj]") if lora else ()
@@ -90,34 +90,43 @@ def test_a_bf16_generator_is_synced_by_deltas_of_what_changed(lora: bool, tmp_pa
                        timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     progress = [line for line in done.stdout.splitlines() if line.startswith("step ")]
-    assert " dense " in progress[0] and all(" sparse " in line for line in progress[1:]), progress
+    later = " adapter " if lora else " sparse "
+    assert " dense " in progress[0] and all(later in line for line in progress[1:]), progress
+    sent = _adapter_bytes(tied_vllm_model, out) if lora else 0
     for records in _sync_records(out):
         assert len(records) == 4 and records[0]["mode"] == "dense", records
-        assert records[0]["bytes_sent"] == records[0]["dense_bytes"] == _model_bytes(tied_vllm_model) // 2
+        assert records[0]["dense_bytes"] == _model_bytes(tied_vllm_model) // 2
+        assert records[0]["bytes_sent"] == records[0]["dense_bytes"] + sent  # the base, unmerged, and the adapters
         assert records[0]["groups_verified"] > 0 and records[0]["groups_unverified"] == []
-        adapted = _adapted_bytes(tied_vllm_model, ("q_proj", "v_proj"))
         for record in records[1:]:
-            assert record["mode"] == "sparse" and record["peak_bytes"] == 0, record  # nothing gathered
-            assert record["groups_verified"] == records[0]["groups_verified"]
             assert record["peak_memory_bytes"] > 0
-            if lora:  # most adapted elements change at this rate; no other weight is sent
-                assert record["scope"].startswith("LoRA: only the adapted modules"), record
-                assert {name.rsplit(".", 2)[-2] for name in record["patched"]} == {"q_proj", "v_proj"}, record
-                assert 0 < record["bytes_sent"] <= adapted < record["dense_bytes"] / 5, (record, adapted)
+            if lora:  # the adapters alone, every one of them, each group checked against what vLLM serves
+                assert record["mode"] == "adapter" and record["scope"].startswith("LoRA: only the adapter"), record
+                assert record["bytes_sent"] == record["adapter_bytes"] == sent < record["dense_bytes"] / 10, record
+                assert record["adapter_groups_verified"] == 2, record  # each layer's self_attn
+                assert 0 < record["peak_bytes"] <= 2 * sent  # the adapters gathered, in float32 at most
             else:
+                assert record["mode"] == "sparse" and record["peak_bytes"] == 0, record  # nothing gathered
+                assert record["groups_verified"] == records[0]["groups_verified"]
                 assert record["bytes_sent"] <= record["dense_bytes"] / 10 and 0 <= record["changed_share"] < 0.1
         assert records[1]["check_logp_difference"] < 0.1  # the self-check passes after a delta (bf16 tolerance)
     summary = json.loads((out / "summary.json").read_text())
-    assert [sync["mode"] for sync in summary["weight_syncs"]] == ["dense", "sparse", "sparse", "sparse"]
+    assert [sync["mode"] for sync in summary["weight_syncs"]] == ["dense", *[later.strip()] * 3]
 
 
-def _adapted_bytes(path: Path, modules: tuple[str, ...]) -> int:
-    """bf16 bytes of a saved model's weights of `modules`."""
+def _adapter_bytes(path: Path, out: Path) -> int:
+    """bf16 bytes of the run's saved adapter (its rank, on each weight of a module it targets): A (r x in) and B
+    (out x r); the adapter trained (its B matrices are not all zero)."""
     from safetensors import safe_open
 
+    config = json.loads((out / "adapter_config.json").read_text())
+    rank, targets = config["r"], set(config["target_modules"])
+    with safe_open(str(out / "adapter_model.safetensors"), "pt") as saved:
+        assert any(saved.get_tensor(name).abs().sum() > 0 for name in saved.keys() if ".lora_B." in name)
     with safe_open(str(path / "model.safetensors"), "pt") as saved:
-        return sum(math.prod(saved.get_slice(name).get_shape()) * 2 for name in saved.keys()
-                   if name.endswith(".weight") and name.rsplit(".", 2)[-2] in modules)
+        shapes = [saved.get_slice(name).get_shape() for name in saved.keys()
+                  if name.endswith(".weight") and name.rsplit(".", 2)[-2] in targets]
+    return sum(rank * (rows + columns) * 2 for rows, columns in shapes)
 
 
 # Loaded by every Python process of the run (sitecustomize): the weight sync drops every MLP down-projection, so

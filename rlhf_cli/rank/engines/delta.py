@@ -11,9 +11,10 @@ multiple of the world size, into equal contiguous slices: rank r holds flat indi
 Between two RL steps most half-precision weights keep their bits (an update of lr 1e-6 moves few across a bf16
 step), so the patches are small; a partition of which so many elements changed that patching costs more bytes
 than the slice itself is sent whole. The first sync, a wake from a sleep that dropped the weights and a generator
-in float32 (every element changes at every step) are dense, and the record says why. With LoRA the generator holds
-the merged model: after the first sync only the adapted modules' merged weights are compared and patched, each
-rank's slice of the base plus the same slice of the adapters' delta (rlhf_cli/rank/engines/slices.py); the frozen
+in float32 (every element changes at every step) are dense, and the record says why. With LoRA a generator that
+serves the adapters itself takes them alone (rlhf_cli/rank/engines/adapters.py); into one that holds the merged
+model, after the first sync only the adapted modules' merged weights are compared and patched, each rank's slice
+of the base plus the same slice of the adapters' delta (rlhf_cli/rank/engines/slices.py); the frozen
 base is never sent again.
 
 Exact, and checked: after every sync the generator's weights are compared with the policy's by checksums of
@@ -73,6 +74,7 @@ class Tracker:
         self.unmergeable: str | None = None  # why its merged weights are not base + the adapters' delta
         self.syncs = 0
         self.delta = True  # False: the recipe's `weight_sync_delta: false`, dense syncs (for debugging)
+        self.base_held = False  # the generator serves the adapters and holds the unmerged base this rank sent
 
     @classmethod
     def of(cls, model: Any, target: WeightTarget, delta: bool = True) -> Tracker:
@@ -94,23 +96,30 @@ class Tracker:
                    (FIRST_REASON, self.snapshot is None), (WOKE_REASON, woke)]
         return next((reason for reason, applies in reasons if reason and applies), None)
 
-    def after_dense(self, model: Any, target: WeightTarget, limit: SyncLimit, woke: bool) -> dict[str, Any]:
-        """After a dense sync: this rank's snapshot of what a step can change, and the groups the generator holds
-        as sent."""
-        reason = self.dense_reason(woke, target)
+    def base_reason(self, woke: bool) -> str | None:
+        """Why a generator that serves the adapters gets the unmerged base with this sync, or None: it holds it."""
+        reasons = [(FIRST_REASON, not self.base_held), (WOKE_REASON, woke)]
+        return next((reason for reason, applies in reasons if applies), None)
+
+    def after_dense(self, model: Any, target: WeightTarget, limit: SyncLimit, woke: bool,
+                    merged: bool = True) -> dict[str, Any]:
+        """After a dense sync (of the unmerged base: not `merged`): this rank's snapshot of what a step can change,
+        and the groups the generator holds as sent."""
+        reason = self.dense_reason(woke, target) if merged else self.base_reason(woke)
+        self.base_held = not merged
         self.syncs += 1
         if getattr(target, "dense_reason", None):  # it never takes patches: nothing to keep, nothing it shows
             sent = sum(full_numel(p) * p.element_size() for p in unique_params(model) if id(p) in sent_names(model))
             return {"mode": "dense", "dense_reason": reason, "bytes_sent": sent, "dense_bytes": sent,
                     "changed_share": None, "groups_verified": 0, "groups_unverified": []}
         self.snapshot = {key: value.to(self.dtype, copy=True).cpu() for _, slices in bucket_slices(model, limit)
-                         for key, (_, value) in slices.items()} if self.delta else None  # no delta: nothing to keep
+                         for key, (_, value) in slices.items()} if self.delta and merged else None  # nothing to keep
         expected = self._expected(model)
         found = _group(target.checksums())
         self.unverified = {group for group, sums in _group(expected).items()
                            if found.get(group, {}).get("sum") != sums["sum"]}
-        dense_bytes = _dense_bytes(model, self.dtype)
-        return {"mode": "dense", "dense_reason": reason, "bytes_sent": dense_bytes, "dense_bytes": dense_bytes,
+        whole = dense_bytes(model, self.dtype)
+        return {"mode": "dense", "dense_reason": reason, "bytes_sent": whole, "dense_bytes": whole,
                 "changed_share": None, "groups_verified": len(_group(expected)) - len(self.unverified),
                 "groups_unverified": sorted(self.unverified)}
 
@@ -140,7 +149,7 @@ class Tracker:
         self.syncs += 1
         sent, changed, total = (int(value) for value in _all_reduce(sizes))
         return {"mode": "sparse", "dense_reason": None, "scope": LORA_SCOPE if self.lora else FULL_SCOPE,
-                "bytes_sent": sent, "dense_bytes": _dense_bytes(model, self.dtype),
+                "bytes_sent": sent, "dense_bytes": dense_bytes(model, self.dtype),
                 "changed_share": changed / total if total else 0.0, "buckets": len(due),
                 "limit_numel": limit.numel, "peak_bytes": 0,
                 "full_bytes": sum(full_numel(p) * p.element_size() for p in unique_params(model)),
@@ -194,9 +203,9 @@ class Tracker:
         expected, held = _group(self._expected(model, groups)), _group(target.checksums(groups))
         for group, sums in expected.items():
             if group not in self.unverified and held.get(group, {}).get("sum") != sums["sum"]:
-                suspects = _suspects(sums, held.get(group, {}).get("members", {}), patched)
+                culprit = suspects(sums, held.get(group, {}).get("members", {}), patched)
                 raise SyncMismatch(
-                    f"after weight sync {self.syncs + 1}, the generator's {suspects} differs from the policy's (bit "
+                    f"after weight sync {self.syncs + 1}, the generator's {culprit} differs from the policy's (bit "
                     "checksums of the patched weights): a patch was lost or misapplied. Run with --set "
                     f"weight_sync_delta=false (dense syncs), or {target.instead}, until this is fixed, and report "
                     "it with the model's config.json")
@@ -251,11 +260,11 @@ def _group(sums: dict[str, tuple[int, int]]) -> dict[str, dict[str, Any]]:
     for name, pair in sums.items():
         grouped.setdefault(group_of(name), {"members": {}})["members"][name] = pair
     for entry in grouped.values():
-        entry["sum"] = _total(list(entry["members"].values()))
+        entry["sum"] = total_sums(list(entry["members"].values()))
     return grouped
 
 
-def _total(pairs: list[tuple[int, int]]) -> tuple[int, int]:
+def total_sums(pairs: list[tuple[int, int]]) -> tuple[int, int]:
     """The sum of `bit_sums` pairs, wrapping as int64 does."""
     return _wrap(sum(pair[0] for pair in pairs)), _wrap(sum(pair[1] for pair in pairs))
 
@@ -264,7 +273,7 @@ def _wrap(value: int) -> int:
     return (value + 2**63) % 2**64 - 2**63
 
 
-def _suspects(sent: dict[str, Any], held: dict[str, tuple[int, int]], patched: set[str]) -> str:
+def suspects(sent: dict[str, Any], held: dict[str, tuple[int, int]], patched: set[str]) -> str:
     """The sent parameters no held tensor accounts for (a held tensor may be several sent ones fused): the one
     that differs, or those it is one of."""
     members = sent["members"]
@@ -273,7 +282,7 @@ def _suspects(sent: dict[str, Any], held: dict[str, tuple[int, int]], patched: s
         for pair in held.values():
             for size in range(1, len(members) + 1):
                 match = next((combo for combo in itertools.combinations(sorted(unexplained), size)
-                              if _total([members[n] for n in combo]) == tuple(pair)), None)
+                              if total_sums([members[n] for n in combo]) == tuple(pair)), None)
                 if match:
                     unexplained -= set(match)
                     break
@@ -293,7 +302,7 @@ def _merge(pieces: list[tuple[str, int, Any, Any]], shapes: dict[str, tuple[int,
                   torch.cat([flat for flat, _ in found])) for name, found in by_name.items()]
 
 
-def _dense_bytes(model: Any, dtype: Any) -> int:
+def dense_bytes(model: Any, dtype: Any) -> int:
     import torch
 
     names = sent_names(model)

@@ -24,8 +24,8 @@ class SyncLog:
 
     def progress_text(self) -> str:
         """`  sync 0.21 s 4.2 MiB sparse 0.8% 96 KiB check 3e-07`: the syncs since the last call (`take`): seconds in
-        all, their largest gathered bytes, the last one's kind (dense, or sparse with the share of elements that
-        changed) and bytes sent, and the largest difference the self-check measured
+        all, their largest gathered bytes, the last one's kind (dense, sparse with the share of elements that
+        changed, or adapter: LoRA's matrices alone) and bytes sent, and the largest difference the self-check measured
         (rlhf_cli/rank/engines/vllm/self_check.py) between the engine's logprobs and the policy's, when it ran;
         empty without syncs."""
         from rlhf_cli.sizes import readable
@@ -36,7 +36,8 @@ class SyncLog:
         checked = [c["check_logp_difference"] for c in calls if "check_logp_difference" in c]
         check = f" check {max(checked):.2g}" if checked else ""
         last = calls[-1]
-        kind = f" sparse {last['changed_share']:.2%}" if last.get("mode") == "sparse" else " dense"
+        kind = {"sparse": f" sparse {last.get('changed_share') or 0:.2%}", "adapter": " adapter"}.get(last.get("mode"),
+                                                                                                    " dense")
         return (f"  sync {sum(c['seconds'] for c in calls):.3g} s {readable(max(c['peak_bytes'] for c in calls))}"
                 f"{kind} {readable(last['bytes_sent'])}{check}")
 

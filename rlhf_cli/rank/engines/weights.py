@@ -50,6 +50,7 @@ class WeightTarget(Protocol):
     dtype: Any  # the torch dtype the generator holds its weights in
     dense_reason: str | None  # why every sync into it is dense; None when it takes patches
     instead: str  # how else a run can generate while its patches go wrong (a mismatch's advice)
+    adapters: AdapterServer | None  # where it serves LoRA itself: what takes the adapters; None: it holds them merged
 
     def load(self, weights: Iterable[tuple[str, Any]]) -> None:
         """(checkpoint name, full tensor) pairs, every weight once; a tensor may be released after it is read."""
@@ -66,6 +67,19 @@ class WeightTarget(Protocol):
 
     def after_sync(self, model: Any, woke: bool) -> dict[str, Any]:
         """Whatever the target checks after a sync (vLLM's logprob self-check), for the sync's record."""
+
+
+class AdapterServer(Protocol):
+    """A generator's own LoRA (rlhf_cli/rank/engines/adapters.py): it holds the base and takes the adapters."""
+
+    max_rank: int  # the largest adapter rank it serves
+
+    def load(self, packed: Any) -> None:
+        """Serve the adapters of `packed` (adapters.PackedAdapters) from the next generation on."""
+
+    def checksums(self) -> dict[str, tuple[int, int]] | None:
+        """`delta.bit_sums` of the adapter matrices it serves, by its own names (`delta.group_of` of a name: the
+        module group); None where it cannot show them whole (tensor parallel: each rank serves slices)."""
 
 
 @dataclass(frozen=True)
@@ -124,13 +138,14 @@ def sent_names(model: Any) -> dict[int, str]:
 
 
 def bucket_weights(model: Any, units: list[ModuleUnit], packed: list[list[int]],
-                   measure: GatheredBytes) -> Iterator[tuple[str, Any]]:
-    """(checkpoint name, full tensor) of every weight, a bucket gathered (and its LoRA layers merged) at a time; a
-    parameter outside every unit (on a module with children, outside the decoder layers) is gathered alone."""
+                   measure: GatheredBytes, merge: bool = True) -> Iterator[tuple[str, Any]]:
+    """(checkpoint name, full tensor) of every weight, a bucket gathered (and its LoRA layers merged, unless not
+    `merge`: a generator serving the adapters takes the base alone) at a time; a parameter outside every unit (on
+    a module with children, outside the decoder layers) is gathered alone."""
     names = sent_names(model)
     sent: set[int] = set()
     for params, modules in bucket_contents(model, units, packed):
-        with gathered(params), _merged(modules) as merged:
+        with gathered(params), _merged(modules if merge else []) as merged:
             measure.sample()
             measure.merged += merged
             for param in params:

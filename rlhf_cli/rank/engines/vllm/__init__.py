@@ -26,7 +26,22 @@ def install(config: Any, inputs: Any) -> None:
     install_vllm(generation.gather, dtype=dtype, seed=config.seed,
                  check=SyncCheck(inputs.launch_value(SYNC_CHECK_KEY)), output_dir=config.output_dir,
                  sync_hook=algorithm(inputs.algorithm).sync_hooks[generation.engine.name],
-                 delta=inputs.launch_value("weight_sync_delta"))
+                 delta=inputs.launch_value("weight_sync_delta"), lora=run_lora_serving(inputs))
+
+
+def run_lora_serving(inputs: Any) -> Any:
+    """Whether the run's colocated vLLM serves its adapters (rlhf_cli/config/engines/vllm_lora.py), for the policy's
+    architecture as its config.json lays it out (None where it cannot be read here)."""
+    from rlhf_cli.config.engines.vllm_lora import lora_serving
+    from rlhf_cli.models.architectures import architecture
+    from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
+
+    try:
+        config = read_config(inputs.model_value("model_name_or_path"), inputs.model_value("model_revision"),
+                             inputs.value("env"))
+    except ModelConfigUnavailable:
+        config = None
+    return lora_serving(inputs.value, architecture(config) if config else None)
 
 
 def refuse_resized_policy(policy_path: str, rows: int, now: int) -> None:

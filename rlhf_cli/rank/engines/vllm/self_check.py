@@ -67,7 +67,8 @@ def failure_line(difference: dict[str, float], tolerance: float, sync: int, culp
 
 
 def probe_difference(model: Any, llm: Any) -> dict[str, float]:
-    """vLLM's greedy continuations of the probe, scored by vLLM and by `model`: mean and max |difference|."""
+    """vLLM's greedy continuations of the probe, scored by vLLM and by `model`: mean and max |difference|. An engine
+    serving the policy's LoRA generates with it (rlhf_cli/rank/engines/vllm/adapters.py wraps its `generate`)."""
     import torch
     from vllm import SamplingParams
 

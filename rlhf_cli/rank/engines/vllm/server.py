@@ -96,6 +96,8 @@ class ServerTarget:
     (rlhf_cli/rank/engines/weights.py) that takes whole weights and patches, through the run's directory."""
 
     instead = "with --vllm colocate or without --vllm"
+    adapters = None  # it holds the policy merged
+    lora_reason = "a vLLM server holds the policy merged"
 
     def __init__(self, client: Any | None, accelerator: Any | None, weight_dir: Path) -> None:
         """`client`: TRL's `VLLMClient` on rank 0, None on the other ranks; `accelerator` None: a client that only

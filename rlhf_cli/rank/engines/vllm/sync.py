@@ -12,10 +12,12 @@ from typing import Any
 
 from rlhf_cli.algorithms.spec import load_object
 from rlhf_cli.compat import vllm as vllm_compat
+from rlhf_cli.config.engines.vllm_lora import LoraServing
 from rlhf_cli.generation.choice import Gather
 from rlhf_cli.generation.engines import engine_of
 from rlhf_cli.phases import StepPhase
 from rlhf_cli.rank.engines.sync import sync_weights
+from rlhf_cli.rank.engines.vllm.adapters import engine_arguments, serve_lora
 from rlhf_cli.rank.engines.vllm.server import WEIGHT_DIR, ServerTarget
 from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
 from rlhf_cli.rank.engines.weights import SyncLimit
@@ -34,7 +36,7 @@ class SyncSettings:
 
 
 def install_vllm(gather: Gather, dtype: str, seed: int, check: Any, output_dir: str, sync_hook: str,
-                 delta: bool = True) -> None:
+                 delta: bool = True, lora: LoraServing | None = None) -> None:
     """Make TRL's colocated vLLM hold the policy in `dtype`, the one the trainer holds it in (vLLM would downcast a
     float32 model to bfloat16), sample from the recipe's `seed` (plus TRL's per-rank offset), and sync through
     `sync_weights`, bucketed by the run's gather choice and checked by `check` (a
@@ -42,12 +44,15 @@ def install_vllm(gather: Gather, dtype: str, seed: int, check: Any, output_dir: 
     `sync_hooks`): the `module:function` that replaces its trainer's own sync. A server is synced through
     `output_dir`'s weight directory (`server_target`); TRL's NCCL communicator is never set up, and the server's
     weight version is checked before TRL's first generation from it. `delta` False (`weight_sync_delta: false`):
-    every sync sends every weight."""
+    every sync sends every weight. `lora`: whether a LoRA run's colocated vLLM serves the adapters itself
+    (rlhf_cli/config/engines/vllm_lora.py), which its syncs then send alone (rlhf_cli/rank/engines/adapters.py)."""
 
     def engine(*args: Any, **kwargs: Any) -> Any:  # trl's `LLM(...)`
         kwargs.setdefault("dtype", dtype)
         kwargs["seed"] = seed + kwargs.get("seed", 0)  # TRL's: the rank's tensor-parallel group, from 0
-        return engine.__wrapped__(*args, **kwargs)
+        llm = engine.__wrapped__(*args, **{**kwargs, **engine_arguments(lora)})
+        serve_lora(llm, lora, output_dir)
+        return llm
 
     vllm_compat.replace_trl_vllm_engine(engine)
     load_object(sync_hook)(SyncSettings(gather, check, output_dir, delta))

@@ -25,6 +25,8 @@ class ColocatedVLLM:
         self.model = vllm_compat.vllm_model(llm)
         self.dtype = vllm_compat.vllm_dtype(llm)
         self.kept = vllm_compat.vllm_keep_unpacked_weights(self.model)  # filled by the first reload
+        self.adapters = getattr(llm, "rlhf_lora", None)  # its own LoRA (vllm/adapters.py), when it serves one
+        self.lora_reason = getattr(llm, "rlhf_lora_reason", None)  # why it holds a LoRA policy merged
 
     @classmethod
     def of(cls, llm: Any, check: Any | None = None) -> ColocatedVLLM:
@@ -58,13 +60,15 @@ class ColocatedVLLM:
 
 def vllm_checksums(model: Any, kept: dict[Any, Any], dtype: Any,
                    groups: Collection[str] | None = None) -> dict[str, tuple[int, int]]:
-    """`bit_sums` of each weight a vLLM model holds (of `groups`, or all), by its own name (a weight it dropped
-    after repacking: as `kept`, rlhf_cli/compat/vllm.vllm_keep_unpacked_weights), in the model's `dtype`: the CPU
-    build widens a linear layer's bias to float32 after loading it, which the cast back undoes exactly."""
+    """`bit_sums` of each weight a vLLM model holds (of `groups`, or all), by its own name without the `base_layer`
+    of a layer vLLM's LoRA wraps (a weight it dropped after repacking: as `kept`,
+    rlhf_cli/compat/vllm.vllm_keep_unpacked_weights), in the model's `dtype`: the CPU build widens a linear layer's
+    bias to float32 after loading it, which the cast back undoes exactly."""
     owners = {id(module._parameters.get("weight")): module for module in model.modules()
               if hasattr(module, "_parameters")}
     found = {}
-    for name, param in model.named_parameters():
+    for wrapped, param in model.named_parameters():
+        name = wrapped.replace(".base_layer.", ".")
         if groups is not None and group_of(name) not in groups:
             continue
         held = kept.get(owners.get(id(param)), param) if name.endswith(".weight") else param

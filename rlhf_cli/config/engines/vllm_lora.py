@@ -1,0 +1,78 @@
+"""Whether a LoRA run's colocated vLLM serves the adapters itself (vLLM's LoRA: the base is synced once, then only
+the adapter matrices at every sync) or holds the policy merged (every sync compares and patches the adapted
+modules' merged weights, rlhf_cli/rank/engines/delta.py). Decided once, from the run's LoRA keys and the policy's
+architecture: the ranks build the engine by it (rlhf_cli/rank/engines/vllm/__init__.py), the plan counts the sync
+by it. No torch.
+
+vLLM's LoRA serves the adapters of linear layers only, as PEFT's plain LoRA computes them (x·Aᵀ·Bᵀ·scaling): not
+an adapter on the embedding or the LM head, not a module trained whole (`lora_modules_to_save`), not DoRA, not an
+adapter on raw parameters (`lora_target_parameters`), and no rank above its largest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rlhf_cli.models.architectures import Architecture, peft_targets, targeted
+
+# vLLM 0.30's `max_lora_rank` choices (vllm/config/lora.py MaxLoRARanks; tests/test_lora_serving.py compares them
+# where vLLM is installed): the engine is built with the smallest that holds the run's rank
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Input and output layers' names in the architectures rlhf_cli/models/architectures.py does not lay out
+EMBEDDING_NAMES = frozenset({"lm_head", "embed_tokens", "embed_in", "embed_out", "wte", "wpe", "word_embeddings"})
+
+
+@dataclass(frozen=True)
+class LoraServing:
+    """vLLM serves the adapters (`max_rank`: the engine's `max_lora_rank`), or holds the policy merged (`reason`)."""
+
+    max_rank: int | None
+    reason: str | None = None
+
+    @property
+    def served(self) -> bool:
+        return self.max_rank is not None
+
+
+def lora_serving(values: Callable[[str], Any], arch: Architecture | None) -> LoraServing | None:
+    """How a colocated vLLM holds the adapters of a run with `use_peft` (None without): its recipe `values` and
+    the policy's architecture (None where not known: its target names are checked)."""
+    if not values("use_peft"):
+        return None
+    reason = _merged_reason(values, arch)
+    if reason:
+        return LoraServing(None, reason)
+    rank = values("lora_r")
+    return LoraServing(next(allowed for allowed in VLLM_LORA_RANKS if allowed >= rank))
+
+
+def _merged_reason(values: Callable[[str], Any], arch: Architecture | None) -> str | None:
+    """Why vLLM's LoRA cannot serve the run's adapters, or None."""
+    if values("use_dora"):
+        return "use_dora: vLLM's LoRA has no DoRA; vLLM holds the policy merged"
+    if values("lora_modules_to_save"):
+        return "lora_modules_to_save trains modules whole; vLLM holds the policy merged"
+    if values("lora_target_parameters"):
+        return "lora_target_parameters adapts raw parameters, which vLLM's LoRA does not; vLLM holds the policy merged"
+    if values("lora_r") > VLLM_LORA_RANKS[-1]:
+        return (f"lora_r {values('lora_r')} is above vLLM's largest LoRA rank ({VLLM_LORA_RANKS[-1]}); vLLM holds "
+                "the policy merged")
+    targets = peft_targets(values("lora_target_modules"))
+    embedded = _embedding_targets(arch, targets)
+    if embedded:
+        return (f"lora_target_modules adapts {', '.join(embedded)}: vLLM's LoRA serves no embedding or LM head; "
+                "vLLM holds the policy merged")
+    return None
+
+
+def _embedding_targets(arch: Architecture | None, targets: str | list[str] | None) -> list[str]:
+    """The embeddings or output layer among the modules `targets` selects (PEFT's default targets never do)."""
+    if targets is None:
+        return []
+    if arch is not None:
+        return sorted({module.path for module, _ in targeted(arch, targets)
+                       if module.embedding or module.path == arch.output_layer})
+    names = [targets] if isinstance(targets, str) else targets
+    return sorted({name for name in names if name.rsplit(".", 1)[-1] in EMBEDDING_NAMES})
