@@ -32,7 +32,7 @@ def install(config: Any, inputs: Any) -> None:
 def run_lora_serving(inputs: Any) -> Any:
     """Whether the run's colocated vLLM serves its adapters (rlhf_cli/config/engines/vllm_lora.py), for the policy's
     architecture as its config.json lays it out (None where it cannot be read here)."""
-    from rlhf_cli.config.engines.vllm_lora import lora_serving
+    from rlhf_cli.config.engines.vllm_lora import lora_serving, model_class_of
     from rlhf_cli.models.architectures import architecture
     from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
 
@@ -41,7 +41,7 @@ def run_lora_serving(inputs: Any) -> Any:
                              inputs.value("env"))
     except ModelConfigUnavailable:
         config = None
-    return lora_serving(inputs.value, architecture(config) if config else None)
+    return lora_serving(inputs.value, architecture(config) if config else None, model_class_of(config))
 
 
 def refuse_resized_policy(policy_path: str, rows: int, now: int) -> None:
