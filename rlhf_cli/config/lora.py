@@ -83,7 +83,7 @@ def _config(path: object, revision: str | None, env: dict[str, str] | None) -> d
 def _default_target_problems(configs: list[tuple[str, str, bool, dict]]) -> list[str]:
     """An adapted model PEFT has no default targets for (any architecture: PEFT stops every rank after loading)."""
     return [f"`lora_target_modules`: PEFT has no default for {config.get('model_type')} ({role} {path}); name the "
-            f"modules to adapt (--set lora_target_modules=[q_proj,v_proj]), or {ALL_LINEAR}"
+            f"modules to adapt (--set 'lora_target_modules=[NAME, ...]', names of its linear modules), or {ALL_LINEAR}"
             for role, path, _, config in configs if not peft_has_default(config.get("model_type", ""))]
 
 
