@@ -1,0 +1,69 @@
+"""The all-gathers the time plan counts for one generate call under each gather choice, from a model's config.json:
+persistent parameters never fetched, a gather one all-gather per partitioned parameter, the first forward one per
+fetched module, each later forward one per prefetch group (rlhf_cli/plan/fetches.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from helpers import MODEL_CONFIGS, RECIPES
+from rlhf_cli.generation.budget import bought_total
+from rlhf_cli.plan.fetches import PREFETCH_BUCKET, ZeroSettings, generation_gathers
+from rlhf_cli.plan.model_sizes import model_size
+
+LLAMA_MODULES_PER_LAYER = 9  # q, k, v, o, gate, up, down and two norms, each holding its own weight
+
+
+def smoke_policy():
+    return model_size(json.loads((RECIPES / "smoke" / "policy" / "config.json").read_text()))
+
+
+def test_the_smoke_policy_persists_whole_so_no_choice_gathers_anything() -> None:
+    policy = smoke_policy()
+    assert policy.largest_layer <= 100_000  # every parameter under DeepSpeed's default persistence threshold
+    for gathered, budget in (("whole", None), ("none", policy.params // 2), ("none", None)):
+        counted = generation_gathers(policy, gathered, budget, ZeroSettings())
+        assert (counted.once, counted.per_pass, counted.hooked_numel) == (0, 0, 0)
+
+
+def test_without_persistence_each_choice_counts_its_modules() -> None:
+    """The counts a probe of the smoke run found with stage3_param_persistence_threshold=0: 21 at a gather's entry;
+    the budget's 10 units' parameters plus the rest's 11 modules in the first forward; every module in no-gather's
+    first forward, and one prefetch group per later forward (the whole model is under one bucket)."""
+    policy = smoke_policy()
+    config = json.loads((RECIPES / "smoke" / "policy" / "config.json").read_text())
+    modules = LLAMA_MODULES_PER_LAYER * config["num_hidden_layers"] + 3  # the embedding, final norm, LM head
+    settings = ZeroSettings(persistence_threshold=0)
+    whole = generation_gathers(policy, "whole", None, settings)
+    assert (whole.once, whole.per_pass, whole.hooked_numel) == (modules, 0, 0)
+    shards = generation_gathers(policy, "none", None, settings)
+    assert (shards.once, shards.per_pass, shards.hooked_numel) == (modules, 1, policy.params)
+    budget = policy.params // 2
+    spent = generation_gathers(policy, "none", budget, settings)
+    numel, _ = bought_total(policy.stretches, budget)
+    assert (spent.once, spent.per_pass, spent.hooked_numel) == (modules, 1, policy.params - numel)
+
+
+def test_small_prefetch_buckets_fetch_each_large_module_on_its_own() -> None:
+    policy = smoke_policy()
+    config = json.loads((RECIPES / "smoke" / "policy" / "config.json").read_text())
+    bounded = ZeroSettings(persistence_threshold=0, prefetch_bucket=2000, max_live_parameters=20000)
+    large = 7 * config["num_hidden_layers"] + 2  # every linear, the embedding and the LM head exceed 2000 elements
+    norms = (2 * config["num_hidden_layers"] + 1) * config["hidden_size"]
+    assert generation_gathers(policy, "none", None, bounded).per_pass == large + math.ceil(norms / 2000)
+    assert generation_gathers(policy, "none", None, ZeroSettings(0, 10**9, 2000)).per_pass == \
+        generation_gathers(policy, "none", None, bounded).per_pass  # the live limit bounds a group too
+
+
+def test_a_7b_model_prefetches_its_partitioned_weights_in_buckets() -> None:
+    config = json.loads((MODEL_CONFIGS / "llama-2-7b" / "config.json").read_text())
+    policy = model_size(config)
+    norms = (2 * config["num_hidden_layers"] + 1) * config["hidden_size"]  # persistent: under the threshold
+    shards = generation_gathers(policy, "none", None, ZeroSettings())
+    assert shards.hooked_numel == policy.params - norms
+    assert shards.once == (LLAMA_MODULES_PER_LAYER - 2) * config["num_hidden_layers"] + 2
+    table = config["vocab_size"] * config["hidden_size"]  # the embedding and the LM head: a group each
+    assert config["hidden_size"] * config["intermediate_size"] < PREFETCH_BUCKET <= table  # a layer's modules share
+    assert shards.per_pass == 2 + math.ceil((policy.params - norms - 2 * table) / PREFETCH_BUCKET)
+    assert generation_gathers(policy, "whole", None, ZeroSettings()).per_pass == 0
