@@ -6,11 +6,23 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
+
+import pytest
 
 from helpers import MODEL_CONFIGS, RECIPES
-from rlhf_cli.generation.budget import bought_total
+from rlhf_cli.algorithms import algorithm
+from rlhf_cli.config.resolve import RunRequest, resolve
+from rlhf_cli.generation.budget import Budget, bought_total
+from rlhf_cli.generation.choice import Gather, Generation
+from rlhf_cli.machine import calibration
+from rlhf_cli.plan import time
+from rlhf_cli.plan.estimate import plan_run
 from rlhf_cli.plan.fetches import PREFETCH_BUCKET, ZeroSettings, generation_gathers
+from rlhf_cli.plan.inputs import read_inputs
 from rlhf_cli.plan.model_sizes import model_size
+
+pytestmark = pytest.mark.usefixtures("nothing_launches")  # no test here starts ranks
 
 LLAMA_MODULES_PER_LAYER = 9  # q, k, v, o, gate, up, down and two norms, each holding its own weight
 
@@ -67,3 +79,31 @@ def test_a_7b_model_prefetches_its_partitioned_weights_in_buckets() -> None:
     assert config["hidden_size"] * config["intermediate_size"] < PREFETCH_BUCKET <= table  # a layer's modules share
     assert shards.per_pass == 2 + math.ceil((policy.params - norms - 2 * table) / PREFETCH_BUCKET)
     assert generation_gathers(policy, "whole", None, ZeroSettings()).per_pass == 0
+
+
+@pytest.mark.parametrize("gather", [Gather.whole, Gather.of(Budget(fraction=0.5)), Gather.shards])
+@pytest.mark.parametrize("threshold", [None, 0])
+def test_the_plan_charges_each_counted_all_gather_at_the_calibrated_latency(monkeypatch, gather, threshold) -> None:
+    """The smoke recipe's generation seconds move with the calibrated all-gather latency by exactly the counted
+    all-gathers of its generate calls: none at DeepSpeed's default persistence threshold, every one without it."""
+    def generation(latency: float) -> tuple[float, object]:
+        measured = calibration.Calibration("cpu", 240e9, 87.5e9, 0.4e9, latency, "gloo", 0.0, "here", 5e-6)
+        monkeypatch.setattr("rlhf_cli.plan.hardware.remembered", lambda: measured)
+        monkeypatch.setattr("rlhf_cli.plan.hardware.detected", lambda: (None, ""))
+        sets = () if threshold is None else (f"stage3_param_persistence_threshold={threshold}",)
+        run = resolve(RunRequest("rloo", "rloo/smoke", {}, sets, planning=True), cuda=False)
+        inputs, plan = read_inputs(run), plan_run(run)
+        candidate = replace(plan.chosen.candidate, generation=Generation(gather))
+        seconds = time.step_time(inputs, candidate, inputs.hardware.gpu, plan.checkpoint_bytes)["generation"]
+        return seconds, inputs
+
+    low, inputs = generation(1e-4)
+    high, _ = generation(3e-4)
+    policy, work = inputs.roles[0].size, inputs.work
+    budget = gather.budget.numel(policy.params, work.element_bytes) if gather.budget else None
+    counted = generation_gathers(policy, gather.mode if gather.mode == "whole" else "none", budget,
+                                 ZeroSettings(persistence_threshold=threshold))
+    per_call = counted.once + (work.completion_length - 1) * counted.per_pass
+    assert (threshold is None) == (per_call == 0)
+    generate_calls = algorithm(inputs.algorithm).step_work(inputs.value).generated / work.generation_batch
+    assert high - low == pytest.approx(2e-4 * per_call * generate_calls, abs=1e-12)
