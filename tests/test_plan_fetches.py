@@ -13,7 +13,7 @@ import pytest
 from helpers import MODEL_CONFIGS, RECIPES
 from rlhf_cli.algorithms import algorithm
 from rlhf_cli.config.resolve import RunRequest, resolve
-from rlhf_cli.generation.budget import Budget, bought_total
+from rlhf_cli.generation.budget import Budget, bought, bought_total
 from rlhf_cli.generation.choice import Gather, Generation
 from rlhf_cli.machine import calibration
 from rlhf_cli.plan import time
@@ -31,12 +31,22 @@ def smoke_policy():
     return model_size(json.loads((RECIPES / "smoke" / "policy" / "config.json").read_text()))
 
 
-def test_the_smoke_policy_persists_whole_so_no_choice_gathers_anything() -> None:
+def test_the_smoke_policy_persists_whole_so_no_choice_gathers_anything_while_generating() -> None:
+    """No all-gather in generation (a probe of the smoke run found none but one prefetch by the training's stale
+    trace); after it, the next forward fetches again what a gather released: all 21 modules, the budget's 10
+    (the probe: 21 and 10 more all-gathers between generations than no-gather's)."""
     policy = smoke_policy()
+    config = json.loads((RECIPES / "smoke" / "policy" / "config.json").read_text())
     assert policy.largest_layer <= 100_000  # every parameter under DeepSpeed's default persistence threshold
-    for gathered, budget in (("whole", None), ("none", policy.params // 2), ("none", None)):
-        counted = generation_gathers(policy, gathered, budget, ZeroSettings())
+    budget = policy.params // 2
+    bought_units = [part.unit for part, count in bought(policy.stretches, budget) for _ in range(count)]
+    modules = {"whole": LLAMA_MODULES_PER_LAYER * config["num_hidden_layers"] + 3,
+               "budget": sum(len(unit.module_numels) for unit in bought_units), "none": 0}
+    for name, gathered, numel in (("whole", "whole", None), ("budget", "none", budget), ("none", "none", None)):
+        counted = generation_gathers(policy, gathered, numel, ZeroSettings())
         assert (counted.once, counted.per_pass, counted.hooked_numel) == (0, 0, 0)
+        assert counted.released == modules[name]
+    assert 0 < modules["budget"] < modules["whole"]
 
 
 def test_without_persistence_each_choice_counts_its_modules() -> None:

@@ -8,6 +8,8 @@ rank launches during generation: 2 CPU ranks, the smoke policy):
   optimizer step gathers the persistent ones again), so it costs no all-gather per token;
 - a gather (TRL's whole one, a budget's units) is deepspeed.zero.GatheredParameters: one all-gather per parameter
   not whole, once per generate call;
+- leaving a gather, GatheredParameters partitions every parameter it held, the persistent ones too: the next
+  forward (scoring or training) fetches each module of them again, one all-gather each, and they persist;
 - under the hooks, the first forward of a generate call fetches module by module (the fetch trace was invalidated
   after the last generation): one all-gather per module holding a partitioned parameter; every later forward
   follows the recorded trace and prefetches in groups of up to stage3_prefetch_bucket_size elements (at most
@@ -18,7 +20,7 @@ A module's own parameters count as one (a weight and its bias): their sum decide
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from rlhf_cli.generation.budget import Unit, bought
@@ -56,6 +58,7 @@ class GenerationGathers:
     once: int  # at its start: the gathered units' parameters, and the first forward's module-by-module fetches
     per_pass: int  # in each later forward (a decode step): the hooked modules' prefetch groups
     hooked_numel: int  # elements fetched in each forward under the hooks (partitioned, not gathered)
+    released: int  # persistent modules the gather partitioned, fetched again by the next forward after generating
 
 
 def generation_gathers(policy: ModelSize, gathered: str, budget_numel: int | None,
@@ -69,15 +72,18 @@ def generation_gathers(policy: ModelSize, gathered: str, budget_numel: int | Non
         taken = bought(parts, budget_numel)
     else:
         taken = [(part, 0) for part in parts]
-    held = _partitioned(((part.unit, count) for part, count in taken), settings.threshold)
-    hooked = _partitioned(((part.unit, part.count - count) for part, count in taken), settings.threshold)
+    held = _modules(((part.unit, count) for part, count in taken), lambda numel: numel > settings.threshold)
+    hooked = _modules(((part.unit, part.count - count) for part, count in taken),
+                      lambda numel: numel > settings.threshold)
+    persistent = _modules(((part.unit, count) for part, count in taken), lambda numel: numel <= settings.threshold)
     return GenerationGathers(sum(count for _, count in held) + sum(count for _, count in hooked),
-                             _prefetch_groups(hooked, settings.group), sum(numel * count for numel, count in hooked))
+                             _prefetch_groups(hooked, settings.group), sum(numel * count for numel, count in hooked),
+                             sum(count for _, count in persistent))
 
 
-def _partitioned(units: Iterable[tuple[Unit, int]], threshold: int) -> list[tuple[int, int]]:
-    """(elements, how many) of the modules above the persistence threshold among `count` copies of each unit."""
-    return [(numel, count) for unit, count in units if count > 0 for numel in unit.module_numels if numel > threshold]
+def _modules(units: Iterable[tuple[Unit, int]], kept: Callable[[int], bool]) -> list[tuple[int, int]]:
+    """(elements, how many) of the modules whose size `kept` keeps among `count` copies of each unit."""
+    return [(numel, count) for unit, count in units if count > 0 for numel in unit.module_numels if kept(numel)]
 
 
 def _prefetch_groups(modules: list[tuple[int, int]], group: int) -> int:

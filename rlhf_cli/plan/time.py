@@ -145,7 +145,8 @@ def _forward_pass(inputs: Inputs, model: ModelSize, batch: int, length: int,
 def training_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: StepWork) -> float:
     """Forward and backward of every trained model over the step's micro-batches: 6 FLOPs a parameter and token
     (8 with gradient checkpointing's recomputed forward; a frozen LoRA base 4 or 6: no weight gradients), overlapped
-    with ZeRO-3's all-gathers in the forward and the backward and the gradients' reduce-scatter."""
+    with ZeRO-3's all-gathers in the forward and the backward and the gradients' reduce-scatter; after HF
+    generation from a gathered policy, the persistent modules the gather released are fetched again."""
     work, b = inputs.work, inputs.work.element_bytes
     micro_batches = step.trained / work.train_batch
     recompute = 2 if work.gradient_checkpointing else 0
@@ -161,6 +162,9 @@ def training_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: S
         seconds += micro_batches * (max(rates.matmul(flops), comm)
                                     + 2 * modules(model) * rates.per_module(model, inputs.persistence_threshold)
                                     + rates.calls(fixed_costs.forward_backward(model)))
+    if candidate.engine_settings is None:  # the policy's persistent modules a gather released, fetched again
+        released = _generation_gathers(inputs, candidate).released * rates.module_overhead
+        seconds += step.generated / work.generation_batch * released
     return seconds
 
 
