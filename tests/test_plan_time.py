@@ -108,7 +108,8 @@ def test_the_seed_plan_times_every_configuration_and_names_the_fastest(cli) -> N
     by_label = {column["label"]: column for column in data["configurations"]}
     gathered, sharded = by_label["gather, optimizer->cpu"], by_label["no-gather, optimizer->cpu"]
     assert sharded["time"]["generation"] > 5 * gathered["time"]["generation"]
-    assert sharded["time"]["training"] == gathered["time"]["training"]  # the gather choice is generation's alone
+    # the gather choice is generation's, but for the persistent modules a gather releases: fetched again in training
+    assert 0 < gathered["time"]["training"] - sharded["time"]["training"] < 1e-3 * sharded["time"]["training"]
     assert gathered["time"]["weight_sync"] == 0 and by_label["vLLM 0.3 TP1, sync gather, no offload"][
         "time"]["weight_sync"] > 0
     fitting = [column for column in data["configurations"] if column["fits"]]
