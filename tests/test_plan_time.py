@@ -240,18 +240,19 @@ def test_vllm_generates_faster_than_hf_and_larger_sync_buckets_sync_faster() -> 
 def test_a_lora_columns_colocated_vllm_that_serves_the_adapters_syncs_them_alone(sets: tuple[str, ...],
                                                                                  served: bool) -> None:
     """vLLM's LoRA serves plain LoRA: after the first sync only the adapters go (the candidate's buckets counted
-    over the adapters alone), a sync far faster than of the merged policy; DoRA it cannot serve."""
+    over the adapters alone), a sync far faster than of the merged policy, colocated or to a server (`rlhf
+    vllm-serve --lora`); DoRA it cannot serve."""
     run = qwen_run("use_vllm=true", "gather=true", "use_peft=true", *sets)
     inputs, plan = read_inputs(run), plan_run(run)
     assert plan.chosen.candidate.engine_settings.serves_adapters is served
 
-    def sync(adapters_served: bool) -> float:
+    def sync(adapters_served: bool, engine: Engine = Engine.colocate) -> float:
         chosen = plan.chosen.candidate
-        candidate = replace(chosen, lora=True, engine_settings=replace(chosen.engine_settings,
-                                                                       serves_adapters=adapters_served))
+        candidate = replace(chosen, lora=True, generation=Generation(Gather.whole, engine),
+                            engine_settings=replace(chosen.engine_settings, serves_adapters=adapters_served))
         return time.step_time(inputs, candidate, inputs.hardware.gpu, plan.checkpoint_bytes)["weight_sync"]
 
-    assert sync(True) < sync(False)
+    assert sync(True) < sync(False) and sync(True, Engine.server) < sync(False, Engine.server)
     alone = inputs.sync_buckets(Gather.whole, True, adapters_alone=True)
     # spread over the units by their share of the policy, as the merged count spreads them
     assert sum(numel * alike for numel, _, alike in alone) == pytest.approx(inputs.roles[0].adapter.params, rel=1e-4)
