@@ -161,6 +161,27 @@ def test_decode_is_bandwidth_bound_and_fetches_ride_the_interconnect() -> None:
     assert faster_memory < gathered  # 2039 GB/s against 936
 
 
+def test_overlap_comm_false_puts_zero3s_fetches_after_the_compute_instead_of_beside_it() -> None:
+    """`overlap_comm: false` (ms-swift's ZeRO-3 configs set it): DeepSpeed fetches on the compute stream, so the
+    plan adds each forward's fetch to its compute where it otherwise takes the larger; generating from the shards
+    and training both slow down, and the key reaches the DeepSpeed config's zero_optimization section."""
+    from rlhf_cli.rank.zero3 import apply_zero3_settings
+
+    default, exposed = (timed_seed_run("rtx3090", "gather=false", *given) for given in ((), ("overlap_comm=false",)))
+    assert exposed.group("zero3") == {"overlap_comm": False} and default.group("zero3") == {}
+    before, after = (_seconds(run, lambda c: c) for run in (default, exposed))
+    assert after["generation"] > before["generation"] and after["training"] > before["training"]
+    assert after["optimizer_step"] == before["optimizer_step"]
+    inputs = read_inputs(exposed)
+    assert time.overlapped(inputs, 2.0, 3.0) == 5.0 and time.overlapped(read_inputs(default), 2.0, 3.0) == 3.0
+
+    class Config:
+        deepspeed_plugin = type("Plugin", (), {"deepspeed_config": {"zero_optimization": {"stage": 3}}})()
+
+    apply_zero3_settings(Config, exposed.group("zero3"))
+    assert Config.deepspeed_plugin.deepspeed_config["zero_optimization"] == {"stage": 3, "overlap_comm": False}
+
+
 def test_a_frozen_model_offloaded_on_its_own_fetches_its_shards_from_host_memory_every_forward() -> None:
     """A reward (or distillation teacher) under a DeepSpeed config of its own with its parameters offloaded: each of
     its forwards first brings every GPU's shard over the host link; nothing else changes, and its shard leaves the

@@ -88,8 +88,16 @@ def generation_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step:
     hooks = (modules(policy) - gathered_modules) * rates.calls(fixed_costs.ZERO3_HOOK_CALLS)
     per_pass = rates.fetch(gathers.hooked_numel * b)  # the persistent parameters stay whole: no bytes per pass
     decode_gathers = max(c - 1, 0) * gathers.per_pass * rates.module_overhead  # the first forward's are in `once`
-    passes = max(prefill, per_pass) + hooks + c * (max(token, per_pass) + hooks) + decode_gathers
+    passes = (overlapped(inputs, prefill, per_pass) + hooks + c * (overlapped(inputs, token, per_pass) + hooks)
+              + decode_gathers)
     return calls * (once + passes + rates.calls(fixed_costs.forward(policy) + fixed_costs.GENERATE_CALLS))
+
+
+def overlapped(inputs: Inputs, compute: float, comm: float) -> float:
+    """Seconds of `compute` beside ZeRO-3's fetches and reductions (`comm`): on a stream of their own they overlap
+    (DeepSpeed's default under ZeRO-3); with the run's `overlap_comm: false` they run on the compute stream, after
+    it (DeepSpeed's parameter coordinator then fetches on the default stream)."""
+    return compute + comm if inputs.value("overlap_comm") is False else max(compute, comm)
 
 
 def _generation_gathers(inputs: Inputs, candidate: Candidate) -> GenerationGathers:
@@ -137,7 +145,7 @@ def _forward_pass(inputs: Inputs, model: ModelSize, batch: int, length: int,
     """One ZeRO-3 forward: compute overlapped with gathering every module, plus each module's fetch overhead."""
     b = inputs.work.element_bytes
     gather = rates.fetch(model.params * b)
-    return (max(rates.matmul(forward_flops(model, batch, length)), gather)
+    return (overlapped(inputs, rates.matmul(forward_flops(model, batch, length)), gather)
             + modules(model) * rates.per_module(model, inputs.persistence_threshold)
             + rates.calls(fixed_costs.forward(model)))
 
@@ -159,7 +167,7 @@ def training_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: S
         flops = base * forward + (6 * adapter * work.train_batch * work.train_sequence if adapter else 0)
         gradients = (adapter if adapter is not None else model.params) * b
         comm = 2 * rates.fetch(model.params * b) + rates.all_gather(gradients)
-        seconds += micro_batches * (max(rates.matmul(flops), comm)
+        seconds += micro_batches * (overlapped(inputs, rates.matmul(flops), comm)
                                     + 2 * modules(model) * rates.per_module(model, inputs.persistence_threshold)
                                     + rates.calls(fixed_costs.forward_backward(model)))
     if candidate.engine_settings is None:  # the policy's persistent modules a gather released, fetched again
