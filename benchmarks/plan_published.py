@@ -63,7 +63,9 @@ GKD = {"model_name_or_path": "Qwen/Qwen2.5-7B", "beta": 0, "reward_funcs": ["thi
        "dataset_name": "published/alpaca", "dtype": "bfloat16", "bf16": True, "gather": False,
        "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "num_generations": 4,
        "steps_per_generation": 1, "plan_prompt_length": 512, "max_completion_length": 512,
-       "attn_implementation": "flash_attention_2", "gradient_checkpointing": True, "use_vllm": True}
+       "attn_implementation": "flash_attention_2", "gradient_checkpointing": True, "use_vllm": True,
+       # ms-swift's zero3.json and zero3_offload.json when the GKD scripts were added (commit eccb1fd22, PR #6250)
+       "overlap_comm": False}
 GKD_NOTES = ("GKD replayed as RLOO of the student with the JSD loss's logits as its LM head; alpaca prompts assumed "
              "512 tokens (max_length 2048 caps prompt + 512 response)",)
 SFT = {"beta": 0, "reward_funcs": ["think_format_reward"], "max_completion_length": 1, "gather": False,

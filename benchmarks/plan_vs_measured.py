@@ -9,7 +9,8 @@ configuration and one 12-step ETA run, in a rotated order), and reads the ranks'
 generation, sync, train, saving; seconds per step). Beside them the plan's for exactly the same flags, its phases
 summed as the ranks measure them (rlhf_cli/plan/measured.py); the plan's saving counted for the checkpoints only
 (the final save is no step's). Medians over the repeats, and their spread (min..max); the error of each phase, and
-whether the configurations come out in the same order by step time. A table (markdown) and a plot.
+whether the plan orders every pair of configurations as measured, by step time and by the phases they change (a
+pair whose runs overlap is a tie, said as one). A table (markdown) and a plot.
 
 The plan uses the calibration in `--cache` (a folder of its own, so no rehearsal's corrections reach the plan),
 measured there first when there is none or with `--calibrate`. The machine's load (/proc/loadavg) before and after
@@ -154,16 +155,29 @@ def table(runs: dict[str, list[dict[str, float]]], plans: dict[str, dict[str, fl
 
 
 def ordering(runs: dict[str, list[dict[str, float]]], plans: dict[str, dict[str, float]],
-             phases: tuple[str, ...] = ("generation", "sync", "train")) -> tuple[list[str], list[str]]:
-    """The configurations fastest first by the measured median of `phases` summed (by default the step; saving
-    left out: only one configuration saves), and by the plan's."""
-    def step(config: str) -> float:
-        return statistics.median(sum(run.get(phase, 0.0) for phase in phases) for run in runs[config])
+             phases: tuple[str, ...] = ("generation", "sync", "train")) -> str:
+    """How the plan orders the configurations by `phases` summed (by default the step; saving left out: only one
+    configuration saves) against the measurement, pair by pair. A pair whose per-run sums overlap (the slower one's
+    fastest run beats the faster one's slowest) has no measured order: a tie, which the plan cannot get wrong, and
+    is said as one. The verdict names every wrong pair."""
+    def sums(config: str) -> list[float]:
+        return [sum(run.get(phase, 0.0) for phase in phases) for run in runs[config]]
 
-    def planned_step(config: str) -> float:
+    def planned(config: str) -> float:
         return sum(plans[config].get(phase, 0.0) for phase in phases)
 
-    return sorted(runs, key=step), sorted(runs, key=planned_step)
+    measured = sorted(runs, key=lambda config: statistics.median(sums(config)))
+    right, wrong, ties = [], [], []
+    for position, faster in enumerate(measured):
+        for slower in measured[position + 1:]:
+            if min(sums(slower)) <= max(sums(faster)):
+                ties.append(f"{faster} ~ {slower}")
+            else:
+                (right if planned(faster) < planned(slower) else wrong).append(f"{faster} < {slower}")
+    said = f"{len(right)} of {len(right) + len(wrong)} measured pairs right"
+    return (f"measured {', '.join(measured)}; planned {', '.join(sorted(runs, key=planned))}; {said}"
+            + (f", wrong: {'; '.join(wrong)}" if wrong else "")
+            + (f"; ties (their runs overlap): {'; '.join(ties)}" if ties else ""))
 
 
 def eta_verdict(runs: list[dict[str, float]]) -> str:
@@ -203,18 +217,14 @@ def report(args: argparse.Namespace, configs: list[str], runs: dict, found: dict
     plans = {config: phases for config, (phases, _) in found.items()}
     steps_runs = {config: runs[config] for config in configs}
     rows, within = table(steps_runs, plans)
-    by_measured, by_plan = ordering(steps_runs, plans)
     columns = ["configuration", "phase", "measured s/step (median)", "spread", "planned s/step", "error"]
     done = len(runs[configs[0]])
     title = (f"rlhf rloo -r rloo/smoke, {args.steps} steps, {done} interleaved repeats; plan from "
              f"{found[configs[0]][1]}")
     print_table(title, columns, rows)
-    generating = ordering(steps_runs, plans, ("generation", "sync"))
-    verdict = (f"ordering by step time (fastest first): measured {', '.join(by_measured)}; planned "
-               f"{', '.join(by_plan)} ({'same' if by_measured == by_plan else 'differs'}); by generation and sync "
-               f"(the phases the configurations change): measured {', '.join(generating[0])}; planned "
-               f"{', '.join(generating[1])} ({'same' if generating[0] == generating[1] else 'differs'}); every phase "
-               f"within {TARGET:.0%}: {'yes' if within else 'no'}")
+    verdict = (f"ordering by step time (fastest first): {ordering(steps_runs, plans)}. By generation and sync (the "
+               f"phases the configurations change): {ordering(steps_runs, plans, ('generation', 'sync'))}. Every "
+               f"phase within {TARGET:.0%}: {'yes' if within else 'no'}")
     eta = eta_verdict(runs["eta"]) if runs.get("eta") else "ETA: not run"
     machine = load_note(loads, os.cpu_count() or 1)
     print(verdict, eta, machine, sep="\n")

@@ -227,9 +227,8 @@ ROWS = [
     PublishedTime(SWIFT_COLOCATE, "the same without `seq_kd`, vLLM colocated at 0.3, sleeping (level 1)", 11,
                   "s/step", f"{GKD_ASSUMED}; the teacher ZeRO-3 with its parameters offloaded "
                   "(`--teacher_deepspeed zero3_offload`): its shards fetched from host memory for every forward, "
-                  "overlapped with its matmuls as every ZeRO-3 fetch the plan counts (the configs' `overlap_comm: "
-                  "false` puts fetches on the compute stream; not modelled: exposed, the teacher's 7 GB a GPU from "
-                  "host memory would add 0.22 s a step to this run alone); the student neither offloaded nor "
+                  "after its matmuls, not beside them (ms-swift's DeepSpeed configs then set `overlap_comm: "
+                  "false`: ZeRO-3 fetches on the compute stream, in every GKD row); the student neither offloaded nor "
                   "synced in batches (`--offload_model`, `--offload_optimizer`, `--move_model_batches` unset); vLLM "
                   "(TP 1, one engine a GPU generating its 4 prompts) woken, synced and put to sleep on the "
                   "generating half of the steps, its weights down to host memory and back each time",

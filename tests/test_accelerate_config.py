@@ -66,3 +66,21 @@ def test_offload_without_deepspeed_is_an_error(tmp_path: Path) -> None:
 def test_cpu_machines_use_deepspeeds_cpu_path() -> None:
     config, _ = build_accelerate_config(AccelerateChoices(cpu_only=True), [])
     assert config["use_cpu"] is True and config["mixed_precision"] == "no"
+
+
+def test_deepspeed_json_keys_in_accelerates_section_say_where_they_take_effect(tmp_path: Path) -> None:
+    """accelerate ignores DeepSpeed's JSON keys in its `deepspeed_config` section: each is a warning naming where
+    it does work: its accelerate key, the recipe (a ZeRO-3 key rlhf passes on, and the plan reads), or a
+    deepspeed_config_file."""
+    user = write(tmp_path / "mine.yaml", yaml.safe_dump({"distributed_type": "DEEPSPEED", "deepspeed_config": {
+        "zero_stage": 3, "overlap_comm": False, "stage3_gather_16bit_weights_on_model_save": True,
+        "sub_group_size": 1}}))
+    problems: list[str] = []
+    _, notes = build_accelerate_config(AccelerateChoices(user_config=str(user)), problems)
+    assert problems == []
+    said = {note.split("`")[1]: note.split("accelerate ignores here; ")[1] for note in notes}
+    assert said == {"deepspeed_config.overlap_comm": "set it in the recipe (`overlap_comm:`, or --set "
+                                                     "overlap_comm=...), which the plan reads too",
+                    "deepspeed_config.stage3_gather_16bit_weights_on_model_save": "its accelerate key is "
+                                                                                   "`zero3_save_16bit_model`",
+                    "deepspeed_config.sub_group_size": "put it in a deepspeed_config_file"}

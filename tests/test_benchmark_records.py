@@ -83,3 +83,22 @@ def test_a_vllm_server_that_exits_before_answering_says_why(tmp_path: Path) -> N
         with common.vllm_server(tmp_path / "server.log", "grpo", "-r", "no-such-recipe.yaml", timeout=120):
             pytest.fail("a server that exited was taken for one that answers")
     assert time.monotonic() - started < 60
+
+
+def test_the_plans_ordering_is_judged_pair_by_pair_with_overlapping_runs_a_tie(monkeypatch) -> None:
+    """benchmarks/plan_vs_measured.py: a pair whose per-run sums overlap has no measured order (a tie, said as
+    one); every other pair is right when the plan puts the measured faster one first, and a wrong one is named."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import plan_vs_measured
+
+    runs = {"gather": [{"generation": 0.04, "train": 0.10}, {"generation": 0.05, "train": 0.10}],
+            "budget": [{"generation": 0.07, "train": 0.10}, {"generation": 0.08, "train": 0.10}],
+            "no-gather": [{"generation": 0.075, "train": 0.10}, {"generation": 0.11, "train": 0.10}]}
+    plans = {"gather": {"generation": 0.04, "train": 0.09}, "budget": {"generation": 0.09, "train": 0.09},
+             "no-gather": {"generation": 0.08, "train": 0.09}}
+    verdict = plan_vs_measured.ordering(runs, plans)
+    assert verdict.startswith("measured gather, budget, no-gather; planned gather, no-gather, budget")
+    assert "2 of 2 measured pairs right" in verdict and "ties (their runs overlap): budget ~ no-gather" in verdict
+    plans["gather"]["generation"] = 0.2  # now the plan puts gather last: both of its measured pairs are wrong
+    verdict = plan_vs_measured.ordering(runs, plans)
+    assert "0 of 2 measured pairs right, wrong: gather < budget; gather < no-gather" in verdict

@@ -193,6 +193,7 @@ HEAVY_FOR_HELP = (*HEAVY, "pydantic")
 
 @pytest.mark.parametrize("args", [["--help"], ["rloo", "--help"], ["plan", "grpo", "--help"],
                                   ["vllm-serve", "ppo", "--help"], ["doctor", "--help"],
+                                  ["vllm-serve", "grpo", "-r", "grpo/smoke", "--lora", "--dry-run"],
                                   ["rloo", "-r", "rloo/smoke", "--no-gather", "--dry-run", "--json"],
                                   ["ppo", "-r", "ppo/smoke", "--no-gather", "--dry-run"],
                                   ["recipes"], ["init", "online-dpo"],

@@ -146,3 +146,104 @@ def test_every_generation_of_an_engine_serving_the_adapters_passes_the_current_l
     merged = Engine()
     serve_lora(merged, LoraServing(None, "use_dora: ..."), str(tmp_path))
     assert not hasattr(merged, "rlhf_lora") and merged.rlhf_lora_reason == "use_dora: ..."
+
+
+class Reply:
+    def __init__(self, status: int, body: Any = None) -> None:
+        self.status_code, self.body = status, body
+        self.text = json.dumps(body) if body is not None else ""
+        self.content = self.text.encode()
+
+    def json(self) -> Any:
+        return self.body
+
+
+class Server:
+    """What a run's ranks ask of `rlhf vllm-serve` over HTTP (TRL's VLLMClient and its session): the requests it
+    got, and its replies by route."""
+
+    def __init__(self, lora_config: Any, replies: dict[str, Reply] | None = None) -> None:
+        self.base_url, self.model, self.session = "http://server", "the/policy", self
+        self.lora_config, self.replies, self.posted = lora_config, replies or {}, []
+
+    def get_server_info(self) -> dict[str, Any]:
+        return {"lora_config": self.lora_config}
+
+    def post(self, url: str, json: Any = None) -> Reply:
+        route = url.removeprefix(self.base_url + "/")
+        self.posted.append((route, json))
+        return self.replies.get(route, Reply(200))
+
+
+@pytest.fixture
+def served_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run whose LoRA of rank 16 vLLM serves (set when the ranks install vLLM)."""
+    from rlhf_cli.rank.engines.vllm.server import ServerTarget
+
+    monkeypatch.setattr(ServerTarget, "lora", LoraServing(16))
+
+
+def test_a_server_serving_the_runs_lora_loads_each_syncs_adapter_under_its_models_name(tmp_path, served_run) -> None:
+    """TRL's client names the server's model, never a LoRA: the adapter is loaded in place under that name, from a
+    PEFT-format adapter in the run's directory, and the checksums the server's worker reports are read back."""
+    import torch
+    from safetensors.torch import load_file
+
+    from rlhf_cli.rank.engines.adapters import PackedAdapters
+    from rlhf_cli.rank.engines.vllm.server import ServerTarget
+    from rlhf_cli.rank.engines.vllm.worker_extension import LORA_CHECKSUM_METHOD
+
+    sums = {"model.layers.0.self_attn.qkv_proj.lora_a0": [3, -5]}
+    server = Server({"max_lora_rank": 16}, {"collective_rpc": Reply(200, {"results": [sums]})})
+    target = ServerTarget(server, None, tmp_path / "run" / "vllm-weights")
+    assert target.adapters.max_rank == 16 and target.lora_reason is None
+    tensors = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.arange(6.0).reshape(2, 3)}
+    target.adapters.load(PackedAdapters(tensors, {"peft_type": "LORA", "r": 2, "lora_alpha": 2}, {}, 0))
+    route, body = server.posted[-1]
+    assert route == "v1/load_lora_adapter" and body["lora_name"] == "the/policy" and body["load_inplace"] is True
+    assert body["lora_path"] == str((tmp_path / "run" / "vllm-lora" / "server").resolve())
+    assert torch.equal(load_file(f"{body['lora_path']}/adapter_model.safetensors")[next(iter(tensors))],
+                       next(iter(tensors.values())))
+    assert json.loads((tmp_path / "run" / "vllm-lora" / "server" / "adapter_config.json").read_text())["r"] == 2
+    assert target.adapters.checksums() == {"model.layers.0.self_attn.qkv_proj.lora_a0": (3, -5)}
+    assert server.posted[-1] == ("collective_rpc", {"method": LORA_CHECKSUM_METHOD})
+    server.replies["collective_rpc"] = Reply(200, {"results": [sums, sums]})  # tensor parallel: slices, unchecked
+    assert target.adapters.checksums() is None
+    server.replies["v1/load_lora_adapter"] = Reply(404, {"detail": "Not Found"})  # no runtime LoRA loading
+    with pytest.raises(RuntimeError, match="did not load the run's LoRA .* --lora"):
+        target.adapters.load(PackedAdapters(tensors, {}, {}, 0))
+
+
+def test_a_server_started_without_lora_is_refused_and_a_dense_reload_drops_the_served_lora(tmp_path,
+                                                                                            served_run) -> None:
+    import torch
+
+    from rlhf_cli.rank.engines.vllm.server import ServerTarget
+
+    for lora_config, said in ((None, "started without LoRA"), ({"max_lora_rank": 8}, "up to rank 8")):
+        with pytest.raises(RuntimeError, match=said):
+            ServerTarget(Server(lora_config), None, tmp_path / "vllm-weights")
+    server = Server({"max_lora_rank": 16}, {"v1/unload_lora_adapter": Reply(404)})  # none loaded yet: fine
+    ServerTarget(server, None, tmp_path / "vllm-weights").load(iter([("w", torch.ones(2))]))
+    assert [route for route, _ in server.posted] == ["collective_rpc", "v1/unload_lora_adapter"]
+    assert server.posted[-1][1] == {"lora_name": "the/policy"}
+    server.replies["v1/unload_lora_adapter"] = Reply(500)
+    with pytest.raises(RuntimeError, match="did not drop the LoRA"):
+        ServerTarget(server, None, tmp_path / "vllm-weights").load(iter([("w", torch.ones(2))]))
+
+
+@needs_vllm
+def test_vllms_server_serves_a_request_naming_its_model_with_a_lora_loaded_under_that_name() -> None:
+    """What a server serving the run's LoRA relies on (rlhf_cli/compat/vllm_lora.py): TRL's client names the
+    model, and a LoRA loaded under that name serves it; without one, the base."""
+    from types import SimpleNamespace
+
+    from vllm.entrypoints.serve.engine.serving import BaseServing
+
+    loaded = SimpleNamespace(lora_name="the/policy", lora_int_id=3)
+    serving = SimpleNamespace(models=SimpleNamespace(lora_requests={"the/policy": loaded},
+                                                     is_base_model=lambda name: name == "the/policy"),
+                              _is_model_supported=lambda name: name == "the/policy")
+    assert BaseServing._maybe_get_adapters(serving, SimpleNamespace(model="the/policy")) is loaded
+    serving.models.lora_requests = {}
+    assert BaseServing._maybe_get_adapters(serving, SimpleNamespace(model="the/policy")) is None

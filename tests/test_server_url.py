@@ -3,6 +3,7 @@ server may be starting beside the job), and `--dry-run` and the launch judge it 
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from helpers import free_port
-from rlhf_cli.config.engines.vllm_server import server_problems
+from rlhf_cli.config.engines.vllm_server import server_lora_problem, server_problems
 
 
 @pytest.fixture
@@ -102,3 +103,18 @@ def test_a_closed_port_is_a_warning_that_says_how_long_the_ranks_wait(cli, nothi
         assert "weights reach the server through a shared directory" in said and "rlhf vllm-serve grpo" in said
     assert len(nothing_launches) == 1
 
+
+
+def test_a_run_whose_lora_the_server_serves_needs_a_server_started_with_lora_at_its_rank(listener) -> None:
+    """`/server_info` (vLLM's development endpoint) says whether the server has vLLM's LoRA, and up to which rank:
+    without it, or below the run's rank, the run is refused with the restart that fixes it."""
+    port, replies = listener
+    url = f"http://127.0.0.1:{port}"
+    for lora, said in ((None, "the server was started without LoRA"), ({"max_lora_rank": 8}, "up to rank 8, below")):
+        replies["reply"] = _http(200, json.dumps({"vllm_config": {"lora_config": lora}}).encode())
+        problem = server_lora_problem(url, "w", 16, "grpo")
+        assert problem.startswith("w: ") and said in problem and "rlhf vllm-serve grpo" in problem, problem
+    replies["reply"] = _http(200, json.dumps({"vllm_config": {"lora_config": {"max_lora_rank": 16}}}).encode())
+    assert server_lora_problem(url, "w", 16, "grpo") is None
+    replies["reply"] = _http(404)  # no development endpoints: the sync says why, with the rest of it
+    assert server_lora_problem(url, "w", 16, "grpo") is None

@@ -171,3 +171,23 @@ def test_ppo_syncs_its_vllm_as_weight_sync_delta_says(delta: bool, monkeypatch: 
     rollouts.start(resumed=False)  # a server gets this run's weights before its first rollout
     rollouts.sync()
     assert [(target is rollouts.server, sent) for target, sent in synced] == [(True, delta)] * 2
+
+
+def test_vllm_serve_turns_on_vllms_lora_for_a_run_whose_adapters_it_serves() -> None:
+    """`--lora` (or the recipe's `use_peft`), as the run says it: vLLM's LoRA, one adapter, at the smallest vLLM
+    rank holding the run's; a LoRA vLLM cannot serve (DoRA) starts it without, saying why."""
+    def started(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "rlhf_cli", "vllm-serve", "grpo", "-r", "grpo/smoke", "--dry-run",
+                               *flags], capture_output=True, text=True, timeout=120)
+
+    for flags, rank in ((("--lora",), "16"), (("--lora", "--lora-r", "4"), "8"), (("--set", "use_peft=true"), "16")):
+        done = started(*flags)
+        assert done.returncode == 0, done.stderr
+        argv = shlex.split(done.stdout.strip().splitlines()[-1])
+        assert argv[argv.index("--enable-lora") + 1:argv.index("--enable-lora") + 5] == \
+            ["--max-lora-rank", rank, "--max-loras", "1"], argv
+    done = started("--lora", "--set", "use_dora=true")
+    assert done.returncode == 0 and "--enable-lora" not in done.stdout and "use_dora" in done.stderr
+    assert "--enable-lora" not in started().stdout
+    done = started("--lora", "--no-lora")
+    assert done.returncode == 2 and "--lora and --no-lora contradict each other" in done.stderr

@@ -2,10 +2,12 @@
 
 It resolves the recipe as the training command does (same flags and `--set`) and starts vLLM's OpenAI-compatible
 server on the run's policy, dtype, context length, tensor parallelism and port. The server listens on loopback
-(127.0.0.1) unless `--host` says otherwise, with vLLM's development endpoints on (VLLM_SERVER_DEV_MODE=1): the
-run refreshes the server's weights through `/collective_rpc` (rlhf_cli/rank/engines/vllm/server.py), whichever
-algorithm it trains (PPO, RLOO, GRPO, online DPO). TRL's own `trl vllm-serve` needs CUDA (and the package named
-`vllm`); this needs neither.
+(127.0.0.1) unless `--host` says otherwise, with vLLM's development endpoints on (VLLM_SERVER_DEV_MODE=1): the run
+refreshes the server's weights through `/collective_rpc` (rlhf_cli/rank/engines/vllm/server.py), whichever algorithm
+it trains (PPO, RLOO, GRPO, online DPO). A run with LoRA (`--lora`, or the recipe's `use_peft`) whose adapters vLLM
+can serve (rlhf_cli/config/engines/vllm_lora.py) gets vLLM's LoRA on at the run's rank, with runtime adapter loading
+(VLLM_ALLOW_RUNTIME_LORA_UPDATING=1): the run sends the base once, then only the adapters. TRL's own
+`trl vllm-serve` needs CUDA (and the package named `vllm`); this needs neither.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from rlhf_cli.cli.flags import TABLE, given_once
+from rlhf_cli.cli.flags import TABLE, given_once, switch_settings
 from rlhf_cli.config.engines.vllm import LOGPROBS_MODE
+from rlhf_cli.config.engines.vllm_lora import LoraServing, run_lora_serving
 from rlhf_cli.errors import RlhfError
 from rlhf_cli.launch.module_start import module_argv
 from rlhf_cli.models.dtype import training_dtype
@@ -38,14 +41,16 @@ def _training_option(parameter: str) -> Any:
     return next(row for row in TABLE if row.parameter == parameter).parameter_of_command().annotation
 
 
-RecipeOpt, ModelOpt, SetOpt, DryRunOpt = (_training_option(name) for name in ("recipe", "model", "set_", "dry_run"))
+RecipeOpt, ModelOpt, SetOpt, DryRunOpt, LoraOpt, NoLoraOpt, LoraRankOpt = (
+    _training_option(name) for name in ("recipe", "model", "set_", "dry_run", "lora", "no_lora", "lora_r"))
 HostOpt = Annotated[str, typer.Option("--host", help="Address to listen on; loopback unless you need more.")]
 PortOpt = Annotated[Optional[int], typer.Option(
     "--port", show_default=False, help="Port to listen on. Default: the run's vllm_server_port.")]
 
 
-def server_command(run: Any, host: str, port: int | None, dtype: str) -> list[str]:
-    """vLLM's server on the run's policy, lengths, dtype, tensor parallelism, memory share and seed."""
+def server_command(run: Any, host: str, port: int | None, dtype: str, lora: LoraServing | None = None) -> list[str]:
+    """vLLM's server on the run's policy, lengths, dtype, tensor parallelism, memory share and seed; with vLLM's
+    LoRA, one adapter at a time up to the run's rank, where `lora` says it serves the run's adapters."""
     argv = [*module_argv(sys.executable, "vllm.entrypoints.openai.api_server"),
             "--model", str(run.value("model_name_or_path")),
             "--host", host, "--port", str(port if port is not None else run.value("vllm_server_port")),
@@ -60,6 +65,8 @@ def server_command(run: Any, host: str, port: int | None, dtype: str) -> list[st
         argv += ["--max-model-len", str(length)]
     if run.value("trust_remote_code"):
         argv.append("--trust-remote-code")
+    if lora is not None and lora.served:
+        argv += ["--enable-lora", "--max-lora-rank", str(lora.max_rank), "--max-loras", "1"]
     return argv
 
 
@@ -104,14 +111,21 @@ def vllm_serve(
     host: HostOpt = LOOPBACK,
     port: PortOpt = None,
     dry_run: DryRunOpt = 0,
+    lora: LoraOpt = 0,
+    no_lora: NoLoraOpt = 0,
+    lora_r: LoraRankOpt = None,
 ) -> None:
     """Start the vLLM server for a `vllm_mode: server` run of this recipe; Ctrl-C stops it."""
     from rlhf_cli.config.resolve import RunRequest, resolve
     from rlhf_cli.generation.engines import VLLM_SERVER, installed
 
-    given, problems = given_once({"recipe": recipe, "model": model, "set_": set_, "dry_run": dry_run})
+    given, problems = given_once({"recipe": recipe, "model": model, "set_": set_, "dry_run": dry_run, "lora": lora,
+                                  "no_lora": no_lora, "lora_r": lora_r})
     recipe, model, dry_run = given["recipe"], given["model"], given["dry_run"]
-    flags = {"model_name_or_path": ("--model", model)} if model else {}
+    switches, contradictions = switch_settings({"lora": given["lora"], "no_lora": given["no_lora"]})
+    problems += contradictions
+    flags = {**({"model_name_or_path": ("--model", model)} if model else {}), **switches,
+             **({"lora_r": ("--lora-r", given["lora_r"])} if given["lora_r"] is not None else {})}
     if not (installed(VLLM_SERVER) or dry_run):
         problems.append(f"rlhf vllm-serve: vLLM is not installed; install it with {VLLM_SERVER.install}")
     run = resolve(RunRequest(ctx.info_name.replace("-", "_"), recipe, flags, tuple(set_ or ()), False,
@@ -122,9 +136,14 @@ def vllm_serve(
                              "--port" if port is not None else "`vllm_server_port`", in_use=not dry_run)
     if problem:
         raise RlhfError(f"rlhf vllm-serve: {problem}")
-    argv = server_command(run, host, port, dtype)
+    served = run_lora_serving(run.value, run.value("model_name_or_path"), run.value("model_revision"),
+                              run.value("env"))
+    argv = server_command(run, host, port, dtype, served)
+    if served is not None and not served.served:
+        print(f"rlhf vllm-serve: LoRA without vLLM's LoRA: {served.reason}", file=sys.stderr)
     if dry_run:
         print(shlex.join(argv))
         return
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1",
+           **({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"} if served is not None and served.served else {})}
     os.execve(sys.executable, argv, env)  # the server is this process: its output, Ctrl-C and exit code

@@ -1,6 +1,7 @@
 """vLLM's LoRA as the adapter sync uses it (rlhf_cli/rank/engines/vllm/adapters.py): a colocated engine built with
 LoRA takes each sync's adapters as a new LoRA through its public `LLMEngine.add_lora`, and the sync reads back,
-through the private internals listed here, the matrices the engine serves, to check them against what it sent.
+through the private internals listed here, the matrices the engine serves, to check them against what it sent; a
+server's worker reads them the same way (rlhf_cli/rank/engines/vllm/worker_extension.py).
 Beside rlhf_cli/compat/vllm.py (the rest of vLLM's internals), resolved only where vLLM is installed.
 """
 
@@ -9,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from rlhf_cli.compat import Internal
-from rlhf_cli.compat.vllm import vllm_model_runner
 
 VLLM_LORA_INTERNALS = (
     Internal("vllm.v1.worker.lora_model_runner_mixin:LoRAModelRunnerMixin.load_lora_model",
@@ -22,6 +22,15 @@ VLLM_LORA_INTERNALS = (
     Internal("vllm.lora.layers:BaseLayerWithLoRA.set_lora",
              "as above: the LoRA layers whose stacked matrices the check reads", "as above",
              ("index", "lora_a", "lora_b")),
+    Internal("vllm.lora.worker_manager:WorkerLoRAManager.list_adapters",
+             "a server's worker reports the LoRA it serves (rlhf_cli/rank/engines/vllm/worker_extension.py): the ids "
+             "its model runner's `lora_manager` holds", "as above"),
+    Internal("vllm.entrypoints.serve.engine.serving:BaseServing._maybe_get_adapters",
+             "a server serves the run's adapters to TRL's client, which names the model and never a LoRA: the run "
+             "loads them under the model's name (rlhf_cli/rank/engines/vllm/server_lora.py), and vLLM serves a "
+             "request naming a loaded LoRA with it before it looks at the base models "
+             "(tests/test_lora_serving.py asserts it)",
+             "TRL's client passes a LoRA name, or vLLM's server takes a default LoRA", ("request",)),
 )
 
 
@@ -40,13 +49,19 @@ def vllm_tensor_parallel_size(llm: Any) -> int:
     return llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size
 
 
-def vllm_served_lora(llm: Any, lora_id: int) -> dict[str, Any]:
-    """The matrices a colocated `vllm.LLM` serves for the LoRA `lora_id`, by `<layer>.lora_a<slice>` and
+def vllm_lora_ids(runner: Any) -> list[int]:
+    """The ids of the LoRAs a vLLM worker's model runner (colocated: `vllm_model_runner`; a server's worker:
+    its own) holds loaded; none where it runs without LoRA."""
+    manager = getattr(runner, "lora_manager", None)
+    return sorted(manager.list_adapters()) if manager is not None else []
+
+
+def vllm_served_lora(runner: Any, lora_id: int) -> dict[str, Any]:
+    """The matrices a vLLM worker's model runner serves for the LoRA `lora_id`, by `<layer>.lora_a<slice>` and
     `<layer>.lora_b<slice>` (a packed layer, such as `qkv_proj`, has a slice per module it packs), zero-padded to
     the engine's largest rank; empty when that LoRA is not active."""
     from vllm.lora.layers import BaseLayerWithLoRA
 
-    runner = vllm_model_runner(llm)
     slots = runner.lora_manager._adapter_manager.lora_index_to_id
     if lora_id not in slots:
         return {}

@@ -14,7 +14,7 @@ from typing import Any
 
 from rlhf_cli.config.bundled import bundled_dir
 from rlhf_cli.config.draft import suggest
-from rlhf_cli.config.fields import OFFLOAD_DEVICES, FieldTypeError, accelerate_keys, coerce, own_field
+from rlhf_cli.config.fields import OFFLOAD_DEVICES, OWN_FIELDS, FieldTypeError, accelerate_keys, coerce, own_field
 from rlhf_cli.config.yaml_file import read_yaml
 from rlhf_cli.errors import ConfigError
 
@@ -100,14 +100,21 @@ def _drop_unknown_keys(config: dict[str, Any], bad: Callable[..., None]) -> None
     section = config.get("deepspeed_config")
     for key in [key for key in section if key not in deepspeed] if isinstance(section, dict) else []:
         if key in DEEPSPEED_JSON_KEYS:
-            instead = DEEPSPEED_JSON_KEYS[key]
-            bad(f"deepspeed_config.{key}", "DeepSpeed's JSON key, which accelerate ignores here" +
-                (f"; its accelerate key is `{instead}`" if instead else "; put it in a deepspeed_config_file"),
+            bad(f"deepspeed_config.{key}", f"DeepSpeed's JSON key, which accelerate ignores here; {_instead(key)}",
                 "deepspeed_config", warning=True)
         else:
             bad(f"deepspeed_config.{key}", "not a DeepSpeed setting accelerate knows, so it would be ignored"
                 f"{suggest(str(key), list(deepspeed)) or '; remove it'}", "deepspeed_config")
         del section[key]
+
+
+def _instead(key: str) -> str:
+    """Where a DeepSpeed JSON key given in accelerate's `deepspeed_config` takes effect."""
+    if DEEPSPEED_JSON_KEYS[key]:
+        return f"its accelerate key is `{DEEPSPEED_JSON_KEYS[key]}`"
+    if any(field.name == key and field.group == "zero3" for field in OWN_FIELDS):
+        return f"set it in the recipe (`{key}:`, or --set {key}=...), which the plan reads too"
+    return "put it in a deepspeed_config_file"
 
 
 def _load(path: Path, problems: list[str], notes: list[str]) -> dict[str, Any]:

@@ -104,6 +104,9 @@ OWN_FIELDS = (
           "ZeRO-3: parameters smaller than this stay whole on every rank; default: DeepSpeed's (1e5)."),
     Field("stage3_max_live_parameters", "zero3", ("int", "null"), None,
           "ZeRO-3: most parameter elements kept gathered at once; default: DeepSpeed's (1e9)."),
+    Field("overlap_comm", "zero3", ("bool", "null"), None,
+          "ZeRO-3: fetch parameters and reduce gradients on a stream of their own, overlapped with compute; "
+          "default: DeepSpeed's (true under ZeRO-3). false runs them on the compute stream, in the plan too."),
 )
 
 # Code a recipe names for the trainers that take it (`Algorithm.takes_tools`): constructor arguments, not config

@@ -84,6 +84,9 @@ class Unit:
     name: str
     numel: int  # parameter elements it holds
     modules: int  # modules whose ZeRO-3 hooks it takes out of every generated token
+    # the parameter elements each of its modules holds directly (the plan's count of ZeRO-3's fetches); the ranks
+    # leave it empty: they gather what they find
+    module_numels: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,9 @@ from rlhf_cli.machine.gpus import COLLECTIVE_EFFICIENCY, Gpu
 
 FILE_NAME = "calibration.json"
 TIMEOUT_SECONDS = 120
+# one-element all-gathers timed one a round, the median of the rounds: under a second on a CPU. Single calls, not
+# rounds of many: a round as long as a scheduler's slice catches a rank descheduled by other work more often
+LATENCY_ROUNDS, LATENCY_CALLS = 301, 1
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class Calibration:
     matmul_flops: float  # FLOP/s of a large matmul (fp32 on CPU, bf16 on a GPU)
     memory_bandwidth: float  # bytes/s of a large copy, read and written
     all_gather_rate: float  # bytes/s each of 2 processes receives in a large all-gather
-    all_gather_latency: float  # seconds of a one-element all-gather: what ZeRO-3 pays per module fetched
+    all_gather_latency: float  # seconds of a one-element all-gather: what ZeRO-3 pays per all-gather it launches
     backend: str  # gloo or nccl
     measured_at: float  # time.time()
     host: str
@@ -116,6 +119,19 @@ def _fastest(run: Any, repeats: int, rounds: int = 50) -> float:
     return min(_timed(run, repeats) for _ in range(rounds))
 
 
+def _latency(run: Any, barrier: Any, rounds: int = LATENCY_ROUNDS, calls: int = LATENCY_CALLS) -> float:
+    """Seconds of one `run` (a small collective): the median of `rounds` rounds of `calls`, each round started on
+    both ranks together (a rank arriving first would time its wait for the other). The median, not the fastest:
+    the ranks wait on each other at every fetch, and a shared machine's scheduling is part of what they wait; the
+    median of many short rounds keeps one descheduled round from moving it."""
+    run()  # warm-up
+    times = []
+    for _ in range(rounds):
+        barrier()
+        times.append(_timed(run, calls))
+    return statistics.median(times)
+
+
 def _all_gather(rank: int, port: int, backend: str, found: Any) -> None:
     import torch
     import torch.distributed as dist
@@ -124,15 +140,22 @@ def _all_gather(rank: int, port: int, backend: str, found: Any) -> None:
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     large = torch.ones(8 << 20, device=device)  # 32 MB per rank
     small = torch.ones(1, device=device)
+    sync = (lambda: torch.cuda.synchronize(device)) if backend == "nccl" else (lambda: None)
 
     def gather(tensor: Any) -> None:
         out = [torch.empty_like(tensor) for _ in range(2)]
         dist.all_gather(out, tensor)
-        if backend == "nccl":
-            torch.cuda.synchronize(device)
+        sync()
+
+    into_one = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # torch >= 2.12 renamed it
+
+    def fetch(tensor: Any, out: Any) -> None:  # what ZeRO-3 launches per fetch: into one flat tensor
+        into_one(out, tensor)
+        sync()
 
     seconds = _fastest(lambda: gather(large), 1, rounds=5)
-    latency = statistics.median(_timed(lambda: gather(small), 10) for _ in range(10))  # not the fastest: both ranks'
+    gathered = torch.empty(2, device=device)
+    latency = _latency(lambda: fetch(small, gathered), dist.barrier)
     if rank == 0:
         found.put((large.numel() * large.element_size() / seconds, latency))
     dist.destroy_process_group()

@@ -8,8 +8,9 @@ A count times the seconds of one small module call from Python (`Rates.call`: me
 transformers 5's llama on CPU, one thread, against a tiny nn.Linear's call in the same process: a 2-layer and a
 6-layer model, HF generate of 12 and 24 tokens at batch 2, a forward, a forward and backward. The per-step and
 per-call counts of a run's own machinery (TRL's generation context and ZeRO-3's gathering around `generate`, a
-gather budget's walk, ZeRO-3's hooks on modules it keeps whole, the trainer's per-step work, DeepSpeed's step, a
-save) were fitted to the smoke recipes' measured phases on a quiet machine (benchmarks/plan_vs_measured.py). No torch.
+ZeRO-3's hooks on modules it keeps whole, the trainer's per-step work, DeepSpeed's step, a save) were fitted to the
+smoke recipes' measured phases on a quiet machine (benchmarks/plan_vs_measured.py); a gather budget's own work was
+timed in the ranks. No torch.
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ BACKWARD_CALLS_PER_FORWARD = 2  # autograd's calls in a backward, per call of it
 GENERATE_CALLS = 4800  # per generate call: TRL's generation context, ZeRO-3 gathering the policy and its hooks
 STEP_CALLS = 10_300  # per optimizer step: the trainer's rewards, advantages and logged metrics, DeepSpeed's step
 SAVE_CALLS = 10_700  # per save, besides its bytes: the files written, the trainer's state, the ranks' barriers
-BUDGET_MODULE_CALLS = 140  # per module of the policy per generate call under a gather budget (its units' walk)
+# per module of the policy per generate call under a gather budget: its units found and chosen (a walk over the
+# modules), gathered, their hooks taken off and registered again. Timed in the smoke ranks (2 CPU ranks, rloo/smoke,
+# 5 generate calls x 3 runs a choice, medians): 1.6 ms a call (0.5 finding, 0.2 entering, 0.9 leaving), against
+# 0.38 ms per hooked module and forward in the same runs (no-gather's and the budget's generate less gather's, over
+# 32 and 18 hooked modules x 12 forwards), so 4.3 hooked module-forwards x ZERO3_HOOK_CALLS over the policy's 29
+# modules: 3 calls a module.
+BUDGET_MODULE_CALLS = 3
 # per module run under ZeRO-3's hooks with nothing to fetch (its parameters below the persistence threshold, kept
 # whole): the hooks' bookkeeping, the trace; fitted to no-gather's generation, whose 2-layer policy fetches nothing
 ZERO3_HOOK_CALLS = 21  # per module run under ZeRO-3's hooks with nothing to fetch (parameters kept whole)

@@ -204,9 +204,10 @@ def _layer_groups(count: int, chosen: list[tuple[Module, Sequence[int]]]) -> tup
 def _units(layout: _Layout, layers: int, parameterless: int) -> tuple[Unit, ...]:
     """A causal LM's units in the order the ranks find them (rlhf_cli.rank.zero3.policy_units): the decoder
     layers, then the embeddings (the first with the LM head when they are tied), the final norms, the LM head."""
-    layer = Unit("decoder layer", sum(layout.per_layer), len(layout.per_layer) + parameterless)
+    layer = Unit("decoder layer", sum(layout.per_layer), len(layout.per_layer) + parameterless, tuple(layout.per_layer))
     tied = layout.head == 0
-    embeddings = [Unit("embedding + LM head" if tied and index == 0 else "embedding", numel, 1 + (tied and index == 0))
-                  for index, numel in enumerate(layout.embeddings)]
-    final = [Unit("final norm", numel, 1) for numel in layout.final]
-    return (*[layer] * layers, *embeddings, *final, *([] if tied else [Unit("LM head", layout.head, 1)]))
+    embeddings = [Unit("embedding + LM head" if tied and index == 0 else "embedding", numel, 1 + (tied and index == 0),
+                       (numel,)) for index, numel in enumerate(layout.embeddings)]
+    final = [Unit("final norm", numel, 1, (numel,)) for numel in layout.final]
+    head = [] if tied else [Unit("LM head", layout.head, 1, (layout.head,))]
+    return (*[layer] * layers, *embeddings, *final, *head)

@@ -32,6 +32,7 @@ from rlhf_cli.phases import Phase
 from rlhf_cli.plan import fixed_costs, memory
 from rlhf_cli.plan.columns import Candidate, Plan
 from rlhf_cli.plan.engines import plan_room
+from rlhf_cli.plan.fetches import GenerationGathers, ZeroSettings, generation_gathers
 from rlhf_cli.plan.inputs import Inputs
 from rlhf_cli.plan.model_sizes import ModelSize
 from rlhf_cli.plan.rates import Rates, forward_flops, modules
@@ -81,13 +82,32 @@ def generation_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step:
     token = max((policy.params * b + kv) / (rates.memory * HF_DECODE_BANDWIDTH),
                 rates.matmul(forward_flops(policy, batch, 1))) + rates.calls(fixed_costs.decode_token(policy))
     gathered, gathered_modules = _gathered(inputs, candidate)
-    rest = policy.params - gathered
-    once = rates.fetch(gathered * b) + _budget_seconds(inputs, candidate, rates)
-    rest_modules = modules(policy) - gathered_modules
-    per_pass = rates.fetch(rest * b)
-    fetch = rest_modules * rates.per_module(policy, inputs.persistence_threshold)
-    passes = max(prefill, per_pass) + fetch + c * (max(token, per_pass) + fetch)
+    gathers = _generation_gathers(inputs, candidate)
+    once = (rates.fetch(gathered * b) + _budget_seconds(inputs, candidate, rates)
+            + gathers.once * rates.module_overhead)
+    hooks = (modules(policy) - gathered_modules) * rates.calls(fixed_costs.ZERO3_HOOK_CALLS)
+    per_pass = rates.fetch(gathers.hooked_numel * b)  # the persistent parameters stay whole: no bytes per pass
+    decode_gathers = max(c - 1, 0) * gathers.per_pass * rates.module_overhead  # the first forward's are in `once`
+    passes = (overlapped(inputs, prefill, per_pass) + hooks + c * (overlapped(inputs, token, per_pass) + hooks)
+              + decode_gathers)
     return calls * (once + passes + rates.calls(fixed_costs.forward(policy) + fixed_costs.GENERATE_CALLS))
+
+
+def overlapped(inputs: Inputs, compute: float, comm: float) -> float:
+    """Seconds of `compute` beside ZeRO-3's fetches and reductions (`comm`): on a stream of their own they overlap
+    (DeepSpeed's default under ZeRO-3); with the run's `overlap_comm: false` they run on the compute stream, after
+    it (DeepSpeed's parameter coordinator then fetches on the default stream)."""
+    return compute + comm if inputs.value("overlap_comm") is False else max(compute, comm)
+
+
+def _generation_gathers(inputs: Inputs, candidate: Candidate) -> GenerationGathers:
+    """The all-gathers of one generate call under the candidate's gather choice (rlhf_cli/plan/fetches.py)."""
+    gather, policy = candidate.generation.gather, inputs.roles[0].size
+    budget = gather.budget.numel(policy.params, inputs.work.element_bytes) if gather.budget is not None else None
+    settings = ZeroSettings(inputs.persistence_threshold, inputs.value("stage3_prefetch_bucket_size"),
+                            inputs.value("stage3_max_live_parameters"))
+    return generation_gathers(policy, "whole" if gather.budget is None and gather.mode == "whole" else "none",
+                              budget, settings)
 
 
 def _budget_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
@@ -125,7 +145,7 @@ def _forward_pass(inputs: Inputs, model: ModelSize, batch: int, length: int,
     """One ZeRO-3 forward: compute overlapped with gathering every module, plus each module's fetch overhead."""
     b = inputs.work.element_bytes
     gather = rates.fetch(model.params * b)
-    return (max(rates.matmul(forward_flops(model, batch, length)), gather)
+    return (overlapped(inputs, rates.matmul(forward_flops(model, batch, length)), gather)
             + modules(model) * rates.per_module(model, inputs.persistence_threshold)
             + rates.calls(fixed_costs.forward(model)))
 
@@ -133,7 +153,8 @@ def _forward_pass(inputs: Inputs, model: ModelSize, batch: int, length: int,
 def training_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: StepWork) -> float:
     """Forward and backward of every trained model over the step's micro-batches: 6 FLOPs a parameter and token
     (8 with gradient checkpointing's recomputed forward; a frozen LoRA base 4 or 6: no weight gradients), overlapped
-    with ZeRO-3's all-gathers in the forward and the backward and the gradients' reduce-scatter."""
+    with ZeRO-3's all-gathers in the forward and the backward and the gradients' reduce-scatter; after HF
+    generation from a gathered policy, the persistent modules the gather released are fetched again."""
     work, b = inputs.work, inputs.work.element_bytes
     micro_batches = step.trained / work.train_batch
     recompute = 2 if work.gradient_checkpointing else 0
@@ -146,9 +167,12 @@ def training_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, step: S
         flops = base * forward + (6 * adapter * work.train_batch * work.train_sequence if adapter else 0)
         gradients = (adapter if adapter is not None else model.params) * b
         comm = 2 * rates.fetch(model.params * b) + rates.all_gather(gradients)
-        seconds += micro_batches * (max(rates.matmul(flops), comm)
+        seconds += micro_batches * (overlapped(inputs, rates.matmul(flops), comm)
                                     + 2 * modules(model) * rates.per_module(model, inputs.persistence_threshold)
                                     + rates.calls(fixed_costs.forward_backward(model)))
+    if candidate.engine_settings is None:  # the policy's persistent modules a gather released, fetched again
+        released = _generation_gathers(inputs, candidate).released * rates.module_overhead
+        seconds += step.generated / work.generation_batch * released
     return seconds
 
 

@@ -77,8 +77,9 @@ def shared_runs(tmp_path_factory: pytest.TempPathFactory) -> SharedRuns:
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The URL of one `rlhf vllm-serve` on the smoke policy (every smoke recipe's), for the whole session."""
-    yield from _served(tmp_path_factory.mktemp("vllm-server") / "server.log")
+    """The URL of one `rlhf vllm-serve` on the smoke policy (every smoke recipe's), for the whole session, with
+    vLLM's LoRA on (`--lora`): it serves the runs with LoRA their adapters, and the others their whole weights."""
+    yield from _served(tmp_path_factory.mktemp("vllm-server") / "server.log", "--lora")
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """`--vllm server` for TRL's trainers (RLOO, GRPO, online DPO) against one `rlhf vllm-serve` (the session's,
-which PPO's server test uses too), one run after another: their weights reach the server through rlhf's sync over
-the run's directory (rlhf_cli/rank/engines/vllm/sync.py), never TRL's NCCL communicator, on the CPU.
+which PPO's server test uses too; GRPO trains LoRA, which it serves), one run after another: their weights reach
+the server through rlhf's sync over the run's directory (rlhf_cli/rank/engines/vllm/sync.py), never TRL's NCCL
+communicator, on the CPU.
 
 Skipped where vLLM is not installed; run them with the Python that has it (README: Tests).
 """
@@ -24,9 +25,12 @@ def test_trls_trainers_train_against_the_server_through_rlhfs_sync(command: str,
     """2 steps against a server an earlier run left its weights in: the run syncs before each step's generation
     (the first before any: the server's weight version is checked before it generates), so GRPO's vLLM log-probs
     are its policy's (TRL's mismatch metric), and the server ends holding the run's weights after its first update
-    (its greedy log-probs are not the starting policy's; TRL syncs before generating, so not the saved ones)."""
+    (its greedy log-probs are not the starting policy's; TRL syncs before generating, so not the saved ones).
+    GRPO trains LoRA, which the server (started with `--lora`) serves itself: the base goes once, then the
+    adapters alone, checked against the checksums of the LoRA the server serves."""
     out = tmp_path / "run"
-    done = launch_rlhf(command, out, "--vllm", "server", "--gather", "--max-steps", "2",
+    lora = ("--lora",) if command == "grpo" else ()
+    done = launch_rlhf(command, out, "--vllm", "server", "--gather", "--max-steps", "2", *lora,
                        "--set", f"vllm_server_base_url={vllm_server}", "--set", "learning_rate=1e-2",
                        *sets(*SMALL_BUCKETS), timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
@@ -39,7 +43,14 @@ def test_trls_trainers_train_against_the_server_through_rlhfs_sync(command: str,
     for rank in (0, 1):
         syncs = json.loads((out / "ranks" / f"rank-{rank}.json").read_text())["vllm_sync"]
         assert len(syncs) == 2  # before each step's generation: the first before any, the second after the update
-        assert all(sync["buckets"] == 1 and sync["peak_bytes"] == sync["full_bytes"] for sync in syncs)
+        assert syncs[0]["buckets"] == 1 and syncs[0]["peak_bytes"] == syncs[0]["full_bytes"]
+        if lora:  # the unmerged base and the adapters, then the adapters alone, each checked
+            assert [sync["mode"] for sync in syncs] == ["dense", "adapter"], syncs
+            assert syncs[0]["groups_verified"] > 0 and syncs[0]["groups_unverified"] == []
+            assert all(sync["adapter_groups_verified"] > 0 for sync in syncs)
+            assert 0 < syncs[1]["bytes_sent"] == syncs[1]["adapter_bytes"] < syncs[1]["dense_bytes"] / 10
+        else:
+            assert syncs[1]["buckets"] == 1 and syncs[1]["peak_bytes"] == syncs[1]["full_bytes"]
     assert (out / "vllm-weights").is_dir()  # the transport: a directory, not NCCL
     served, _, initial = served_and_saved_logprobs(vllm_server, out)
     assert max(abs(a - b) for a, b in zip(served, initial, strict=True)) > 1e-2

@@ -19,7 +19,8 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from rlhf_cli.config.draft import Draft
-from rlhf_cli.config.engines.vllm_server import server_problems, server_url
+from rlhf_cli.config.engines.vllm_lora import run_lora_serving
+from rlhf_cli.config.engines.vllm_server import server_lora_problem, server_problems, server_url
 from rlhf_cli.config.prompts import longest_prompt_rows
 from rlhf_cli.generation.choice import Engine
 from rlhf_cli.generation.engines import VLLM_COLOCATE, installed
@@ -36,6 +37,9 @@ TRANSFORMERS_BACKEND = frozenset({
     "FlexOlmoForCausalLM", "GPTBigCodeForCausalLM", "HunYuanDenseV1ForCausalLM", "HunYuanMoEV1ForCausalLM",
     "NanbeigeForCausalLM", "OlmoForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
     "Starcoder2ForCausalLM", "VaultGemmaForCausalLM"})
+# The keys `lora_serving` reads: a refused one leaves the server's LoRA unchecked
+LORA_KEYS = frozenset({"use_peft", "use_dora", "lora_r", "lora_modules_to_save", "lora_target_parameters",
+                       "lora_target_modules", "model_name_or_path"})
 # The source of `gather: auto` where a vLLM run gives no gather choice: the plan sizes the weight sync's bucket
 SYNC_DEFAULT_SOURCE = "default: with vLLM, the sync's bucket is the plan's choice"
 PROMPTS_SCANNED = 200  # rows of a local prompt file whose tokens are counted against the model length
@@ -221,9 +225,13 @@ def check_server(draft: Draft) -> None:
     named = "vllm_server_base_url" if values.get("vllm_server_base_url") else "vllm_server_host"
     url, where = server_url(values, draft.layers.get(named, ("", "the default"))[1])
     problems, warnings = server_problems(url, where.removeprefix(": "), float(values.get("vllm_server_timeout", 240)))
+    command = draft.request.algorithm.replace("_", "-")
+    lora = run_lora_serving(draft.value, draft.value("model_name_or_path"), draft.value("model_revision"),
+                            draft.value("env")) if not (problems or warnings or LORA_KEYS & draft.refused) else None
+    if lora is not None and lora.served:
+        problems += filter(None, [server_lora_problem(url, where.removeprefix(": "), lora.max_rank, command)])
     draft.problems += problems
     draft.notes += warnings
-    command = draft.request.algorithm.replace("_", "-")
     draft.notes.append(f"--vllm server: weights reach the server through a shared directory (OUTPUT_DIR/vllm-weights: "
                        "whole weight files at the first sync, then, to a bf16 or fp16 server, patch files of what "
                        "changed; applied over HTTP): the transport that works on CPU and GPU alike (TRL's NCCL "

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rlhf_cli.models.architectures import Architecture, peft_targets, targeted
+from rlhf_cli.models.architectures import Architecture, architecture, peft_targets, targeted
+from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
 
 # vLLM 0.30's `max_lora_rank` choices (vllm/config/lora.py MaxLoRARanks; tests/test_lora_serving.py compares them
 # where vLLM is installed): the engine is built with the smallest that holds the run's rank
@@ -75,6 +76,16 @@ def lora_serving(values: Callable[[str], Any], arch: Architecture | None,
         return LoraServing(None, reason)
     rank = values("lora_r")
     return LoraServing(next(allowed for allowed in VLLM_LORA_RANKS if allowed >= rank))
+
+
+def run_lora_serving(values: Callable[[str], Any], policy: str, revision: str | None, env: Any) -> LoraServing | None:
+    """`lora_serving` for the run's `policy` (its config.json read for its architecture; not known where it cannot
+    be read), as the ranks, the pre-launch server check and `rlhf vllm-serve` all decide it."""
+    try:
+        config = read_config(policy, revision, env)
+    except ModelConfigUnavailable:
+        config = None
+    return lora_serving(values, architecture(config) if config else None, model_class_of(config))
 
 
 def _class_reason(model_class: str | None) -> str | None:

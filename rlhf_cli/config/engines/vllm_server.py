@@ -1,8 +1,10 @@
-"""The vLLM server a run's ranks will talk to (`vllm_mode: server`), checked before launch: its URL parses, its
-host resolves and can be reached, and what answers is a vLLM server: `/health` answers 200, then `/v1/models`
-lists a model, as TRL's client asks them. Otherwise every rank loads its model, then waits `vllm_server_timeout`
-seconds (240 by default) and dies. A server that is not up yet (the connection is refused) is a warning: it may be
-starting beside the job. Pure Python: sockets and http.client only, never vLLM or requests.
+"""The vLLM server a run's ranks will talk to (`vllm_mode: server`), checked before launch: its URL parses, its host
+resolves and can be reached, and what answers is a vLLM server: `/health` answers 200, then `/v1/models` lists a
+model, as TRL's client asks them, and, where the run's LoRA is served by vLLM itself
+(rlhf_cli/config/engines/vllm_lora.py), `/server_info` shows LoRA on at the run's rank. Otherwise every rank loads
+its model, then waits `vllm_server_timeout` seconds (240 by default) and dies. A server that is not up yet (the
+connection is refused) is a warning: it may be starting beside the job. Pure Python: sockets and http.client only,
+never vLLM or requests.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import socket
 from http.client import HTTPConnection, HTTPException, HTTPSConnection
+from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from rlhf_cli.config.fields import is_host
@@ -108,3 +111,41 @@ def _lists_a_model(body: bytes) -> bool:
         return isinstance(models, list) and bool(models) and isinstance(models[0], dict) and "id" in models[0]
     except (ValueError, AttributeError):
         return False
+
+
+def served_lora_problem(vllm_config: Any, max_rank: int, where: str, command: str) -> str | None:
+    """Why a server whose configuration (`/server_info`'s `vllm_config`, as JSON) is `vllm_config` cannot serve a
+    run's adapters of rank up to `max_rank`, or None; `command`: the algorithm, for the fix."""
+    lora = vllm_config.get("lora_config") if isinstance(vllm_config, dict) else None
+    restart = f"restart it with `rlhf vllm-serve {command}` and the run's recipe, flags and --lora"
+    if not isinstance(lora, dict):
+        return (f"{where}: the run trains LoRA adapters, which the vLLM server serves itself (only the adapters "
+                f"are sent after the first sync), but the server was started without LoRA: {restart}")
+    if int(lora.get("max_lora_rank") or 0) < max_rank:
+        return (f"{where}: the vLLM server serves LoRA up to rank {lora.get('max_lora_rank')}, below the run's "
+                f"(vLLM rank {max_rank}): {restart} (and the run's lora_r)")
+    return None
+
+
+def server_lora_problem(url: str, where: str, max_rank: int, command: str) -> str | None:
+    """`served_lora_problem` of the server at `url`, asked as the ranks ask (`/server_info`, a development
+    endpoint `rlhf vllm-serve` turns on); None where it does not answer it (the sync says why then)."""
+    parts, problem = _parsed(url, where)
+    if problem:
+        return None
+    connection_class = HTTPSConnection if parts.scheme == "https" else HTTPConnection
+    connection = connection_class(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80),
+                                  timeout=ANSWER_SECONDS)
+    try:
+        connection.request("GET", parts.path + "/server_info?config_format=json")
+        response = connection.getresponse()
+        status, body = response.status, response.read(MAX_ANSWER_BYTES * 16)
+    except (OSError, HTTPException):
+        return None
+    finally:
+        connection.close()
+    try:
+        info = json.loads(body) if status == 200 else None
+    except ValueError:
+        return None
+    return served_lora_problem(info.get("vllm_config"), max_rank, where, command) if isinstance(info, dict) else None

@@ -48,8 +48,8 @@ class VllmSettings:
     enforce_eager: bool = False
     sleep_level: int = TRL_SLEEP_LEVEL
     max_model_length: int | None = None  # vllm_max_model_length; None: the model's max_position_embeddings
-    # a LoRA column's colocated vLLM serves the adapters itself (rlhf_cli/config/engines/vllm_lora.py): every sync
-    # after the first sends the adapters alone
+    # a LoRA column's vLLM (colocated, or a server started with --lora) serves the adapters itself
+    # (rlhf_cli/config/engines/vllm_lora.py): every sync after the first sends the adapters alone
     serves_adapters: bool = False
 
     def description(self, engine: Engine) -> str:

@@ -82,13 +82,13 @@ def step_sync_seconds(inputs: Inputs, candidate: Candidate, rates: Rates, syncs:
 
 def sync_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
     """One weight sync of the candidate's buckets (a unit's modules counted as its tensors), with rlhf's own work per
-    tensor (the delta's snapshot, both sides' checksums) that other frameworks' syncs do not do. A colocated vLLM
-    that serves the adapters takes them alone (the base went once, with the first sync)."""
+    tensor (the delta's snapshot, both sides' checksums) that other frameworks' syncs do not do. A vLLM, colocated
+    or a server, that serves the adapters takes them alone (the base went once, with the first sync)."""
     b = inputs.work.element_bytes
     server = candidate.generation.engine.spec.is_server
     settings = candidate.engine_settings
     buckets = inputs.sync_buckets(candidate.generation.gather, candidate.lora,
-                                  adapters_alone=bool(settings and settings.serves_adapters) and not server)
+                                  adapters_alone=bool(settings and settings.serves_adapters))
     checks = rates.calls(SYNC_TENSOR_CALLS * sum(tensors * alike for _, tensors, alike in buckets))
     return checks + buckets_seconds([(numel * b, tensors, alike) for numel, tensors, alike in buckets], rates,
                                     server)

@@ -30,18 +30,12 @@ def install(config: Any, inputs: Any) -> None:
 
 
 def run_lora_serving(inputs: Any) -> Any:
-    """Whether the run's colocated vLLM serves its adapters (rlhf_cli/config/engines/vllm_lora.py), for the policy's
-    architecture as its config.json lays it out (None where it cannot be read here)."""
-    from rlhf_cli.config.engines.vllm_lora import lora_serving, model_class_of
-    from rlhf_cli.models.architectures import architecture
-    from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
+    """Whether the run's vLLM serves its adapters (rlhf_cli/config/engines/vllm_lora.py), for the policy's
+    architecture as its config.json lays it out."""
+    from rlhf_cli.config.engines.vllm_lora import run_lora_serving as decided
 
-    try:
-        config = read_config(inputs.model_value("model_name_or_path"), inputs.model_value("model_revision"),
-                             inputs.value("env"))
-    except ModelConfigUnavailable:
-        config = None
-    return lora_serving(inputs.value, architecture(config) if config else None, model_class_of(config))
+    return decided(inputs.value, inputs.model_value("model_name_or_path"), inputs.model_value("model_revision"),
+                   inputs.value("env"))
 
 
 def refuse_resized_policy(policy_path: str, rows: int, now: int) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf_cli.compat import vllm_lora
+from rlhf_cli.compat.vllm import vllm_model_runner
 from rlhf_cli.config.engines.vllm_lora import LoraServing
 from rlhf_cli.rank.engines.delta import bit_sums
 
@@ -30,6 +31,16 @@ def engine_arguments(lora: LoraServing | None) -> dict[str, Any]:
     return {"enable_lora": True, "max_lora_rank": lora.max_rank, "max_loras": 1}
 
 
+def write_adapter(path: Path, packed: Any) -> Path:
+    """`packed` (adapters.PackedAdapters) as PEFT saves an adapter, in the directory `path`, which vLLM loads."""
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(packed.tensors, str(path / "adapter_model.safetensors"))
+    (path / "adapter_config.json").write_text(json.dumps(packed.config))
+    return path
+
+
 class ServedLora:
     """The LoRA a colocated `vllm.LLM` serves the policy's adapters as (rlhf_cli/rank/engines/weights.AdapterServer)."""
 
@@ -41,15 +52,11 @@ class ServedLora:
 
     def load(self, packed: Any) -> None:
         """Serve `packed` (adapters.PackedAdapters) as a new LoRA in place of the last one."""
-        from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
 
         previous = self.request
         number = previous.lora_int_id + 1 if previous else 1
-        path = self.directory / f"sync-{number}"
-        path.mkdir(parents=True, exist_ok=True)
-        save_file(packed.tensors, str(path / "adapter_model.safetensors"))
-        (path / "adapter_config.json").write_text(json.dumps(packed.config))
+        path = write_adapter(self.directory / f"sync-{number}", packed)
         request = LoRARequest(f"policy-{number}", number, str(path))
         vllm_lora.vllm_swap_lora(self.llm, previous.lora_int_id if previous else None, request)
         self.request = request
@@ -62,7 +69,7 @@ class ServedLora:
         if self.request is None:
             return {}
         return {name: bit_sums(matrices) for name, matrices in
-                vllm_lora.vllm_served_lora(self.llm, self.request.lora_int_id).items()}
+                vllm_lora.vllm_served_lora(vllm_model_runner(self.llm), self.request.lora_int_id).items()}
 
 
 def serve_lora(llm: Any, lora: LoraServing | None, output_dir: str) -> None:

@@ -1,17 +1,18 @@
 """A run's vLLM server seen from the ranks (`vllm_mode: server`): generation through it, and its weight refresh.
 
-Rank 0 holds TRL's `VLLMClient` (the server's OpenAI-compatible `/v1/completions`); every rank's prompts go to it
-in one request and each rank gets its share back. Weights reach the server through a directory both can read. A
-dense sync: rank 0 writes them as each bucket is gathered, then asks the server to reload from the directory
-(`POST /collective_rpc` `rlhf_reload_weights`, rlhf_cli/rank/engines/vllm/worker_extension.py, through a development
+Rank 0 holds TRL's `VLLMClient` (the server's OpenAI-compatible `/v1/completions`); every rank's prompts go to it in
+one request and each rank gets its share back. Weights reach the server through a directory both can read. A dense
+sync: rank 0 writes them as each bucket is gathered, then asks the server to reload from the directory (`POST
+/collective_rpc` `rlhf_reload_weights`, rlhf_cli/rank/engines/vllm/worker_extension.py, through a development
 endpoint: `rlhf vllm-serve` starts the server with VLLM_SERVER_DEV_MODE=1 and that extension). A delta sync
 (rlhf_cli/rank/engines/delta.py): rank 0 writes each bucket's patches to one file (patch_files.py) and the server
-writes them into its weights through vLLM's checkpoint-coordinate loader, as the colocated engine does. After either,
-the run compares the server's weight checksums with its own, as it does a colocated engine's, then tells the server
-the sync is whole and has it drop its prefix cache. PPO, RLOO, GRPO and online DPO sync a server the same way
-(rlhf_cli/rank/engines/vllm/sync.py): TRL's NCCL weight transfer needs CUDA on both sides, the directory works
-everywhere (and is the one tested on CPU). Rank 0 alone talks to the server; what it answers (dtype, checksums, a
-refused patch) goes to every rank, whose sync decides alike.
+writes them into its weights through vLLM's checkpoint-coordinate loader, as the colocated engine does. After
+either, the run compares the server's weight checksums with its own, as it does a colocated engine's, then tells the
+server the sync is whole and has it drop its prefix cache. Where the server serves the run's LoRA (server_lora.py),
+the first sync reloads the unmerged base and every sync then sends the adapters alone, checked the same way. PPO,
+RLOO, GRPO and online DPO sync a server the same way (rlhf_cli/rank/engines/vllm/sync.py): TRL's NCCL weight
+transfer needs CUDA on both sides, the directory works everywhere (and is the one tested on CPU). Rank 0 alone talks
+to the server; what it answers (dtype, checksums, a refused patch) goes to every rank, whose sync decides alike.
 
 Each whole sync is given a weight version (this run's, and the count of its syncs) that the server keeps (a
 reload or a patch drops it until the sync is whole): before its first generation a run checks that the server
@@ -28,13 +29,15 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 import rlhf_cli.rank.engines.vllm.worker_extension as worker
 from rlhf_cli.config.engines.vllm import LOGPROBS_MODE
+from rlhf_cli.config.engines.vllm_lora import LoraServing
 from rlhf_cli.rank.engines.vllm.patch_files import write_patch_file
+from rlhf_cli.rank.engines.vllm.server_lora import ServerLora, drop_served_lora
 
 WEIGHT_DIR = "vllm-weights"  # under the run's output directory: the trainer writes, the server reads
 PATCH_FILE = "patches.safetensors"  # in WEIGHT_DIR: the bucket of patches being applied
@@ -93,11 +96,13 @@ def write_weight_files(directory: Path, weights: Iterable[tuple[str, torch.Tenso
 
 class ServerTarget:
     """Generation from, and weights into, the run's vLLM server: a WeightTarget
-    (rlhf_cli/rank/engines/weights.py) that takes whole weights and patches, through the run's directory."""
+    (rlhf_cli/rank/engines/weights.py) that takes whole weights and patches, through the run's directory, and,
+    where it serves the run's LoRA, the adapters alone (server_lora.py)."""
 
     instead = "with --vllm colocate or without --vllm"
-    adapters = None  # it holds the policy merged
-    lora_reason = "a vLLM server holds the policy merged"
+    # the run's LoRA decision (rlhf_cli/config/engines/vllm_lora.py), set once when the ranks install vLLM
+    # (rlhf_cli/rank/engines/vllm/sync.py install_vllm): a process trains one run
+    lora: ClassVar[LoraServing | None] = None
 
     def __init__(self, client: Any | None, accelerator: Any | None, weight_dir: Path) -> None:
         """`client`: TRL's `VLLMClient` on rank 0, None on the other ranks; `accelerator` None: a client that only
@@ -108,6 +113,9 @@ class ServerTarget:
         self.run_id = uuid.uuid4().hex  # rank 0's is the one the server is told
         self.syncs = 0
         self.checked = False
+        served = self.lora is not None and self.lora.served
+        self.adapters = ServerLora(self, self.lora.max_rank) if served else None  # None: it holds the policy merged
+        self.lora_reason = self.lora.reason if self.lora is not None else None
         if client is not None:  # what TRL's client checks before it generates (rlhf_cli/rank/engines/vllm/sync.py)
             client.rlhf_server_target = self
 
@@ -127,7 +135,7 @@ class ServerTarget:
     @functools.cached_property
     def _workers_dtypes(self) -> list[str]:
         """The dtype of each of the server's workers, asked at the first sync (every rank syncs)."""
-        return self._from_server(lambda: _post(self.client.base_url, self.client.session, "collective_rpc",
+        return self.from_server(lambda: _post(self.client.base_url, self.client.session, "collective_rpc",
                                                {"method": worker.DTYPE_METHOD})["results"])
 
     @property
@@ -188,8 +196,8 @@ class ServerTarget:
                 pass
             return
         write_weight_files(self.weight_dir, weights)
-        _post(self.client.base_url, self.client.session, "collective_rpc", {"method": worker.RELOAD_METHOD,
-              "kwargs": {"weights_path": os.fspath(self.weight_dir.resolve())}})
+        self.rpc(worker.RELOAD_METHOD, {"weights_path": os.fspath(self.weight_dir.resolve())})
+        drop_served_lora(self.client)  # the weights sent are the policy's whole (merged, or the base of its LoRA)
 
     def patch(self, patches: list[Any]) -> None:
         """Rank 0 writes one bucket's patches and the server applies them; every rank raises NotImplementedError
@@ -199,14 +207,14 @@ class ServerTarget:
             return _post(self.client.base_url, self.client.session, "collective_rpc", {
                 "method": worker.PATCH_METHOD, "kwargs": {"patches_path": os.fspath(path.resolve())}})["results"][0]
 
-        refused = self._from_server(apply)
+        refused = self.from_server(apply)
         if refused:
             raise NotImplementedError(refused)
 
     def checksums(self, groups: set[str] | None = None) -> dict[str, tuple[int, int]]:
         """The server's weight checksums (its one worker's; of `groups`, or all), on every rank."""
         asked = {"groups": sorted(groups)} if groups is not None else {}
-        found = self._from_server(lambda: _post(self.client.base_url, self.client.session, "collective_rpc",
+        found = self.from_server(lambda: _post(self.client.base_url, self.client.session, "collective_rpc",
                                                 {"method": worker.CHECKSUM_METHOD, "kwargs": asked})["results"][0])
         return {name: (int(sums[0]), int(sums[1])) for name, sums in found.items()}
 
@@ -218,7 +226,7 @@ class ServerTarget:
             commit_server_weights(self.client.base_url, self.client.session, self.version)
         self.accelerator.wait_for_everyone()
 
-    def _from_server(self, ask: Callable[[], Any]) -> Any:
+    def from_server(self, ask: Callable[[], Any]) -> Any:
         """What rank 0 learns from the server (`ask`), on every rank."""
         import torch.distributed as dist
 
@@ -226,6 +234,11 @@ class ServerTarget:
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.broadcast_object_list(answer, src=0)
         return answer[0]
+
+    def rpc(self, method: str, kwargs: dict[str, Any] | None = None) -> Any:
+        """Rank 0 asks the server's workers to run `method` of worker_extension.py; their answer."""
+        return _post(self.client.base_url, self.client.session, "collective_rpc",
+                     {"method": method, **({"kwargs": kwargs} if kwargs else {})})
 
     def after_sync(self, model: Any, woke: bool) -> dict[str, Any]:
         return {}

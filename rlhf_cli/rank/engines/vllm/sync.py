@@ -45,7 +45,8 @@ def install_vllm(gather: Gather, dtype: str, seed: int, check: Any, output_dir: 
     `output_dir`'s weight directory (`server_target`); TRL's NCCL communicator is never set up, and the server's
     weight version is checked before TRL's first generation from it. `delta` False (`weight_sync_delta: false`):
     every sync sends every weight. `lora`: whether a LoRA run's colocated vLLM serves the adapters itself
-    (rlhf_cli/config/engines/vllm_lora.py), which its syncs then send alone (rlhf_cli/rank/engines/adapters.py)."""
+    (rlhf_cli/config/engines/vllm_lora.py), which its syncs then send alone (rlhf_cli/rank/engines/adapters.py); a
+    server the same (rlhf_cli/rank/engines/vllm/server_lora.py)."""
 
     def engine(*args: Any, **kwargs: Any) -> Any:  # trl's `LLM(...)`
         kwargs.setdefault("dtype", dtype)
@@ -54,6 +55,7 @@ def install_vllm(gather: Gather, dtype: str, seed: int, check: Any, output_dir: 
         serve_lora(llm, lora, output_dir)
         return llm
 
+    ServerTarget.lora = lora  # a server serves the adapters as the colocated engine would
     vllm_compat.replace_trl_vllm_engine(engine)
     load_object(sync_hook)(SyncSettings(gather, check, output_dir, delta))
     vllm_compat.replace_trl_vllm_server_transport(check_server_version)

@@ -1,10 +1,12 @@
 """What `rlhf vllm-serve` adds to the server's vLLM worker (`--worker-extension-cls`), asked for by a run's weight
-sync (`POST /collective_rpc`, rlhf_cli/rank/engines/vllm/server.py): the disk reload of a dense sync, with the layers
-that share a reloaded weight re-processed after it, as the colocated reload does
+sync (`POST /collective_rpc`, rlhf_cli/rank/engines/vllm/server.py): the disk reload of a dense sync, with the
+layers that share a reloaded weight re-processed after it, as the colocated reload does
 (rlhf_cli/compat/vllm.vllm_reprocess_shared_layers: vLLM's own `reload_weights` leaves a tied LM head as it was at
 load); a delta sync's patches, through vLLM's checkpoint-coordinate loader as the colocated engine takes them
 (rlhf_cli/compat/vllm.vllm_apply_patches); the checksums of the weights it holds, which the run compares with its
-own; its dtype; and the version of the weights it holds, which a run checks before its first generation
+own; the checksums of the LoRA it serves, where the run sends only the adapters (loaded through vLLM's own
+`/v1/load_lora_adapter`, rlhf_cli/rank/engines/vllm/server_lora.py); its dtype; and the version of the weights it
+holds, which a run checks before its first generation
 (rlhf_cli/rank/engines/vllm/server.ServerTarget.check_version)."""
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ CHECKSUM_METHOD = "rlhf_weight_checksums"
 DTYPE_METHOD = "rlhf_weight_dtype"
 COMMIT_METHOD = "rlhf_set_weight_version"
 VERSION_METHOD = "rlhf_weight_version"
+LORA_CHECKSUM_METHOD = "rlhf_lora_checksums"
 
 
 class ReloadWithTiedLayers:
@@ -62,6 +65,18 @@ class ReloadWithTiedLayers:
         model = self.model_runner.get_model()
         return vllm_checksums(model, vllm_compat.vllm_keep_unpacked_weights(model),
                               self.model_runner.model_config.dtype, groups)
+
+    def rlhf_lora_checksums(self) -> dict[str, tuple[int, int]]:
+        """`bit_sums` of the matrices of the LoRA this worker serves (the newest loaded; the run loads one at a
+        time), by vLLM's names; empty without one."""
+        from rlhf_cli.compat import vllm_lora
+        from rlhf_cli.rank.engines.delta import bit_sums
+
+        ids = vllm_lora.vllm_lora_ids(self.model_runner)
+        if not ids:
+            return {}
+        return {name: bit_sums(matrices)
+                for name, matrices in vllm_lora.vllm_served_lora(self.model_runner, ids[-1]).items()}
 
     def rlhf_weight_dtype(self) -> str:
         """The dtype this worker holds its weights in, as torch names it without `torch.`."""
