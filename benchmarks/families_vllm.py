@@ -172,12 +172,13 @@ def advised_server(family: str, work: Path, lora: str) -> bool:
 
 
 def run_served(family: str, setting: Setting, work: Path) -> None:
-    """Follow the refusal's advice: serve the stand-in with `rlhf vllm-serve grpo` (same recipe and dtype), train
+    """Follow the refusal's advice: serve the stand-in with `rlhf vllm-serve grpo` (same recipe, dtype, LoRA), train
     the 2 steps against it under --gather, stop it. A server that never answers is recorded as the run's crash."""
     model = stand_in(family, work)
     log = work / "servers" / f"{family}{'-lora' if setting.lora else ''}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    serve = ["grpo", "-r", str(RECIPE), "--model", str(model),
+    lora = ["--lora", *LORA_TARGETS[setting.lora]] if setting.lora else []  # the server serves them where it can
+    serve = ["grpo", "-r", str(RECIPE), "--model", str(model), *lora,
              *[p for s in dtype_sets(setting.dtype) for p in ("--set", s)]]
     try:
         with vllm_server(log, *serve) as url:
