@@ -81,6 +81,7 @@ def test_a_policy_whose_vllm_class_has_no_lora_is_held_merged_before_launch(mode
     assert _serving(None, model_class, lora_target_modules=["q_proj", "v_proj"]).reason == served.reason
     assert _serving(_llama(), model_class_of({"architectures": ["GraniteForCausalLM"]})).served
     assert _serving(_llama(), model_class_of({})).served  # no class named: vLLM picks by the checkpoint
+    assert _serving(None, "Olmo2ForCausalLM", lora_target_modules=["all-linear"]).served  # Transformers backend
 
 
 def test_the_ranks_read_the_policys_model_class_from_its_config(tmp_path) -> None:
@@ -103,6 +104,7 @@ def test_the_model_classes_served_with_lora_are_those_declaring_supports_lora() 
     from vllm.model_executor.models.registry import _TEXT_GENERATION_MODELS, ModelRegistry
 
     assert VLLM_LORA_ARCHITECTURES <= set(_TEXT_GENERATION_MODELS)
+    assert supports_lora(ModelRegistry._try_load_model_cls("TransformersForCausalLM"))  # OLMo-2, SmolLM3, ...
     for name in FAMILY_CLASSES:
         assert supports_lora(ModelRegistry._try_load_model_cls(name)) == (name in VLLM_LORA_ARCHITECTURES), name
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rlhf_cli.config.engines.vllm_models import TRANSFORMERS_BACKEND
 from rlhf_cli.models.architectures import Architecture, architecture, peft_targets, targeted
 from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
 
@@ -90,8 +91,8 @@ def run_lora_serving(values: Callable[[str], Any], policy: str, revision: str | 
 
 def _class_reason(model_class: str | None) -> str | None:
     """Why vLLM's model class of the policy cannot serve LoRA, or None."""
-    if model_class is None or model_class in VLLM_LORA_ARCHITECTURES:
-        return None
+    if model_class is None or model_class in VLLM_LORA_ARCHITECTURES | TRANSFORMERS_BACKEND:
+        return None  # the Transformers backend's classes serve LoRA too (through `rlhf vllm-serve`: never colocated)
     return f"vLLM's {model_class} does not support LoRA (no SupportsLoRA); vLLM holds the policy merged"
 
 
