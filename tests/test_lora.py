@@ -4,6 +4,7 @@ the ranks build, the checks before launch, and the activations the plan counts a
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -189,6 +190,34 @@ def test_ppo_checks_the_value_models_modules_too(cli, tmp_path: Path) -> None:
     assert "dense_h_to_4h" in result.output  # what it has instead
     result = cli("ppo", "-r", "ppo/smoke", "--lora", "--set", "lora_target_modules=[q_proj, lm_head]")
     assert result.exit_code == 0, result.output  # the value model has no lm_head: PEFT skips it there
+
+
+@pytest.mark.parametrize("model_type", ["granite", "cohere", "olmo2", "smollm3", "stablelm"])
+def test_a_family_peft_has_no_default_targets_for_is_told_to_name_them(cli, nothing_launches, tmp_path: Path,
+                                                                      model_type: str) -> None:
+    """PEFT adapts Granite, Cohere, OLMo-2 and SmolLM3 only with named targets (it stops every rank after loading
+    otherwise): refused before launch though rlhf does not lay out their modules. StableLM has defaults."""
+    model = Path(shutil.copytree(SMOKE, tmp_path / model_type))  # a llama: its layout under another model type
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
+    result = cli("rloo", "-r", "rloo/smoke", "--lora", "--model", str(model))
+    if model_type == "stablelm":
+        assert result.exit_code == 0 and len(nothing_launches) == 1, result.output
+        return
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert f"PEFT has no default for {model_type} (policy {model}); name the modules to adapt" in result.output
+    named = cli("rloo", "-r", "rloo/smoke", "--lora", "--model", str(model), "--set", "lora_target_modules=all-linear")
+    assert named.exit_code == 0, named.output
+
+
+def test_peft_default_targets_are_known_for_the_model_types_peft_has_them_for() -> None:
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+
+    from rlhf_cli.models.architectures import PEFT_DEFAULT_TARGETS, PEFT_DEFAULTED_MODEL_TYPES
+
+    assert PEFT_DEFAULTED_MODEL_TYPES == set(TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)
+    for model_type, targets in PEFT_DEFAULT_TARGETS.items():
+        assert list(targets) == TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING[model_type]
 
 
 def test_a_hub_model_not_downloaded_is_checked_when_it_loads(cli, nothing_launches) -> None:

@@ -10,15 +10,28 @@ from typing import Any
 import pytest
 
 from helpers import MODEL_CONFIGS, needs_vllm
-from rlhf_cli.config.engines.vllm_lora import VLLM_LORA_RANKS, LoraServing, lora_serving
+from rlhf_cli.config.engines.vllm_lora import (
+    VLLM_LORA_ARCHITECTURES,
+    VLLM_LORA_RANKS,
+    LoraServing,
+    lora_serving,
+    model_class_of,
+)
 from rlhf_cli.models.architectures import architecture
 
 DEFAULTS = {"use_peft": True, "lora_r": 16, "lora_target_modules": None, "lora_modules_to_save": None,
             "use_dora": False, "lora_target_parameters": None}
 
 
-def _serving(arch: Any = None, **values: Any) -> LoraServing | None:
-    return lora_serving({**DEFAULTS, **values}.__getitem__, arch)
+# The model classes of the families tests/families/build.py stands in for, and of Phi-3, Gemma-2/3 and Qwen3
+FAMILY_CLASSES = ("GPTNeoXForCausalLM", "GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM",
+                  "MistralForCausalLM", "GemmaForCausalLM", "GraniteForCausalLM", "CohereForCausalLM",
+                  "StableLmForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM",
+                  "Gemma3ForCausalLM")
+
+
+def _serving(arch: Any = None, model_class: str | None = None, **values: Any) -> LoraServing | None:
+    return lora_serving({**DEFAULTS, **values}.__getitem__, arch, model_class)
 
 
 def _llama() -> Any:
@@ -56,6 +69,44 @@ def test_peft_defaults_and_all_linear_are_served_and_an_unknown_architecture_is_
     assert _serving(None, lora_target_modules=["c_attn", "c_proj"]).served
     assert not _serving(None, lora_target_modules=["c_attn", "wte"]).served
     assert _serving(None, lora_target_modules=[r".*attn.*"]).served  # a pattern: the ranks' model decides
+
+
+@pytest.mark.parametrize("model_class", ["GPTNeoXForCausalLM", "GPT2LMHeadModel", "StableLmForCausalLM"])
+def test_a_policy_whose_vllm_class_has_no_lora_is_held_merged_before_launch(model_class: str) -> None:
+    """vLLM's GPT-NeoX (Pythia), GPT-2 and StableLM classes declare no SupportsLoRA: an engine built with LoRA
+    stops at its first load, so the run trains with merged syncs, whatever its targets."""
+    config = {**json.loads((MODEL_CONFIGS / "pythia-70m" / "config.json").read_text()), "architectures": [model_class]}
+    served = _serving(architecture(config), model_class_of(config))
+    assert not served.served and f"vLLM's {model_class} does not support LoRA" in served.reason
+    assert _serving(None, model_class, lora_target_modules=["q_proj", "v_proj"]).reason == served.reason
+    assert _serving(_llama(), model_class_of({"architectures": ["GraniteForCausalLM"]})).served
+    assert _serving(_llama(), model_class_of({})).served  # no class named: vLLM picks by the checkpoint
+    assert _serving(None, "Olmo2ForCausalLM", lora_target_modules=["all-linear"]).served  # Transformers backend
+
+
+def test_the_ranks_read_the_policys_model_class_from_its_config(tmp_path) -> None:
+    from rlhf_cli.rank.engines.vllm import run_lora_serving
+
+    class Inputs:
+        value = {**DEFAULTS, "env": None}.__getitem__
+
+        def __init__(self, path: str) -> None:
+            self.model_value = {"model_name_or_path": path, "model_revision": None}.__getitem__
+
+    assert not run_lora_serving(Inputs(str(MODEL_CONFIGS / "pythia-70m"))).served
+    assert run_lora_serving(Inputs(str(MODEL_CONFIGS / "llama-3.1-8b"))).served
+    assert run_lora_serving(Inputs("org/not-cached")).served  # unread: vLLM is taken to serve it
+
+
+@needs_vllm
+def test_the_model_classes_served_with_lora_are_those_declaring_supports_lora() -> None:
+    from vllm.model_executor.models.interfaces import supports_lora
+    from vllm.model_executor.models.registry import _TEXT_GENERATION_MODELS, ModelRegistry
+
+    assert VLLM_LORA_ARCHITECTURES <= set(_TEXT_GENERATION_MODELS)
+    assert supports_lora(ModelRegistry._try_load_model_cls("TransformersForCausalLM"))  # OLMo-2, SmolLM3, ...
+    for name in FAMILY_CLASSES:
+        assert supports_lora(ModelRegistry._try_load_model_cls(name)) == (name in VLLM_LORA_ARCHITECTURES), name
 
 
 def test_the_engine_is_built_with_vllms_lora_only_when_it_serves_the_adapters() -> None:

@@ -17,7 +17,7 @@ from rlhf_cli.models.architectures import (
     ALL_LINEAR,
     Architecture,
     architecture,
-    default_targets,
+    peft_has_default,
     peft_targets,
     targeted,
 )
@@ -60,31 +60,37 @@ def lora_problems(values: Values, entry: Algorithm, zero3: bool) -> list[str]:
         except re.error as error:
             return [*problems, f"`lora_target_modules`: {targets!r} is not a regular expression ({error}); a single "
                                "entry that is not a plain module name is one, matched against whole module paths"]
-    models = [(role, path, arch) for role, path, classifier in adapted_models(values, entry)
-              if (arch := _architecture(path, classifier, values("model_revision"), values("env"))) is not None]
+    configs = [(role, path, classifier, config) for role, path, classifier in adapted_models(values, entry)
+               if (config := _config(path, values("model_revision"), values("env"))) is not None]
+    if targets is None:
+        return problems + _default_target_problems(configs) + tied_head_problems(values, targets)
+    models = [(role, path, arch) for role, path, classifier, config in configs
+              if (arch := architecture(config, sequence_classifier=classifier)) is not None]
     return problems + _target_problems(models, targets, entry) + tied_head_problems(values, targets)
 
 
-def _architecture(path: object, classifier: bool, revision: str | None,
-                  env: dict[str, str] | None) -> Architecture | None:
-    """The adaptable modules of a model whose config.json is here; None for a hub model not downloaded yet or an
-    architecture not listed (PEFT checks those when they load)."""
+def _config(path: object, revision: str | None, env: dict[str, str] | None) -> dict | None:
+    """The config.json of a model that is here; None for a hub model not downloaded yet (PEFT checks it when it
+    loads)."""
     if not isinstance(path, str):
         return None
     try:
-        config = read_config(path, revision, env)  # the ranks' HF_HUB_CACHE / HF_HOME
+        return read_config(path, revision, env)  # the ranks' HF_HUB_CACHE / HF_HOME
     except ModelConfigUnavailable:
         return None
-    return architecture(config, sequence_classifier=classifier)
+
+
+def _default_target_problems(configs: list[tuple[str, str, bool, dict]]) -> list[str]:
+    """An adapted model PEFT has no default targets for (any architecture: PEFT stops every rank after loading)."""
+    return [f"`lora_target_modules`: PEFT has no default for {config.get('model_type')} ({role} {path}); name the "
+            f"modules to adapt (--set 'lora_target_modules=[NAME, ...]', names of its linear modules), or {ALL_LINEAR}"
+            for role, path, _, config in configs if not peft_has_default(config.get("model_type", ""))]
 
 
 def _target_problems(models: list[tuple[str, str, Architecture]], targets: str | list[str] | None,
                      entry: Algorithm) -> list[str]:
     """A name (or the pattern) that selects a module of no adapted model; an adapted model in which nothing is
     selected (PEFT stops there). A name one model lacks is fine: PEFT skips it (`lm_head` in PPO's value model)."""
-    if targets is None:
-        return [f"`lora_target_modules`: PEFT has no default for {arch.model_type} ({role} {path}); name the modules "
-                f"to adapt, or {ALL_LINEAR}" for role, path, arch in models if default_targets(arch.model_type) is None]
     if not models:
         return []
     role, path, policy = models[0]

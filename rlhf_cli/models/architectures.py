@@ -19,6 +19,13 @@ MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # PEFT's targets when none are given (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING in peft.utils.constants)
 PEFT_DEFAULT_TARGETS = {"llama": ("q_proj", "v_proj"), "mistral": ("q_proj", "v_proj"), "qwen2": ("q_proj", "v_proj"),
                         "qwen3": ("q_proj", "v_proj"), "gpt_neox": ("query_key_value",), "gpt2": ("c_attn",)}
+# Every model type PEFT 0.21 has default targets for (the keys of that mapping; tests/test_architectures.py compares
+# them): any other model's LoRA must name its target modules, or PEFT stops every rank after loading the model
+PEFT_DEFAULTED_MODEL_TYPES = frozenset({
+    "t5", "mt5", "bart", "gpt2", "bloom", "blip-2", "opt", "gptj", "gpt_neox", "gpt_neo", "bert", "roberta",
+    "xlm-roberta", "electra", "deberta-v2", "deberta", "layoutlm", "llama", "llama4", "chatglm", "gpt_bigcode", "mpt",
+    "RefinedWebModel", "RefinedWeb", "falcon", "btlm", "codegen", "mistral", "mixtral", "stablelm", "phi", "gemma",
+    "gemma2", "gemma3_text", "gemma4", "qwen2", "qwen3", "nemotron_h", "rwkv", "rwkv7"})
 # What a module reads, for the activations its adapter keeps: modules reading the same tensor share it.
 ATTENTION_INPUT, ATTENTION_OUTPUT, MLP_INPUT, MLP_INNER, FINAL_HIDDEN, TOKENS = (
     "attention input", "attention output", "MLP input", "MLP inner", "final hidden", "token ids")
@@ -123,6 +130,11 @@ def peft_targets(targets: list[str] | None) -> str | list[str] | None:
 def default_targets(model_type: str) -> tuple[str, ...] | None:
     """PEFT's target modules when none are given; None: PEFT has none and asks for them."""
     return PEFT_DEFAULT_TARGETS.get(model_type)
+
+
+def peft_has_default(model_type: str) -> bool:
+    """Whether PEFT adapts a `model_type` model without `target_modules` (PEFT_DEFAULTED_MODEL_TYPES)."""
+    return model_type in PEFT_DEFAULTED_MODEL_TYPES
 
 
 def selects(target: str | Sequence[str], path: str) -> bool:

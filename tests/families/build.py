@@ -219,6 +219,19 @@ def stablelm(tokenizer: Any) -> Any:
         architectures=["StableLmForCausalLM"])
 
 
+def phi3(tokenizer: Any) -> Any:
+    from transformers import Phi3Config
+
+    # microsoft/Phi-3-mini-4k-instruct: q/k/v fused in one qkv_proj, gate and up in one gate_up_proj, spare rows
+    end = _id(tokenizer, "<|endoftext|>")
+    return Phi3Config(
+        vocab_size=_rows(tokenizer, True), **SIZE, num_key_value_heads=4, hidden_act="silu",
+        max_position_embeddings=4096, original_max_position_embeddings=4096, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, sliding_window=2047,
+        tie_word_embeddings=False, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0,
+        bos_token_id=_id(tokenizer, "<s>"), eos_token_id=end, pad_token_id=end, architectures=["Phi3ForCausalLM"])
+
+
 COHERE_TEMPLATE = (
     "{{ bos_token }}{%- for message in messages %}{{- '<|START_OF_TURN_TOKEN|>' + ('<|USER_TOKEN|>' if "
     "message['role'] == 'user' else '<|CHATBOT_TOKEN|>' if message['role'] == 'assistant' else '<|SYSTEM_TOKEN|>') + "
@@ -232,6 +245,11 @@ GRANITE_SPECIALS = ["<|end_of_text|>", "<fim_prefix>", "<fim_middle>", "<fim_suf
                     "<gh_stars>", "<issue_start>", "<issue_comment>", "<issue_closed>", "<jupyter_start>",
                     "<jupyter_text>", "<jupyter_code>", "<jupyter_output>", "<empty_output>", "<commit_before>",
                     "<commit_msg>", "<commit_after>", "<reponame>"]
+PHI3_TEMPLATE = (
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>\n' + message['content'] + '<|end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}")
+PHI3_SPECIALS = ["<|endoftext|>", "<|assistant|>", "<|placeholder1|>", "<|placeholder2|>", "<|placeholder3|>",
+                 "<|placeholder4|>", "<|system|>", "<|end|>", "<|placeholder5|>", "<|placeholder6|>", "<|user|>"]
 CHATML_TEMPLATE = (
     "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + "
     "'<|im_end|>\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}")
@@ -266,7 +284,8 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (
 )}
 # Families the vLLM sync's fidelity is checked on (tests/test_vllm_sync.py, benchmarks/families_vllm.py), outside the
 # launched conformance matrix: heads scaled by `logits_scaling` (Granite) and `logit_scale` (Cohere), two that vLLM
-# 0.30 serves through its Transformers backend, and partial rotary with LayerNorm and q/k/v biases (StableLM).
+# 0.30 serves through its Transformers backend, partial rotary with LayerNorm and q/k/v biases
+# (StableLM), and q/k/v and gate/up fused in one module each (Phi-3).
 VLLM_FAMILIES: dict[str, Family] = {family.name: family for family in (
     Family("granite", "granite", "ibm-granite/granite-3.1-2b-instruct", granite, specials_first=GRANITE_SPECIALS,
            specials_last=["<|start_of_role|>", "<|end_of_role|>", "<|tool_call|>"], bos="<|end_of_text|>",
@@ -295,6 +314,11 @@ VLLM_FAMILIES: dict[str, Family] = {family.name: family for family in (
     Family("stablelm", "stablelm", "stabilityai/stablelm-2-1_6b", stablelm, specials_last=["<|endoftext|>"],
            bos="<|endoftext|>", eos="<|endoftext|>", unk="<|endoftext|>", spare_rows=True,
            generation={"bos_token_id": "<|endoftext|>", "eos_token_id": "<|endoftext|>"}),
+    Family("phi3", "phi3", "microsoft/Phi-3-mini-4k-instruct", phi3, specials_first=["<unk>", "<s>", "</s>"],
+           specials_last=PHI3_SPECIALS, bos="<s>", eos="<|endoftext|>", pad="<|endoftext|>", unk="<unk>",
+           chat_template=PHI3_TEMPLATE,
+           generation={"bos_token_id": "<s>", "eos_token_id": ["<|endoftext|>", "<|assistant|>", "<|end|>"],
+                       "pad_token_id": "<|endoftext|>"}),
 )}
 EVERY_FAMILY = {**FAMILIES, **VLLM_FAMILIES}
 

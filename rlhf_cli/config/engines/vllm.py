@@ -20,6 +20,7 @@ from packaging.version import InvalidVersion, Version
 
 from rlhf_cli.config.draft import Draft
 from rlhf_cli.config.engines.vllm_lora import run_lora_serving
+from rlhf_cli.config.engines.vllm_models import TRANSFORMERS_BACKEND
 from rlhf_cli.config.engines.vllm_server import server_lora_problem, server_problems, server_url
 from rlhf_cli.config.prompts import longest_prompt_rows
 from rlhf_cli.generation.choice import Engine
@@ -31,12 +32,6 @@ from rlhf_cli.models.hub import ModelConfigUnavailable, local_config, local_conf
 # reports them; vLLM's default (the raw model's) differs from the policy's at the rollout temperature by 0.4-0.5
 # nats a token, and importance-sampling weights would correct for the temperature instead of the mismatch.
 LOGPROBS_MODE = "processed_logprobs"
-# The causal LMs vLLM 0.30 serves through its Transformers backend (vllm/model_executor/models/registry.py
-# `_TRANSFORMERS_SUPPORTED_MODELS`; tests/test_vllm_config.py compares them where vLLM is installed)
-TRANSFORMERS_BACKEND = frozenset({
-    "FlexOlmoForCausalLM", "GPTBigCodeForCausalLM", "HunYuanDenseV1ForCausalLM", "HunYuanMoEV1ForCausalLM",
-    "NanbeigeForCausalLM", "OlmoForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SmolLM3ForCausalLM",
-    "Starcoder2ForCausalLM", "VaultGemmaForCausalLM"})
 # The keys `lora_serving` reads: a refused one leaves the server's LoRA unchecked
 LORA_KEYS = frozenset({"use_peft", "use_dora", "lora_r", "lora_modules_to_save", "lora_target_parameters",
                        "lora_target_modules", "model_name_or_path"})

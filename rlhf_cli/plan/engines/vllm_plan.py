@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlhf_cli.algorithms.spec import StepWork
-from rlhf_cli.config.engines.vllm_lora import lora_serving
+from rlhf_cli.config.engines.vllm_lora import lora_serving, model_class_of
 from rlhf_cli.config.fields import catalogue
 from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.generation.choice import Engine
@@ -100,7 +100,7 @@ def serves_adapters(value: Callable[[str], Any]) -> bool:
     except ModelConfigUnavailable:
         config = None
     serving = lora_serving(lambda key: True if key == "use_peft" else value(key),
-                           architecture(config) if config else None)
+                           architecture(config) if config else None, model_class_of(config))
     return serving is not None and serving.served
 
 
