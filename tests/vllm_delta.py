@@ -96,6 +96,8 @@ class WorkerSession:
 
         if url.endswith("/reset_prefix_cache"):
             result = self.llm.reset_prefix_cache()
+        elif url.endswith("/v1/unload_lora_adapter"):  # a server without vLLM's LoRA has no such route
+            return SimpleNamespace(status_code=404, text="Not Found", content=b"Not Found", json=lambda: {})
         else:
             result = getattr(self.worker, json["method"])(**json.get("kwargs", {}))
         body = dumps({"results": [result]})
@@ -115,7 +117,7 @@ def server_syncs(llm, model, limit) -> dict:
     from rlhf_cli.rank.engines.vllm.server import ServerTarget, server_weight_version
     from rlhf_cli.rank.engines.vllm.target import ColocatedVLLM
 
-    client = SimpleNamespace(base_url="http://in-process", session=WorkerSession(llm))
+    client = SimpleNamespace(base_url="http://in-process", session=WorkerSession(llm), model=str(model.name_or_path))
     everyone = SimpleNamespace(wait_for_everyone=lambda: None)
     target = ServerTarget(client, everyone, Path(tempfile.mkdtemp()) / "vllm-weights")
     result = {"first": sync_weights(model, target, limit)}
