@@ -10,13 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 from rlhf_cli.algorithms.spec import StepWork
-from rlhf_cli.config.engines.vllm_lora import lora_serving, model_class_of
+from rlhf_cli.config.engines.vllm_lora import run_lora_serving
 from rlhf_cli.config.fields import catalogue
 from rlhf_cli.config.run import ResolvedRun
 from rlhf_cli.generation.choice import Engine
 from rlhf_cli.generation.engines import USE_VLLM_KEY, installed
-from rlhf_cli.models.architectures import architecture
-from rlhf_cli.models.hub import ModelConfigUnavailable, read_config
 from rlhf_cli.phases import MemoryPhase
 from rlhf_cli.plan import memory
 from rlhf_cli.plan.columns import Candidate
@@ -95,12 +93,8 @@ def run_settings(value: Callable[[str], Any]) -> vllm.VllmSettings:
 def serves_adapters(value: Callable[[str], Any]) -> bool:
     """Whether vLLM's LoRA serves the run's adapters, for the LoRA columns (planned whether the run sets use_peft
     or not), by the policy's architecture (unknown where its config.json cannot be read)."""
-    try:
-        config = read_config(value("model_name_or_path"), value("model_revision"), value("env"))
-    except ModelConfigUnavailable:
-        config = None
-    serving = lora_serving(lambda key: True if key == "use_peft" else value(key),
-                           architecture(config) if config else None, model_class_of(config))
+    serving = run_lora_serving(lambda key: True if key == "use_peft" else value(key), value("model_name_or_path"),
+                               value("model_revision"), value("env"))
     return serving is not None and serving.served
 
 
