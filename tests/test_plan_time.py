@@ -139,6 +139,27 @@ def test_the_final_save_a_running_jobs_eta_counts_is_the_policys_weights_and_a_s
     assert time.final_save_seconds(plan_run(run)) == pytest.approx(expected)
 
 
+def test_a_running_jobs_eta_starts_from_the_plans_step_only_when_the_plan_timed_this_machine(monkeypatch) -> None:
+    """Calibrated here: the chosen configuration's seconds by step phase (training's phases summed as the ranks
+    measure them), handed to the ranks as JSON; a GPU named for another machine gives the ETA nothing."""
+    from rlhf_cli.launch.faults import PlanNeeds
+    from rlhf_cli.launch.runner import _plan_env
+    from rlhf_cli.machine import calibration
+    from rlhf_cli.output.run_dir import PLANNED_STEP_ENV
+
+    measured = calibration.Calibration("cpu", 240e9, 87.5e9, 0.4e9, 0.5e-3, "gloo", 0.0, "here", 5e-6)
+    monkeypatch.setattr("rlhf_cli.plan.hardware.remembered", lambda: measured)
+    monkeypatch.setattr("rlhf_cli.plan.hardware.detected", lambda: (None, ""))
+    plan = plan_run(resolve(RunRequest("rloo", "rloo/smoke", {}, planning=True), cuda=False))
+    steps = time.planned_step_seconds(plan)
+    seconds = plan.chosen.seconds
+    assert steps == pytest.approx({"generation": seconds["generation"], "sync": seconds["weight_sync"],
+                                   "train": seconds["scoring"] + seconds["training"] + seconds["optimizer_step"]})
+    assert json.loads(_plan_env(PlanNeeds(step_seconds=steps))[PLANNED_STEP_ENV]) == steps
+    assert PLANNED_STEP_ENV not in _plan_env(PlanNeeds())
+    assert time.planned_step_seconds(plan_run(timed_seed_run("h100"))) is None
+
+
 def _seconds(run, candidate_of) -> dict[str, float]:
     inputs = read_inputs(run)
     plan = plan_run(run)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from rlhf_cli.output.run_dir import PLANNED_SAVE_ENV
+from rlhf_cli.output.run_dir import PLANNED_SAVE_ENV, PLANNED_STEP_ENV
 from rlhf_cli.rank.progress import TrainingProgress
 
 # What each trainer really logs per step (names from TRL 1.16's trainers and ours), with made-up values.
@@ -87,6 +87,7 @@ def _timed_steps(monkeypatch, steps: list[tuple[float, float]], total: int = 12,
     from rlhf_cli.rank.phases import PeakMeter, StepPhases
 
     now = [0.0]
+    monkeypatch.delenv(PLANNED_STEP_ENV, raising=False)  # a test that weighs a plan sets it afterwards
     phases = StepPhases(PeakMeter("rss", lambda: {}, lambda: True), clock=lambda: now[0])
     monkeypatch.setattr(StepPhases, "active", phases)
     monkeypatch.setattr("rlhf_cli.rank.progress.time.monotonic", lambda: now[0])
@@ -120,7 +121,7 @@ def test_the_eta_follows_the_steady_steps_as_the_warm_up_fades(monkeypatch) -> N
     warming = [(10.0, 5.0), (2.0, 2.0), (1.5, 1.5), (1.0, 1.0), (1.0, 1.0)]
     progress, args, state = _timed_steps(monkeypatch, warming)
     assert progress.eta(args, state) == pytest.approx(14.0)
-    assert progress.steady_phases() == {"generation": 1.0, "sync": 0.0, "train": 1.0}
+    assert progress.steady_phases() == ({"generation": 1.0, "sync": 0.0, "train": 1.0}, 2)
 
 
 def test_the_eta_counts_the_final_save_at_the_plans_seconds_until_one_is_measured(monkeypatch) -> None:
@@ -139,6 +140,38 @@ def test_the_eta_counts_the_final_save_at_the_plans_seconds_until_one_is_measure
     progress.on_save(args, state, None)
     assert progress.eta(args, state) == pytest.approx(18.0 + 3.0)
 
+
+
+def test_the_eta_weighs_a_plan_of_this_machine_against_the_few_steps_measured(monkeypatch) -> None:
+    """Step 3 of 12 still warming (4 s, where the plan says 2 s): its one steady step and the plan counted as two
+    more give (4 + 2 x 2) / 3 s a step for the 9 left, not 4 s; at step 21 of 30, ten steady steps of 2.5 s and the
+    plan's 2 s give 2.42 s a step. Before a second step the plan alone gives the rate, not the start-up."""
+    import json
+
+    from rlhf_cli.machine.corrections import PLAN_WEIGHT_STEPS
+
+    assert PLAN_WEIGHT_STEPS == 2  # the numbers below are worked out for it
+    progress, args, state = _timed_steps(monkeypatch, [(10.0, 5.0), (1.0, 1.0), (2.0, 2.0)])
+    monkeypatch.delenv(PLANNED_SAVE_ENV, raising=False)
+    assert progress.eta(args, state) == pytest.approx(36.0)  # the measured step alone, without a plan
+    monkeypatch.setenv(PLANNED_STEP_ENV, json.dumps({"generation": 1.0, "sync": 0.0, "train": 1.0}))
+    assert progress.eta(args, state) == pytest.approx(9 * 8 / 3)
+    progress, args, state = _timed_steps(monkeypatch, [(10.0, 5.0)] + [(1.25, 1.25)] * 20, total=30)
+    monkeypatch.setenv(PLANNED_STEP_ENV, json.dumps({"generation": 1.0, "sync": 0.0, "train": 1.0}))
+    assert progress.eta(args, state) == pytest.approx(9 * (2.5 * 10 + 2.0 * 2) / 12)
+    progress, args, state = _timed_steps(monkeypatch, [(10.0, 5.0)])
+    monkeypatch.setenv(PLANNED_STEP_ENV, json.dumps({"generation": 1.5, "sync": 0.25, "train": 1.0}))
+    assert progress.eta(args, state) == pytest.approx(11 * 2.75)
+
+
+def test_a_planned_step_that_cannot_be_read_is_no_plan(monkeypatch) -> None:
+    from rlhf_cli.rank.progress import _planned_steps
+
+    for unreadable in ("", "not json", "[1, 2]"):
+        monkeypatch.setenv(PLANNED_STEP_ENV, unreadable)
+        assert _planned_steps() is None
+    monkeypatch.setenv(PLANNED_STEP_ENV, '{"generation": 0.5, "sync": "x", "train": -1, "saving": 2}')
+    assert _planned_steps() == {"generation": 0.5, "saving": 2.0}
 
 
 def test_a_planned_save_that_is_not_a_number_counts_nothing(monkeypatch) -> None:
@@ -181,5 +214,5 @@ def test_a_long_run_keeps_a_bounded_number_of_step_marks_and_its_eta_follows_its
     monkeypatch.delenv(PLANNED_SAVE_ENV, raising=False)
     progress, args, state = _timed_steps(monkeypatch, [(1.0, 1.0)] * 1000 + [(0.5, 0.5)] * 300, total=1400)
     assert len(progress.marks) == MARKS_KEPT
-    assert progress.steady_phases() == {"generation": 0.5, "sync": 0.0, "train": 0.5}
+    assert progress.steady_phases() == ({"generation": 0.5, "sync": 0.0, "train": 0.5}, 200)
     assert progress.eta(args, state) == pytest.approx(100.0)

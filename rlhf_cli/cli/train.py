@@ -50,10 +50,10 @@ def train(ctx: typer.Context, **options: Any) -> None:
         print_notes(run)
         print_header(run, plan)
     from rlhf_cli.launch.runner import launch
-    from rlhf_cli.plan.time import final_save_seconds
+    from rlhf_cli.plan.time import final_save_seconds, planned_step_seconds
 
     needs = PlanNeeds(plan.chosen.cpu_per_machine if plan.chosen else None, plan.checkpoint_bytes,
-                      final_save_seconds(plan))
+                      final_save_seconds(plan), planned_step_seconds(plan))
     outcome = launch(run, verbosity="quiet" if quiet else "verbose" if options["verbose"] else "normal", needs=needs,
                      overwrite=options["overwrite"] or options["rehearse"])  # a rehearsal's folder: its own files
     print_outcome(outcome, run, quiet, plan)

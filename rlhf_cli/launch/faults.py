@@ -40,6 +40,7 @@ class PlanNeeds:
     cpu_per_machine: int | None = None  # bytes of CPU memory each machine needs for offloaded states (0: none)
     checkpoint_bytes: int | None = None  # bytes of one checkpoint: model weights and optimizer states
     save_seconds: float | None = None  # seconds of the final model's save (the running job's ETA counts it)
+    step_seconds: dict[str, float] | None = None  # seconds per step by step phase, when the plan timed this machine
 
 
 @dataclass(frozen=True)

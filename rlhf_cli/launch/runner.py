@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -27,6 +28,7 @@ from rlhf_cli.output.ownership import holdings, listing, record_end, record_star
 from rlhf_cli.output.run_dir import (
     EXIT_PREEMPTED,
     PLANNED_SAVE_ENV,
+    PLANNED_STEP_ENV,
     RECIPE_HEADER,
     START_GATE,
     START_GATE_ENV,
@@ -166,9 +168,12 @@ def _missing_dirs(directory: Path) -> list[Path]:
 
 
 def _plan_env(needs: PlanNeeds) -> dict[str, str]:
-    """What the ranks take from the plan: a save's seconds, which the progress line's ETA counts until it has
-    measured a save of its own."""
-    return {PLANNED_SAVE_ENV: f"{needs.save_seconds:.6g}"} if needs.save_seconds is not None else {}
+    """What the ranks take from the plan for the progress line's ETA: a save's seconds, counted until the run has
+    measured a save of its own, and the step phases' seconds, weighed against the steps it has measured."""
+    env = {PLANNED_SAVE_ENV: f"{needs.save_seconds:.6g}"} if needs.save_seconds is not None else {}
+    if needs.step_seconds is not None:
+        env[PLANNED_STEP_ENV] = json.dumps(needs.step_seconds)
+    return env
 
 
 def _launch_held(run: ResolvedRun, verbosity: str, needs: PlanNeeds, overwrite: bool) -> Outcome:

@@ -4,7 +4,8 @@ rehearsal, the progress line and the next plan share.
 A run's time is its steps' phases (generation, sync, train: seconds per step) times its steps, plus its saves
 (seconds per save times the saves it makes, the final model's among them). Fed by the plan it is the plan's ETA;
 fed by a run's own measured phases it is that run's: the rehearsal's prediction of the whole run, and a running
-job's ETA (rlhf_cli/rank/progress.py) from the steps it has done, not a straight line through its start-up.
+job's ETA (rlhf_cli/rank/progress.py) from the steps it has done, not a straight line through its start-up,
+weighed against the plan's while those steps are few (`weighed`).
 
 The rehearsal keeps, per machine (the GPU the plan timed), how far each measured phase was from the plan, in rlhf's
 cache dir (corrections.json); the next plan on that machine multiplies its seconds by them. No torch.
@@ -27,6 +28,22 @@ def run_seconds(per_step: Mapping[str, float | None], steps: float, saves: int, 
     """The model: each step's phases times `steps`, plus `saves` writes of `save_seconds` each."""
     step = sum(per_step.get(phase) or 0.0 for phase in EVERY_STEP)
     return step * max(0.0, steps) + saves * save_seconds
+
+
+# A plan timed on this machine counts as this many steady steps beside those a run has measured: at step 3 of a
+# smoke run its one steady step is off by up to a quarter either way (steps still warming, a busy machine), where
+# the calibrated plan's step was within a tenth (benchmarks/plan_vs_measured.py); by 20 steady steps the plan
+# carries a tenth of the rate, and a hundredth once the rate spans 200 steps.
+PLAN_WEIGHT_STEPS = 2
+
+
+def weighed(measured: Mapping[str, float], steps: int, planned: Mapping[str, float] | None) -> dict[str, float]:
+    """Each step phase's seconds per step: the mean of `steps` measured steady steps and the plan's (when it timed
+    this machine) counted as PLAN_WEIGHT_STEPS more, so that one slow or quick step cannot carry the rate alone; the
+    plan's alone before a steady step, the measured alone without a plan (one of the two is needed)."""
+    weight = PLAN_WEIGHT_STEPS if planned else 0
+    return {phase: (measured.get(phase, 0.0) * steps + (planned or {}).get(phase, 0.0) * weight) / (steps + weight)
+            for phase in EVERY_STEP}
 
 
 def saves_left(done: int, max_steps: int, save_steps: int | None) -> int:

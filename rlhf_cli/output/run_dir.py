@@ -22,6 +22,7 @@ PRELAUNCH_STEP_MARK = "[rlhf prelaunch] "
 START_GATE_ENV = "RLHF_START_GATE_FD"  # the launch supervisor starts no rank until it reads START_GATE from this pipe
 START_GATE = b"go"
 PLANNED_SAVE_ENV = "RLHF_PLANNED_SAVE_SECONDS"  # the plan's seconds of one save, for the ETA until a save is measured
+PLANNED_STEP_ENV = "RLHF_PLANNED_STEP_SECONDS"  # JSON: the plan's seconds per step by step phase, which the ETA weighs
 RUN_DIR_ENV = "RLHF_RUN_DIR"  # the shared output dir, for the launch supervisor: where it records how its ranks ended
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: the ranks checkpointed and stopped; run again with --resume auto

@@ -28,7 +28,7 @@ from rlhf_cli.algorithms import algorithm
 from rlhf_cli.algorithms.spec import StepWork
 from rlhf_cli.generation.budget import bought_total
 from rlhf_cli.machine.gpus import Gpu
-from rlhf_cli.phases import Phase
+from rlhf_cli.phases import EVERY_STEP, Phase
 from rlhf_cli.plan import fixed_costs, memory
 from rlhf_cli.plan.columns import Candidate, Plan
 from rlhf_cli.plan.engines import plan_room
@@ -221,3 +221,13 @@ def final_save_seconds(plan: Plan) -> float | None:
     rates = Rates.of(hw.gpu, hw.total_gpus, hw.machines, False)
     weights = plan.roles[0].size.params * plan.work.element_bytes
     return weights / (DISK_BANDWIDTH * hw.machines) + rates.calls(fixed_costs.SAVE_CALLS)
+
+
+def planned_step_seconds(plan: Plan) -> dict[str, float] | None:
+    """The run's own configuration's seconds per step by measured step phase (rlhf_cli/phases.py: what each one
+    measures of the plan's), for a running job's ETA to start from; None unless the plan timed this machine (a GPU
+    named for another, or none known, says nothing of the steps here)."""
+    chosen = plan.chosen if plan.known else None
+    if chosen is None or chosen.seconds is None or plan.hardware is None or not plan.hardware.this_machine:
+        return None
+    return {phase: sum(chosen.seconds[name] for name in phase.planned) for phase in EVERY_STEP}

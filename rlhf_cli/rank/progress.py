@@ -6,6 +6,7 @@ picked from the logged metrics; everything is still in trainer_state.json and th
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -13,8 +14,8 @@ from typing import Any
 from transformers import TrainerCallback
 
 from rlhf_cli.algorithms import algorithm
-from rlhf_cli.machine.corrections import run_seconds, saves_left
-from rlhf_cli.output.run_dir import PLANNED_SAVE_ENV
+from rlhf_cli.machine.corrections import run_seconds, saves_left, weighed
+from rlhf_cli.output.run_dir import PLANNED_SAVE_ENV, PLANNED_STEP_ENV
 from rlhf_cli.phases import EVERY_STEP, StepPhase
 from rlhf_cli.rank import terminal
 from rlhf_cli.rank.engines.sync_log import SYNC_LOG
@@ -42,6 +43,19 @@ def _planned_save() -> float:
         return max(0.0, float(os.environ.get(PLANNED_SAVE_ENV, "")))
     except ValueError:
         return 0.0
+
+
+def _planned_steps() -> dict[str, float] | None:
+    """The plan's seconds per step by step phase (the launcher hands them down when the plan timed this machine);
+    None when it did not, or they cannot be read."""
+    try:
+        found = json.loads(os.environ.get(PLANNED_STEP_ENV, ""))
+    except ValueError:
+        return None
+    if not isinstance(found, dict):
+        return None
+    return {phase: float(seconds) for phase, seconds in found.items()
+            if isinstance(seconds, (int, float)) and seconds >= 0}
 
 
 MARKS_KEPT = 401  # step marks the ETA keeps: its rate spans at most the last 200 steps, and a long run holds 401
@@ -105,29 +119,31 @@ class TrainingProgress(TrainerCallback):
         """The rest of the run from its own measured phases (rlhf_cli/machine/corrections.py's model): each
         phase's seconds per step over the later half of the steps since the first (`steady_phases`), times the
         steps left, plus the saves left, the final model's among them, at the seconds its saves took (none yet:
-        at the plan's seconds of a save, when the launcher handed them down); a straight line through elapsed time
-        until a second step is done."""
-        per_step = self.steady_phases()
-        if per_step is None:
+        at the plan's seconds of a save, when the launcher handed them down). The steady steps are weighed against
+        the plan's, when it timed this machine (`weighed`); without it, a straight line through elapsed time until a
+        second step is done."""
+        steady, planned = self.steady_phases(), _planned_steps()
+        if steady is None and planned is None:
             done = state.global_step - self.first_step
             elapsed = time.monotonic() - self.started
             return elapsed / done * (state.max_steps - state.global_step) if done else 0.0
+        per_step = weighed(*(steady or ({}, 0)), planned)
         saving = StepPhases.current().snapshot()[StepPhase.SAVING] / self.saves if self.saves else _planned_save()
         saving_by_steps = str(getattr(args, "save_strategy", "no")).lower().endswith("steps")
         save_steps = getattr(args, "save_steps", None) if saving_by_steps else None
         left = saves_left(state.global_step, state.max_steps, int(save_steps) if save_steps else None)
         return run_seconds(per_step, state.max_steps - state.global_step, left, saving)
 
-    def steady_phases(self) -> dict[str, float] | None:
+    def steady_phases(self) -> tuple[dict[str, float], int] | None:
         """Each step phase's seconds per step over the later half of the steps after the first (the first carries
         the start-up; the next few still warm up: at step 3 of a smoke run steps 2 and 3 took a quarter more than
-        the rest), so that the rate follows the run's steady steps as they come (in a long run, its last 200 steps);
-        None before a second step."""
+        the rest), so that the rate follows the run's steady steps as they come (in a long run, its last 200 steps),
+        and how many steps that is; None before a second step."""
         if len(self.marks) < 2:
             return None
         steady = len(self.marks) - 1  # steps measured after the first
         (since, before), (step, now) = self.marks[steady // 2], self.marks[-1]
-        return {phase: (now[phase] - before[phase]) / (step - since) for phase in EVERY_STEP}
+        return {phase: (now[phase] - before[phase]) / (step - since) for phase in EVERY_STEP}, step - since
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
         metrics = self.algorithm.format_metrics(logs or {})
