@@ -249,3 +249,22 @@ def test_vllms_server_serves_a_request_naming_its_model_with_a_lora_loaded_under
     assert BaseServing._maybe_get_adapters(serving, SimpleNamespace(model="the/policy")) is loaded
     serving.models.lora_requests = {}
     assert BaseServing._maybe_get_adapters(serving, SimpleNamespace(model="the/policy")) is None
+
+
+@pytest.mark.parametrize("server", [False, True], ids=["colocated", "server"])
+def test_a_finished_run_removes_what_its_syncs_left_but_the_adapter_a_server_serves(server: bool,
+                                                                                   tmp_path: Path) -> None:
+    """The server's whole weight copy and the colocated ranks' adapters go; a server's adapter stays (vLLM reads
+    it again when its LoRA cache drops it); the run's own files are not touched."""
+    from rlhf_cli.rank.engines.vllm import remove_transfers
+
+    for name in ("vllm-weights/weights-00000.safetensors", "vllm-lora/rank-0/sync-3/adapter_config.json",
+                 "vllm-lora/rank-1/sync-3/adapter_config.json", "model.safetensors", "ranks/rank-0.json",
+                 *(["vllm-lora/server/adapter_config.json"] if server else [])):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("{}")
+    remove_transfers(tmp_path)
+    left = sorted(str(path.relative_to(tmp_path)) for path in tmp_path.rglob("*") if path.is_file())
+    assert left == ["model.safetensors", "ranks/rank-0.json", *(["vllm-lora/server/adapter_config.json"] if server
+                                                                 else [])]
+    assert (tmp_path / "vllm-lora").exists() == server

@@ -81,6 +81,7 @@ def finish(trainer: Any, inputs: RankInputs, name: str, stopped_at: int | None, 
     """Save what a finished run keeps (or leave the preemption record), leave the process group together, then
     merge the adapter on rank 0 alone: a merge loads the whole base model, which can take longer than any
     collective's timeout, so no rank waits for it in a barrier."""
+    from rlhf_cli.rank.engines import engine_room
     from rlhf_cli.rank.lifecycle import write_preempted
     from rlhf_cli.rank.lora import save_merged_model
     from rlhf_cli.rank.record import write_summary
@@ -101,6 +102,8 @@ def finish(trainer: Any, inputs: RankInputs, name: str, stopped_at: int | None, 
     trainer.accelerator.wait_for_everyone()
     if trainer.accelerator.is_main_process:
         remove_resharded(output_dir)
+        if (room := engine_room(inputs.generation().engine.spec)) is not None:
+            room.remove_transfers(output_dir)
     # Destroys the process group while the interpreter is whole: left to interpreter teardown, gloo's
     # worker threads abort a finished rank now and then ("terminate called without an active exception").
     trainer.accelerator.end_training()

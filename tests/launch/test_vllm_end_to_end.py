@@ -112,6 +112,7 @@ def test_a_bf16_generator_is_synced_by_deltas_of_what_changed(lora: bool, tmp_pa
         assert records[1]["check_logp_difference"] < 0.1  # the self-check passes after a delta (bf16 tolerance)
     summary = json.loads((out / "summary.json").read_text())
     assert [sync["mode"] for sync in summary["weight_syncs"]] == ["dense", *[later.strip()] * 3]
+    assert not (out / "vllm-lora").exists()  # the adapters vLLM loaded from files, removed when the ranks are done
 
 
 def _adapter_bytes(path: Path, out: Path) -> int:

@@ -2,7 +2,9 @@
 and one folder per engine (`vllm/`); the policy's own `generate` (hf) needs none.
 
 A separate engine's folder (its registry row's `rank` face) offers `install(config, inputs)`, run once the
-trainer's config exists, and `refuse_resized_policy(policy_path, rows, now)` for a policy whose embedding grew.
+trainer's config exists, `refuse_resized_policy(policy_path, rows, now)` for a policy whose embedding grew, and
+`remove_transfers(output_dir)`, run on rank 0 when the ranks are done, for what its syncs left in the run's
+directory.
 """
 
 from __future__ import annotations

@@ -1,11 +1,15 @@
 """The ranks' side of vLLM: the weight sync from ZeRO-3 shards, the server transport, PPO's rollouts from vLLM.
 
 Its registry row's `rank` face names this package: `install` and `refuse_resized_policy` are what the builders ask
-of a separate engine (rlhf_cli/rank/engines/__init__.py `engine_room`).
+of a separate engine, `remove_transfers` what a finished run asks (rlhf_cli/rank/engines/__init__.py
+`engine_room`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+from pathlib import Path
 from typing import Any
 
 from rlhf_cli.generation.engines import SYNC_CHECK_KEY, USE_VLLM_KEY
@@ -45,3 +49,18 @@ def refuse_resized_policy(policy_path: str, rows: int, now: int) -> None:
         raise ValueError(f"{USE_VLLM_KEY}: {policy_path} was resized from {rows} rows for the pad token PPO added, "
                          "and vLLM holds the checkpoint's: save the policy with a pad token of its own first, or "
                          "drop --vllm")
+
+
+def remove_transfers(output_dir: Path) -> None:
+    """What the syncs left in the run's directory that nothing reads any more: the server's weight files (a whole
+    copy of the policy after a dense sync) and the adapters a colocated vLLM loaded. The adapter a server serves
+    stays (`vllm-lora/server`, a few MB): vLLM reads it again whenever its LoRA cache drops it, and it serves it
+    after the run."""
+    from rlhf_cli.rank.engines.vllm.adapters import LORA_DIR, RANK_FOLDER
+    from rlhf_cli.rank.engines.vllm.server import WEIGHT_DIR
+
+    shutil.rmtree(output_dir / WEIGHT_DIR, ignore_errors=True)
+    for colocated in (output_dir / LORA_DIR).glob(f"{RANK_FOLDER}*"):
+        shutil.rmtree(colocated, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        (output_dir / LORA_DIR).rmdir()  # when nothing is left in it

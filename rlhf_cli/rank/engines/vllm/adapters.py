@@ -20,6 +20,7 @@ from rlhf_cli.config.engines.vllm_lora import LoraServing
 from rlhf_cli.rank.engines.delta import bit_sums
 
 LORA_DIR = "vllm-lora"  # under the run's output directory: each rank's current adapter
+RANK_FOLDER = "rank-"  # under LORA_DIR, then the rank: a colocated vLLM's adapters
 GENERATING_METHODS = ("generate", "chat")
 
 
@@ -79,7 +80,7 @@ def serve_lora(llm: Any, lora: LoraServing | None, output_dir: str) -> None:
     if lora is None or not lora.served:
         return
     rank = os.environ.get("RANK", "0")
-    served = llm.rlhf_lora = ServedLora(llm, Path(output_dir, LORA_DIR, f"rank-{rank}"), lora.max_rank)
+    served = llm.rlhf_lora = ServedLora(llm, Path(output_dir, LORA_DIR, RANK_FOLDER + rank), lora.max_rank)
     for name in GENERATING_METHODS:
         setattr(llm, name, _with_lora(getattr(llm, name), served))
 
