@@ -42,7 +42,8 @@ def test_the_smoke_policy_persists_whole_so_no_choice_gathers_anything_while_gen
     bought_units = [part.unit for part, count in bought(policy.stretches, budget) for _ in range(count)]
     modules = {"whole": LLAMA_MODULES_PER_LAYER * config["num_hidden_layers"] + 3,
                "budget": sum(len(unit.module_numels) for unit in bought_units), "none": 0}
-    for name, gathered, numel in (("whole", "whole", None), ("budget", "none", budget), ("none", "none", None)):
+    for name, gathered, numel in (("whole", Gather.whole, None), ("budget", Gather.of(Budget(fraction=0.5)), budget),
+                                  ("none", Gather.shards, None)):
         counted = generation_gathers(policy, gathered, numel, ZeroSettings())
         assert (counted.once, counted.per_pass, counted.hooked_numel) == (0, 0, 0)
         assert counted.released == modules[name]
@@ -57,12 +58,12 @@ def test_without_persistence_each_choice_counts_its_modules() -> None:
     config = json.loads((RECIPES / "smoke" / "policy" / "config.json").read_text())
     modules = LLAMA_MODULES_PER_LAYER * config["num_hidden_layers"] + 3  # the embedding, final norm, LM head
     settings = ZeroSettings(persistence_threshold=0)
-    whole = generation_gathers(policy, "whole", None, settings)
+    whole = generation_gathers(policy, Gather.whole, None, settings)
     assert (whole.once, whole.per_pass, whole.hooked_numel) == (modules, 0, 0)
-    shards = generation_gathers(policy, "none", None, settings)
+    shards = generation_gathers(policy, Gather.shards, None, settings)
     assert (shards.once, shards.per_pass, shards.hooked_numel) == (modules, 1, policy.params)
     budget = policy.params // 2
-    spent = generation_gathers(policy, "none", budget, settings)
+    spent = generation_gathers(policy, Gather.of(Budget(fraction=0.5)), budget, settings)
     numel, _ = bought_total(policy.stretches, budget)
     assert (spent.once, spent.per_pass, spent.hooked_numel) == (modules, 1, policy.params - numel)
 
@@ -73,22 +74,22 @@ def test_small_prefetch_buckets_fetch_each_large_module_on_its_own() -> None:
     bounded = ZeroSettings(persistence_threshold=0, prefetch_bucket=2000, max_live_parameters=20000)
     large = 7 * config["num_hidden_layers"] + 2  # every linear, the embedding and the LM head exceed 2000 elements
     norms = (2 * config["num_hidden_layers"] + 1) * config["hidden_size"]
-    assert generation_gathers(policy, "none", None, bounded).per_pass == large + math.ceil(norms / 2000)
-    assert generation_gathers(policy, "none", None, ZeroSettings(0, 10**9, 2000)).per_pass == \
-        generation_gathers(policy, "none", None, bounded).per_pass  # the live limit bounds a group too
+    assert generation_gathers(policy, Gather.shards, None, bounded).per_pass == large + math.ceil(norms / 2000)
+    assert generation_gathers(policy, Gather.shards, None, ZeroSettings(0, 10**9, 2000)).per_pass == \
+        generation_gathers(policy, Gather.shards, None, bounded).per_pass  # the live limit bounds a group too
 
 
 def test_a_7b_model_prefetches_its_partitioned_weights_in_buckets() -> None:
     config = json.loads((MODEL_CONFIGS / "llama-2-7b" / "config.json").read_text())
     policy = model_size(config)
     norms = (2 * config["num_hidden_layers"] + 1) * config["hidden_size"]  # persistent: under the threshold
-    shards = generation_gathers(policy, "none", None, ZeroSettings())
+    shards = generation_gathers(policy, Gather.shards, None, ZeroSettings())
     assert shards.hooked_numel == policy.params - norms
     assert shards.once == (LLAMA_MODULES_PER_LAYER - 2) * config["num_hidden_layers"] + 2
     table = config["vocab_size"] * config["hidden_size"]  # the embedding and the LM head: a group each
     assert config["hidden_size"] * config["intermediate_size"] < PREFETCH_BUCKET <= table  # a layer's modules share
     assert shards.per_pass == 2 + math.ceil((policy.params - norms - 2 * table) / PREFETCH_BUCKET)
-    assert generation_gathers(policy, "whole", None, ZeroSettings()).per_pass == 0
+    assert generation_gathers(policy, Gather.whole, None, ZeroSettings()).per_pass == 0
 
 
 @pytest.mark.parametrize("gather", [Gather.whole, Gather.of(Budget(fraction=0.5)), Gather.shards])
@@ -111,8 +112,7 @@ def test_the_plan_charges_each_counted_all_gather_at_the_calibrated_latency(monk
     high, _ = generation(3e-4)
     policy, work = inputs.roles[0].size, inputs.work
     budget = gather.budget.numel(policy.params, work.element_bytes) if gather.budget else None
-    counted = generation_gathers(policy, gather.mode if gather.mode == "whole" else "none", budget,
-                                 ZeroSettings(persistence_threshold=threshold))
+    counted = generation_gathers(policy, gather, budget, ZeroSettings(persistence_threshold=threshold))
     per_call = counted.once + (work.completion_length - 1) * counted.per_pass
     assert (threshold is None) == (per_call == 0)
     generate_calls = algorithm(inputs.algorithm).step_work(inputs.value).generated / work.generation_batch

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from rlhf_cli.generation.budget import Unit, bought
+from rlhf_cli.generation.choice import Gather
 from rlhf_cli.plan.model_sizes import ModelSize
 from rlhf_cli.plan.rates import PERSISTENCE_THRESHOLD
 
@@ -61,12 +62,12 @@ class GenerationGathers:
     released: int  # persistent modules the gather partitioned, fetched again by the next forward after generating
 
 
-def generation_gathers(policy: ModelSize, gathered: str, budget_numel: int | None,
+def generation_gathers(policy: ModelSize, gather: Gather, budget_numel: int | None,
                        settings: ZeroSettings) -> GenerationGathers:
-    """The all-gathers of one generate call with the policy gathered `"whole"` (--gather), by a budget of
-    `budget_numel` elements, or not at all (`"none"`)."""
+    """The all-gathers of one generate call with the policy gathered whole (--gather), by a budget of
+    `budget_numel` elements, or not at all (from shards)."""
     parts = policy.stretches
-    if gathered == "whole":
+    if gather == Gather.whole:
         taken = [(part, part.count) for part in parts]
     elif budget_numel is not None:
         taken = bought(parts, budget_numel)

@@ -106,8 +106,7 @@ def _generation_gathers(inputs: Inputs, candidate: Candidate) -> GenerationGathe
     budget = gather.budget.numel(policy.params, inputs.work.element_bytes) if gather.budget is not None else None
     settings = ZeroSettings(inputs.persistence_threshold, inputs.value("stage3_prefetch_bucket_size"),
                             inputs.value("stage3_max_live_parameters"))
-    return generation_gathers(policy, "whole" if gather.budget is None and gather.mode == "whole" else "none",
-                              budget, settings)
+    return generation_gathers(policy, gather, budget, settings)
 
 
 def _budget_seconds(inputs: Inputs, candidate: Candidate, rates: Rates) -> float:
