@@ -169,3 +169,17 @@ def test_a_rank_stops_soon_after_another_raises_the_marker(tmp_path: Path, what:
     assert rank.wait(timeout=30) == 1
     assert time.monotonic() - started < 5
     assert run_dir.stack(0).exists() == stack
+
+
+def test_a_finished_rank_runs_pythons_exit_handlers_then_leaves_with_its_code(tmp_path: Path) -> None:
+    """What a logger finishes at exit (wandb's run) is finished; the code is the rank's; a non-daemon thread still
+    running, which interpreter teardown would wait for (or, in native code, abort on), is not waited for."""
+    marker = tmp_path / "handled"
+    script = (f"import atexit, pathlib, threading, time\n"
+              f"atexit.register(lambda: pathlib.Path({str(marker)!r}).write_text('ran'))\n"
+              "threading.Thread(target=time.sleep, args=(600,)).start()\n"
+              "from rlhf_cli.rank.watch import leave_finished\n"
+              "leave_finished(75)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 75, done.stderr
+    assert marker.read_text() == "ran"

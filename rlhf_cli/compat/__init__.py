@@ -117,6 +117,11 @@ INTERNALS = (
              "the launcher's pre-launch check builds the trainer config outside any rank: without a process "
              "group, on no device, with the run's number of processes as its world size",
              "TrainingArguments validates its values without setting up devices"),
+    Internal("atexit:_run_exitfuncs",
+             "a finished rank runs Python's exit handlers (loggers such as wandb finish their runs there), then "
+             "leaves without the native teardown in which gloo's or DeepSpeed's CPU-comm threads abort it now and "
+             "then (\"terminate called without an active exception\", after the run had saved everything)",
+             "torch and DeepSpeed join their threads before the interpreter ends"),
 )
 
 
@@ -362,3 +367,10 @@ def detached_config_class(config_class: type, processes: int) -> type:
 
     Detached.__name__ = Detached.__qualname__ = config_class.__name__
     return Detached
+
+
+def run_exit_handlers() -> None:
+    """Python's atexit handlers, now (see INTERNALS: the rank leaves with os._exit after them)."""
+    import atexit
+
+    atexit._run_exitfuncs()

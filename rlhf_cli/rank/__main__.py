@@ -113,4 +113,6 @@ def finish(trainer: Any, inputs: RankInputs, name: str, stopped_at: int | None, 
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from rlhf_cli.rank.watch import leave_finished
+
+    leave_finished(main(sys.argv[1:]))  # a rank that raised leaves through Python's own exit, with its traceback

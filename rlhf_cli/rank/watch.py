@@ -174,6 +174,15 @@ def exit_now(code: int) -> NoReturn:
     os._exit(code)  # skip interpreter teardown: it can block in collectives whose peers are gone
 
 
+def leave_finished(code: int) -> NoReturn:
+    """A rank whose work is done and recorded: Python's exit handlers run, the native teardown does not (gloo's and
+    DeepSpeed's CPU-comm threads abort it there now and then, and the launcher would report a finished run failed)."""
+    from rlhf_cli import compat
+
+    compat.run_exit_handlers()
+    exit_now(code)
+
+
 def write_stack(run_dir: RunDir, rank: int) -> None:
     """Every thread's Python stack into `ranks/rank-N.stack.txt`, whatever the main thread is blocked in. The first
     one stands: a rank that writes it again (stopped by a signal while its collective fails) is no longer where it
