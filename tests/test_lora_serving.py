@@ -5,6 +5,7 @@ with for it (rlhf_cli/rank/engines/vllm/adapters.py)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
