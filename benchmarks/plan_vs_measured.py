@@ -118,8 +118,9 @@ def eta_run(out: Path) -> dict[str, float]:
         raise CommandFailed(f"{' '.join(argv)}: exit {process.returncode}, progress lines of steps {sorted(seen)}")
     at, eta = seen[ETA_AT]
     final_save = json.loads((out / "summary.json").read_text()).get("final_save_seconds") or 0.0
+    step_at = at - seen[ETA_AT - 1][0]  # step 3's own seconds (its line after step 2's)
     return {"eta": eta, "left": seen[ETA_STEPS][0] - at + final_save, "final_save": final_save,
-            "to_exit": ended - at}
+            "to_exit": ended - at, "later": (seen[ETA_STEPS][0] - at) / (ETA_STEPS - ETA_AT) / step_at}
 
 
 def interleaved(configs: list[str], repeats: int, steps: int,
@@ -182,10 +183,13 @@ def ordering(runs: dict[str, list[dict[str, float]]], plans: dict[str, dict[str,
 
 def eta_verdict(runs: list[dict[str, float]]) -> str:
     """Each ETA run's ETA at step 3 against what it counts, as it then really went (the steps to the last one and
-    the final save); the median error and whether every run is within ETA_TARGET."""
+    the final save), and how the steps after it went against step 3 itself (a run whose machine slowed or sped up
+    after step 3 is off by as much whatever its ETA knew); the median error and whether every run is within
+    ETA_TARGET."""
     errors = [error(run["eta"], run["left"]) for run in runs]
-    each = ", ".join(f"{run['eta']:.1f} s for {run['left']:.1f} s ({value:+.0%}; final save {run['final_save']:.2f} "
-                     f"s; {run['to_exit']:.1f} s to exit)" for run, value in zip(runs, errors, strict=True))
+    each = ", ".join(f"{run['eta']:.1f} s for {run['left']:.1f} s ({value:+.0%}; later steps {run['later']:.2f}x "
+                     f"step {ETA_AT}; final save {run['final_save']:.2f} s; {run['to_exit']:.1f} s to exit)"
+                     for run, value in zip(runs, errors, strict=True))
     within = all(abs(value) <= ETA_TARGET for value in errors)
     return (f"ETA at step {ETA_AT} of a {ETA_STEPS}-step gather run (the steps left and the final save), against "
             f"the time to its last step plus its final save as measured (and, beside it, to the run's exit, with "

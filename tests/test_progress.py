@@ -143,22 +143,27 @@ def test_the_eta_counts_the_final_save_at_the_plans_seconds_until_one_is_measure
 
 
 def test_the_eta_weighs_a_plan_of_this_machine_against_the_few_steps_measured(monkeypatch) -> None:
-    """Step 3 of 12 still warming (4 s, where the plan says 2 s): its one steady step and the plan counted as two
-    more give (4 + 2 x 2) / 3 s a step for the 9 left, not 4 s; at step 21 of 30, ten steady steps of 2.5 s and the
-    plan's 2 s give 2.42 s a step. Before a second step the plan alone gives the rate, not the start-up."""
+    """Step 3 of 12 at 2.5 s, where the plan says 2 s (within PLAN_AGREES): its one steady step and the plan counted
+    as one more give 2.25 s a step for the 9 left; at step 21 of 30, ten steady steps of 2.5 s and the plan's 2 s give
+    2.45 s a step. A step twice the plan's says the plan is stale (the machine slowed since its calibration): the
+    steps alone. Before a second step the plan alone gives the rate, not the start-up."""
     import json
 
-    from rlhf_cli.machine.corrections import PLAN_WEIGHT_STEPS
+    from rlhf_cli.machine.corrections import PLAN_AGREES, PLAN_WEIGHT_STEPS
 
-    assert PLAN_WEIGHT_STEPS == 2  # the numbers below are worked out for it
-    progress, args, state = _timed_steps(monkeypatch, [(10.0, 5.0), (1.0, 1.0), (2.0, 2.0)])
+    assert PLAN_WEIGHT_STEPS == 1 and 0.25 < PLAN_AGREES < 1  # the numbers below are worked out for them
+    plan = json.dumps({"generation": 1.0, "sync": 0.0, "train": 1.0})
+    progress, args, state = _timed_steps(monkeypatch, [(10.0, 5.0), (1.0, 1.0), (1.25, 1.25)])
     monkeypatch.delenv(PLANNED_SAVE_ENV, raising=False)
-    assert progress.eta(args, state) == pytest.approx(36.0)  # the measured step alone, without a plan
-    monkeypatch.setenv(PLANNED_STEP_ENV, json.dumps({"generation": 1.0, "sync": 0.0, "train": 1.0}))
-    assert progress.eta(args, state) == pytest.approx(9 * 8 / 3)
+    assert progress.eta(args, state) == pytest.approx(9 * 2.5)  # the measured step alone, without a plan
+    monkeypatch.setenv(PLANNED_STEP_ENV, plan)
+    assert progress.eta(args, state) == pytest.approx(9 * 2.25)
+    progress, args, state = _timed_steps(monkeypatch, [(10.0, 5.0), (1.0, 1.0), (2.0, 2.0)])
+    monkeypatch.setenv(PLANNED_STEP_ENV, plan)
+    assert progress.eta(args, state) == pytest.approx(9 * 4.0)
     progress, args, state = _timed_steps(monkeypatch, [(10.0, 5.0)] + [(1.25, 1.25)] * 20, total=30)
-    monkeypatch.setenv(PLANNED_STEP_ENV, json.dumps({"generation": 1.0, "sync": 0.0, "train": 1.0}))
-    assert progress.eta(args, state) == pytest.approx(9 * (2.5 * 10 + 2.0 * 2) / 12)
+    monkeypatch.setenv(PLANNED_STEP_ENV, plan)
+    assert progress.eta(args, state) == pytest.approx(9 * (2.5 * 10 + 2.0) / 11)
     progress, args, state = _timed_steps(monkeypatch, [(10.0, 5.0)])
     monkeypatch.setenv(PLANNED_STEP_ENV, json.dumps({"generation": 1.5, "sync": 0.25, "train": 1.0}))
     assert progress.eta(args, state) == pytest.approx(11 * 2.75)

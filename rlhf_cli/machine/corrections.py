@@ -30,20 +30,31 @@ def run_seconds(per_step: Mapping[str, float | None], steps: float, saves: int, 
     return step * max(0.0, steps) + saves * save_seconds
 
 
-# A plan timed on this machine counts as this many steady steps beside those a run has measured: at step 3 of a
-# smoke run its one steady step is off by up to a quarter either way (steps still warming, a busy machine), where
-# the calibrated plan's step was within a tenth (benchmarks/plan_vs_measured.py); by 20 steady steps the plan
-# carries a tenth of the rate, and a hundredth once the rate spans 200 steps.
-PLAN_WEIGHT_STEPS = 2
+# A plan timed on this machine counts as one more steady step beside those a run has measured: at step 3 of a smoke
+# run its one steady step is off by up to a fifth either way (steps still warming, a busy machine), and the
+# calibrated plan by about as much (benchmarks/plan_vs_measured.py); at 20 steady steps the plan carries a
+# twenty-first of the rate.
+PLAN_WEIGHT_STEPS = 1
+# The plan is believed while the steps measured agree with it this closely (what it holds against measured phases
+# here): a machine that has since slowed or sped up (a shared host, another job; the smoke steps took 45 % longer
+# in one set of runs minutes after a calibration) makes it stale, and then the run's own steps alone give the rate.
+PLAN_AGREES = 0.30
 
 
 def weighed(measured: Mapping[str, float], steps: int, planned: Mapping[str, float] | None) -> dict[str, float]:
     """Each step phase's seconds per step: the mean of `steps` measured steady steps and the plan's (when it timed
-    this machine) counted as PLAN_WEIGHT_STEPS more, so that one slow or quick step cannot carry the rate alone; the
-    plan's alone before a steady step, the measured alone without a plan (one of the two is needed)."""
-    weight = PLAN_WEIGHT_STEPS if planned else 0
+    this machine and the steps agree with it within PLAN_AGREES) counted as PLAN_WEIGHT_STEPS more, so that one
+    slow or quick step cannot carry the rate alone; the plan's alone before a steady step, the measured alone
+    without a plan (one of the two is needed)."""
+    weight = PLAN_WEIGHT_STEPS if planned and (not steps or _agrees(measured, planned)) else 0
     return {phase: (measured.get(phase, 0.0) * steps + (planned or {}).get(phase, 0.0) * weight) / (steps + weight)
             for phase in EVERY_STEP}
+
+
+def _agrees(measured: Mapping[str, float], planned: Mapping[str, float]) -> bool:
+    """Whether a measured step's seconds are within PLAN_AGREES of the plan's."""
+    step, plan = (sum(phases.get(phase, 0.0) for phase in EVERY_STEP) for phases in (measured, planned))
+    return abs(step - plan) <= PLAN_AGREES * plan
 
 
 def saves_left(done: int, max_steps: int, save_steps: int | None) -> int:
