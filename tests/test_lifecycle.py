@@ -94,11 +94,18 @@ def test_the_adapter_merges_after_the_ranks_part_so_no_barrier_waits_for_it(tmp_
     from rlhf_cli.rank import lora, record
     from rlhf_cli.rank.__main__ import finish
 
+    from types import SimpleNamespace
+
+    from rlhf_cli.generation.choice import Engine, Gather, Generation
+
     events: list[str] = []
     monkeypatch.setattr(lora, "save_merged_model", lambda inputs, output_dir: events.append("merged"))
     monkeypatch.setattr(record, "write_summary", lambda *args: events.append("summary"))
+    inputs = SimpleNamespace(generation=lambda: Generation(Gather.whole, Engine.server))
     for is_main_process in (True, False):
         events.clear()
-        assert finish(FinishedTrainer(events, tmp_path, is_main_process), None, "ppo", None, None, 0.0) == 0
+        (tmp_path / "vllm-weights").mkdir(exist_ok=True)  # the server's weight files, which rank 0 removes
+        assert finish(FinishedTrainer(events, tmp_path, is_main_process), inputs, "ppo", None, None, 0.0) == 0
         parted = ["model saved", "state saved", "summary", "barrier", "process group destroyed"]
         assert events == parted + (["merged"] if is_main_process else [])
+        assert (tmp_path / "vllm-weights").exists() != is_main_process
