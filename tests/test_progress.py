@@ -169,6 +169,35 @@ def test_the_eta_weighs_a_plan_of_this_machine_against_the_few_steps_measured(mo
     assert progress.eta(args, state) == pytest.approx(11 * 2.75)
 
 
+def test_one_slow_step_does_not_carry_the_eta_for_as_long_as_the_window(monkeypatch) -> None:
+    """GRPO with vLLM colocated on the CPU: step 5 took 1.38 s against 0.14 s for the others (vLLM's first new
+    shape), and the ETA stayed high for 3-4 steps after it. Here step 5 takes 20 s among 2 s steps: at step 6 of
+    12 the rate is the 2 s steps' (6 x 2 s), not their mean with it (6 x 8 s)."""
+    monkeypatch.delenv(PLANNED_SAVE_ENV, raising=False)
+    steps = [(10.0, 5.0), (1.0, 1.0), (1.0, 1.0), (1.0, 1.0), (10.0, 10.0), (1.0, 1.0)]
+    progress, args, state = _timed_steps(monkeypatch, steps)
+    assert progress.steady_phases() == ({"generation": 1.0, "sync": 0.0, "train": 1.0}, 2)
+    assert progress.eta(args, state) == pytest.approx(12.0)
+
+
+def test_a_slow_step_that_comes_every_generation_round_is_counted() -> None:
+    """RLOO and GRPO generate every steps_per_generation x num_iterations micro-batches: with 2 optimizer steps a
+    round, the slow step is the round's generation and stays in the rate; with 1, a step 10 times the others is a
+    one-off; two steps are too few to tell."""
+    from rlhf_cli.rank.progress import _generation_period, _without_one_off
+
+    assert _generation_period(SimpleNamespace(gradient_accumulation_steps=4, steps_per_generation=None,
+                                              num_iterations=1)) == 1
+    assert _generation_period(SimpleNamespace(gradient_accumulation_steps=2, steps_per_generation=4,
+                                              num_iterations=2)) == 4
+    assert _generation_period(SimpleNamespace(gradient_accumulation_steps=1, num_ppo_epochs=4)) == 1  # PPO
+    window = [(1, {"generation": 0.1, "train": 0.1}), (1, {"generation": 2.0, "train": 0.1}),
+              (1, {"generation": 0.1, "train": 0.1})]
+    assert _without_one_off(window, 2) == window
+    assert _without_one_off(window, 1) == [window[0], window[2]]
+    assert _without_one_off(window[:2], 1) == window[:2]
+
+
 def test_a_planned_step_that_cannot_be_read_is_no_plan(monkeypatch) -> None:
     from rlhf_cli.rank.progress import _planned_steps
 

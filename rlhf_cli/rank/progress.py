@@ -6,8 +6,10 @@ picked from the logged metrics; everything is still in trainer_state.json and th
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import statistics
 import time
 from typing import Any
 
@@ -58,6 +60,29 @@ def _planned_steps() -> dict[str, float] | None:
             if isinstance(seconds, (int, float)) and seconds >= 0}
 
 
+def _generation_period(args: Any) -> int:
+    """Optimizer steps per generation round: TRL's RLOO and GRPO generate every `steps_per_generation` (default: the
+    accumulation) x `num_iterations` micro-batches; the other trainers every step."""
+    accumulation = int(getattr(args, "gradient_accumulation_steps", 1) or 1)
+    every = int(getattr(args, "steps_per_generation", None) or accumulation) * int(getattr(args, "num_iterations", 1)
+                                                                                  or 1)
+    return max(1, every // accumulation)
+
+
+def _without_one_off(steps: list[tuple[int, dict[str, float]]], period: int) -> list[tuple[int, dict[str, float]]]:
+    """The window's steps (how many, their phases' seconds) less one that took ONE_OFF times the others' median (an
+    engine's compile at its first new shape, a self-check): it happens once, and a short window's mean would carry
+    it for as many steps as the window is long. Kept where generation comes every `period` > 1 steps: there a slow
+    step is the round's generation, which comes again."""
+    if period > 1 or len(steps) < 3:
+        return steps
+    seconds = [sum(phases.values()) / count for count, phases in steps]
+    slowest = max(range(len(steps)), key=seconds.__getitem__)
+    median = statistics.median(seconds[:slowest] + seconds[slowest + 1:])
+    return steps[:slowest] + steps[slowest + 1:] if seconds[slowest] > ONE_OFF * median else steps
+
+
+ONE_OFF = 3  # a step this many times the window's median is a one-off, left out of the rate
 MARKS_KEPT = 401  # step marks the ETA keeps: its rate spans at most the last 200 steps, and a long run holds 401
 
 
@@ -76,11 +101,13 @@ class TrainingProgress(TrainerCallback):
         self.first_step = 0
         self.logged_step = 0
         self.marks: list[tuple[int, dict[str, float]]] = []  # (step, phases so far) at each step's end from the first
+        self.period = 1  # optimizer steps per generation round (`_generation_period`)
         self.saves = 0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         self.started = time.monotonic()
         self.first_step = self.logged_step = state.global_step  # a resumed run's ETA counts the steps done now
+        self.period = _generation_period(args)
         PHASES.stop()
         first = "generating the first completions"
         if not self.live:
@@ -138,12 +165,14 @@ class TrainingProgress(TrainerCallback):
         """Each step phase's seconds per step over the later half of the steps after the first (the first carries
         the start-up; the next few still warm up: at step 3 of a smoke run steps 2 and 3 took a quarter more than
         the rest), so that the rate follows the run's steady steps as they come (in a long run, its last 200 steps),
-        and how many steps that is; None before a second step."""
+        less a one-off slow step (`_without_one_off`), and how many steps that is; None before a second step."""
         if len(self.marks) < 2:
             return None
-        steady = len(self.marks) - 1  # steps measured after the first
-        (since, before), (step, now) = self.marks[steady // 2], self.marks[-1]
-        return {phase: (now[phase] - before[phase]) / (step - since) for phase in EVERY_STEP}, step - since
+        window = self.marks[(len(self.marks) - 1) // 2:]
+        steps = _without_one_off([(step - since, {phase: now[phase] - before[phase] for phase in EVERY_STEP})
+                                  for (since, before), (step, now) in itertools.pairwise(window)], self.period)
+        count = sum(number for number, _ in steps)
+        return {phase: sum(phases[phase] for _, phases in steps) / count for phase in EVERY_STEP}, count
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
         metrics = self.algorithm.format_metrics(logs or {})
