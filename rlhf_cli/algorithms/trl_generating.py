@@ -22,13 +22,20 @@ def generation_batches(values: Values, num_processes: int) -> Batches:
     return Batches(generation=generation, train=per_device, score=per_device)
 
 
+def micro_batches_per_round(values: Values) -> int:
+    """Micro-batches between two generation rounds (`generate_every` in TRL's trainers): `steps_per_generation`
+    (default: the accumulation) x `num_iterations`."""
+    return (values("steps_per_generation") or values("gradient_accumulation_steps") or 1) * (values("num_iterations")
+                                                                                            or 1)
+
+
 def _step_work(values: Values, old_logprobs: bool | None, old_logprobs_with_vllm: bool) -> StepWork:
     """An optimizer step trains gradient_accumulation_steps micro-batches; each generated batch is trained on
     `num_iterations` times (`generate_every` in TRL's trainers); `old_logprobs` None: when generation and optimizer
     steps do not align."""
     accumulation, iterations = values("gradient_accumulation_steps"), values("num_iterations") or 1
     trained = values("per_device_train_batch_size") * accumulation
-    every = (values("steps_per_generation") or accumulation) * iterations
+    every = micro_batches_per_round(values)
     aligned = accumulation % every == 0
     return StepWork(generated=trained / iterations, trained=trained,
                     old_logprobs=not aligned if old_logprobs is None else old_logprobs,

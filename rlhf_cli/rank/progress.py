@@ -16,6 +16,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from rlhf_cli.algorithms import algorithm
+from rlhf_cli.algorithms.trl_generating import micro_batches_per_round
 from rlhf_cli.machine.corrections import run_seconds, saves_left, weighed
 from rlhf_cli.output.run_dir import PLANNED_SAVE_ENV, PLANNED_STEP_ENV
 from rlhf_cli.phases import EVERY_STEP, StepPhase
@@ -61,12 +62,10 @@ def _planned_steps() -> dict[str, float] | None:
 
 
 def _generation_period(args: Any) -> int:
-    """Optimizer steps per generation round: TRL's RLOO and GRPO generate every `steps_per_generation` (default: the
-    accumulation) x `num_iterations` micro-batches; the other trainers every step."""
-    accumulation = int(getattr(args, "gradient_accumulation_steps", 1) or 1)
-    every = int(getattr(args, "steps_per_generation", None) or accumulation) * int(getattr(args, "num_iterations", 1)
-                                                                                  or 1)
-    return max(1, every // accumulation)
+    """Optimizer steps per generation round: TRL's RLOO and GRPO generate every `micro_batches_per_round`; the other
+    trainers (without those fields) every step."""
+    accumulation = getattr(args, "gradient_accumulation_steps", None) or 1
+    return max(1, micro_batches_per_round(lambda key: getattr(args, key, None)) // accumulation)
 
 
 def _without_one_off(steps: list[tuple[int, dict[str, float]]], period: int) -> list[tuple[int, dict[str, float]]]:
